@@ -1,0 +1,22 @@
+/* The moeflip command: each subcommand parses its arguments and calls the
+ * library. Exit status: 0 success, 1 failure (one line on stderr), 2 usage. */
+#ifndef MF_CLI_H
+#define MF_CLI_H
+
+#include "mf_core.h"
+
+#define EXIT_USAGE 2
+
+int cmd_trace(int argc, char **argv);
+int cmd_inspect(int argc, char **argv);
+int cmd_export(int argc, char **argv);
+int cmd_synth(int argc, char **argv);
+
+/* Prints "moeflip: <message>" and returns 1. */
+int cli_fail(const mf_error *err);
+/* Prints "moeflip <cmd>: <message>", the usage hint, and returns 2. */
+int cli_usage_error(const char *cmd, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+/* Parses a positive int option value; false if malformed. */
+bool cli_parse_int(const char *s, long min, long max, long *out);
+
+#endif

@@ -1,0 +1,129 @@
+/* moeflip trace: run a checkpoint over a prompt file, write a run directory. */
+#include "cli.h"
+#include "mf_trace.h"
+
+#include <getopt.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+static const char *help =
+    "usage: moeflip trace --model DIR --input FILE.jsonl --out RUN [options]\n"
+    "\n"
+    "Runs a Hugging Face checkpoint over every sequence of FILE.jsonl ({\"id\", \"tokens\"} per line) and\n"
+    "writes a run directory: manifest.json + part-NNNNN.safetensors with, per sequence and MoE layer,\n"
+    "the experts dispatched, the weights applied, the raw router logits, and the logits.\n"
+    "\n"
+    "  --model DIR          checkpoint directory (config.json + *.safetensors)\n"
+    "  --input FILE         prompts, JSON lines\n"
+    "  --out RUN            run directory to create\n"
+    "  --precision P        fp64 (reference) | fp32 | bf16 | fp16   [bf16]\n"
+    "  --device D           cpu   [cpu]\n"
+    "  --threads N          CPU threads   [all cores]\n"
+    "  --record LEVEL       routing | topk | logits | full   [logits if vocab <= 32768, else topk]\n"
+    "  --resume             continue an interrupted run in RUN\n"
+    "  --shard-seqs N       write a shard every N sequences   [by size and time]\n"
+    "  -q, --quiet          no progress output\n";
+
+int cmd_trace(int argc, char **argv) {
+    const char *model_dir = NULL, *input = NULL, *out = NULL, *prec_name = "bf16", *device = "cpu", *record_s = NULL;
+    long threads = sysconf(_SC_NPROCESSORS_ONLN), shard_seqs = 0;
+    bool resume = false;
+    static const struct option opts[] = {
+        {"model", required_argument, 0, 'm'},  {"input", required_argument, 0, 'i'},
+        {"out", required_argument, 0, 'o'},    {"precision", required_argument, 0, 'p'},
+        {"device", required_argument, 0, 'd'}, {"threads", required_argument, 0, 't'},
+        {"record", required_argument, 0, 'r'}, {"resume", no_argument, 0, 'R'},
+        {"shard-seqs", required_argument, 0, 'S'}, {"quiet", no_argument, 0, 'q'},
+        {"help", no_argument, 0, 'h'},         {0, 0, 0, 0},
+    };
+    int c;
+    optind = 1;
+    opterr = 0;
+    while ((c = getopt_long(argc, argv, "m:i:o:p:d:t:r:qh", opts, NULL)) != -1) {
+        switch (c) {
+        case 'm': model_dir = optarg; break;
+        case 'i': input = optarg; break;
+        case 'o': out = optarg; break;
+        case 'p': prec_name = optarg; break;
+        case 'd': device = optarg; break;
+        case 't':
+            if (!cli_parse_int(optarg, 1, 4096, &threads)) return cli_usage_error("trace", "--threads takes a positive integer");
+            break;
+        case 'r': record_s = optarg; break;
+        case 'R': resume = true; break;
+        case 'S':
+            if (!cli_parse_int(optarg, 1, 1 << 20, &shard_seqs)) return cli_usage_error("trace", "--shard-seqs takes a positive integer");
+            break;
+        case 'q': mf_log_set_quiet(true); break;
+        case 'h': fputs(help, stdout); return 0;
+        default: return cli_usage_error("trace", "unknown or incomplete option %s", argv[optind - 1]);
+        }
+    }
+    if (optind < argc) return cli_usage_error("trace", "unexpected argument %s", argv[optind]);
+    if (!model_dir || !input || !out) return cli_usage_error("trace", "--model, --input and --out are required");
+    if (strcmp(device, "cpu") != 0)
+        return cli_usage_error("trace", "device \"%s\" is not available in this build (cpu)", device);
+    mf_error err = {0};
+    mf_precision prec;
+    if (mf_precision_parse(&prec, prec_name, &err)) return cli_usage_error("trace", "%s", err.msg);
+
+    /* config, then the prompts (validated whole), then the weights */
+    char cfg_path[4096];
+    mf_config cfg;
+    if (!mf_path_join(cfg_path, sizeof cfg_path, model_dir, "config.json")) return cli_usage_error("trace", "path too long");
+    if (!mf_is_dir(model_dir)) {
+        mf_fail(&err, MF_EIO, "%s: not a checkpoint directory", model_dir);
+        return cli_fail(&err);
+    }
+    if (mf_config_load(&cfg, cfg_path, &err)) return cli_fail(&err);
+    mf_record record = mf_record_default(cfg.vocab);
+    if (record_s && mf_record_parse(record_s, &record))
+        return cli_usage_error("trace", "--record takes routing, topk, logits or full");
+    mf_prompts prompts;
+    if (mf_prompts_load(&prompts, input, cfg.vocab, &err)) return cli_fail(&err);
+    mf_model *model = NULL;
+    mf_run_writer *w = NULL;
+    int status = 1;
+    if (mf_runtime_load(&model, model_dir, &prec, &err)) goto done;
+    mf_run_info info = {model_dir, model, &prec, "cpu", prec.act == MF_F64 ? "fp64" : "native", (int)threads,
+                        record, input, &prompts, (int)shard_seqs};
+    if (mf_run_create(&w, out, &info, resume, &err)) goto done;
+    mf_run_opts ro = {prec, (int)threads, record == MF_RECORD_FULL};
+    uint64_t total_tokens = 0, done_tokens = 0;
+    for (size_t i = 0; i < prompts.n; i++) total_tokens += (uint64_t)prompts.seq[i].T;
+    mf_progress bar;
+    mf_progress_begin(&bar, "trace", total_tokens);
+    for (size_t i = 0; i < prompts.n; i++) {
+        const mf_prompt *p = &prompts.seq[i];
+        if (mf_run_writer_has(w, p->id)) {
+            done_tokens += (uint64_t)p->T;
+            continue;
+        }
+        mf_seq_result r;
+        if (mf_forward_cpu(model, &ro, p->tokens, p->T, &r, &err)) {
+            mf_fail_wrap(&err, "sequence %s", p->id);
+            mf_progress_end(&bar);
+            goto done;
+        }
+        int rc = mf_run_writer_add(w, p, &r, &err);
+        mf_seq_result_free(&r);
+        if (rc) {
+            mf_progress_end(&bar);
+            goto done;
+        }
+        done_tokens += (uint64_t)p->T;
+        mf_progress_update(&bar, done_tokens, p->id);
+    }
+    mf_progress_end(&bar);
+    if (mf_run_writer_close(w, &err)) goto done;
+    mf_log("moeflip: wrote %s: %zu sequences, %llu tokens, %s on %s", out, mf_run_writer_done(w),
+           (unsigned long long)total_tokens, prec.name, "cpu");
+    status = 0;
+done:
+    if (status) cli_fail(&err);
+    mf_run_writer_free(w);
+    mf_model_free(model);
+    mf_prompts_free(&prompts);
+    return status;
+}

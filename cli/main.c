@@ -1,0 +1,66 @@
+/* moeflip: entry point and subcommand table. */
+#include "cli.h"
+
+#include <stdarg.h>
+#include <stdlib.h>
+#include <string.h>
+
+static const struct {
+    const char *name;
+    int (*run)(int, char **);
+    const char *summary;
+} commands[] = {
+    {"trace", cmd_trace, "run a model over prompts and record its routing (a run directory)"},
+    {"inspect", cmd_inspect, "describe a run directory"},
+    {"export", cmd_export, "print a run as JSON lines or CSV"},
+    {"synth", cmd_synth, "write a random-weight checkpoint of an architecture"},
+};
+
+static void usage(FILE *out) {
+    fprintf(out, "usage: moeflip <command> [options]   (moeflip <command> --help for its options)\n\ncommands:\n");
+    for (size_t i = 0; i < sizeof commands / sizeof commands[0]; i++)
+        fprintf(out, "  %-8s %s\n", commands[i].name, commands[i].summary);
+}
+
+int cli_fail(const mf_error *err) {
+    fprintf(stderr, "moeflip: %s\n", err->msg);
+    return 1;
+}
+
+int cli_usage_error(const char *cmd, const char *fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    fprintf(stderr, "moeflip %s: ", cmd);
+    vfprintf(stderr, fmt, ap);
+    fprintf(stderr, " (see moeflip %s --help)\n", cmd);
+    va_end(ap);
+    return EXIT_USAGE;
+}
+
+bool cli_parse_int(const char *s, long min, long max, long *out) {
+    char *end;
+    long v = strtol(s, &end, 10);
+    if (!*s || *end || v < min || v > max) return false;
+    *out = v;
+    return true;
+}
+
+int main(int argc, char **argv) {
+    if (argc < 2) {
+        usage(stderr);
+        return EXIT_USAGE;
+    }
+    if (!strcmp(argv[1], "--help") || !strcmp(argv[1], "-h") || !strcmp(argv[1], "help")) {
+        usage(stdout);
+        return 0;
+    }
+    if (!strcmp(argv[1], "--version")) {
+        printf("moeflip %s\n", MF_VERSION);
+        return 0;
+    }
+    for (size_t i = 0; i < sizeof commands / sizeof commands[0]; i++)
+        if (!strcmp(argv[1], commands[i].name)) return commands[i].run(argc - 1, argv + 1);
+    fprintf(stderr, "moeflip: unknown command \"%s\"\n", argv[1]);
+    usage(stderr);
+    return EXIT_USAGE;
+}

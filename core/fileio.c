@@ -1,0 +1,167 @@
+/* Files: mmap for reading, atomic replacement for writing. */
+#include "mf_core.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <libgen.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+int mf_mmap_open(mf_mmap *m, const char *path, mf_error *err) {
+    m->data = NULL;
+    m->size = 0;
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0) return mf_fail(err, MF_EIO, "%s: cannot open: %s", path, strerror(errno));
+    struct stat st;
+    if (fstat(fd, &st) != 0) {
+        int e = errno;
+        close(fd);
+        return mf_fail(err, MF_EIO, "%s: cannot stat: %s", path, strerror(e));
+    }
+    if (!S_ISREG(st.st_mode)) {
+        close(fd);
+        return mf_fail(err, MF_EIO, "%s: not a regular file", path);
+    }
+    if (st.st_size == 0) {   /* mmap of length 0 fails; an empty file is simply empty */
+        close(fd);
+        return MF_OK;
+    }
+    void *p = mmap(NULL, (size_t)st.st_size, PROT_READ, MAP_PRIVATE, fd, 0);
+    int e = errno;
+    close(fd);
+    if (p == MAP_FAILED) return mf_fail(err, MF_EIO, "%s: cannot map: %s", path, strerror(e));
+    m->data = p;
+    m->size = (size_t)st.st_size;
+    return MF_OK;
+}
+
+void mf_mmap_close(mf_mmap *m) {
+    if (m->data) munmap((void *)m->data, m->size);
+    m->data = NULL;
+    m->size = 0;
+}
+
+int mf_read_file(const char *path, char **out, size_t *len, mf_error *err) {
+    *out = NULL;
+    FILE *fp = fopen(path, "rb");
+    if (!fp) return mf_fail(err, MF_EIO, "%s: cannot open: %s", path, strerror(errno));
+    size_t cap = 1 << 16, n = 0;
+    char *buf = mf_xmalloc(cap);
+    for (;;) {
+        if (n + 1 >= cap) buf = realloc(buf, cap *= 2);
+        if (!buf) abort();
+        size_t got = fread(buf + n, 1, cap - n - 1, fp);
+        n += got;
+        if (got == 0) break;
+    }
+    int bad = ferror(fp);
+    fclose(fp);
+    if (bad) {
+        free(buf);
+        return mf_fail(err, MF_EIO, "%s: read error", path);
+    }
+    buf[n] = 0;
+    *out = buf;
+    if (len) *len = n;
+    return MF_OK;
+}
+
+static void fsync_parent_dir(const char *path) {
+    char tmp[4096];
+    snprintf(tmp, sizeof tmp, "%s", path);
+    int fd = open(dirname(tmp), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    if (fd >= 0) {
+        fsync(fd);   /* best effort: some file systems refuse fsync on directories */
+        close(fd);
+    }
+}
+
+int mf_atomic_open(mf_atomic_file *af, const char *path, mf_error *err) {
+    memset(af, 0, sizeof *af);
+    if (strlen(path) >= sizeof af->path) return mf_fail(err, MF_EINVAL, "%s: path too long", path);
+    snprintf(af->path, sizeof af->path, "%s", path);
+    snprintf(af->tmp, sizeof af->tmp, "%s.tmp.%ld", path, (long)getpid());
+    af->fp = fopen(af->tmp, "wb");
+    if (!af->fp) return mf_fail(err, MF_EIO, "%s: cannot write: %s", path, strerror(errno));
+    return MF_OK;
+}
+
+int mf_atomic_write(mf_atomic_file *af, const void *data, size_t len, mf_error *err) {
+    if (len && fwrite(data, 1, len, af->fp) != len) {
+        int e = errno;
+        mf_atomic_abort(af);
+        return mf_fail(err, MF_EIO, "%s: write failed: %s", af->path, strerror(e));
+    }
+    return MF_OK;
+}
+
+int mf_atomic_commit(mf_atomic_file *af, mf_error *err) {
+    if (fflush(af->fp) != 0 || fsync(fileno(af->fp)) != 0) {
+        int e = errno;
+        mf_atomic_abort(af);
+        return mf_fail(err, MF_EIO, "%s: flush failed: %s", af->path, strerror(e));
+    }
+    if (fclose(af->fp) != 0) {
+        int e = errno;
+        af->fp = NULL;
+        unlink(af->tmp);
+        return mf_fail(err, MF_EIO, "%s: close failed: %s", af->path, strerror(e));
+    }
+    af->fp = NULL;
+    if (rename(af->tmp, af->path) != 0) {
+        int e = errno;
+        unlink(af->tmp);
+        return mf_fail(err, MF_EIO, "%s: cannot rename into place: %s", af->path, strerror(e));
+    }
+    fsync_parent_dir(af->path);
+    return MF_OK;
+}
+
+void mf_atomic_abort(mf_atomic_file *af) {
+    if (af->fp) fclose(af->fp);
+    af->fp = NULL;
+    if (af->tmp[0]) unlink(af->tmp);
+}
+
+int mf_write_file_atomic(const char *path, const void *data, size_t len, mf_error *err) {
+    mf_atomic_file af;
+    int rc = mf_atomic_open(&af, path, err);
+    if (rc) return rc;
+    if ((rc = mf_atomic_write(&af, data, len, err))) return rc;
+    return mf_atomic_commit(&af, err);
+}
+
+int mf_mkdir_p(const char *path, mf_error *err) {
+    char tmp[4096];
+    if (strlen(path) >= sizeof tmp) return mf_fail(err, MF_EINVAL, "%s: path too long", path);
+    snprintf(tmp, sizeof tmp, "%s", path);
+    for (char *p = tmp + 1; *p; p++) {
+        if (*p != '/') continue;
+        *p = 0;
+        if (mkdir(tmp, 0777) != 0 && errno != EEXIST)
+            return mf_fail(err, MF_EIO, "%s: cannot create directory: %s", tmp, strerror(errno));
+        *p = '/';
+    }
+    if (mkdir(tmp, 0777) != 0 && errno != EEXIST)
+        return mf_fail(err, MF_EIO, "%s: cannot create directory: %s", tmp, strerror(errno));
+    if (!mf_is_dir(tmp)) return mf_fail(err, MF_EIO, "%s: exists and is not a directory", tmp);
+    return MF_OK;
+}
+
+bool mf_path_exists(const char *path) {
+    struct stat st;
+    return stat(path, &st) == 0;
+}
+
+bool mf_is_dir(const char *path) {
+    struct stat st;
+    return stat(path, &st) == 0 && S_ISDIR(st.st_mode);
+}
+
+bool mf_path_join(char *dst, size_t cap, const char *dir, const char *name) {
+    int n = snprintf(dst, cap, "%s/%s", dir, name);
+    return n >= 0 && (size_t)n < cap;
+}

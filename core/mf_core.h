@@ -1,0 +1,156 @@
+/* moeflip core: status codes and messages, dtypes and exact conversions,
+ * files (mmap, atomic replace), digests, logging and progress.
+ * Everything above core/ reports failure the same way: a function returns
+ * MF_OK (0) or a negative MF_E* code and fills an mf_error with one line
+ * that names the file, tensor, sequence or position at fault. */
+#ifndef MF_CORE_H
+#define MF_CORE_H
+
+#include <stddef.h>
+#include <stdint.h>
+#include <stdbool.h>
+#include <stdio.h>
+
+#define MF_VERSION "0.1.0"
+
+/* ---- status ------------------------------------------------------------ */
+
+enum {
+    MF_OK = 0,
+    MF_EINVAL = -1,      /* bad argument or bad input data */
+    MF_EIO = -2,         /* a file could not be read or written */
+    MF_EFORMAT = -3,     /* a file is malformed */
+    MF_ENOMEM = -4,
+    MF_EUNSUPPORTED = -5,
+    MF_EDIGEST = -6,     /* a file's content does not match its recorded digest */
+    MF_EMISMATCH = -7,   /* two things that must agree do not */
+};
+
+typedef struct mf_error {
+    int code;
+    char msg[1024];
+} mf_error;
+
+/* Sets err (if not NULL) and returns code, so callers can `return mf_fail(...)`. */
+int mf_fail(mf_error *err, int code, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+/* Prefixes an existing message with more context ("loading X: <old message>"). */
+int mf_fail_wrap(mf_error *err, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+const char *mf_strerror(int code);
+
+/* ---- dtypes ------------------------------------------------------------ */
+
+typedef enum mf_dtype {
+    MF_DTYPE_INVALID = 0,
+    MF_BF16, MF_F16, MF_F32, MF_F64,
+    MF_I8, MF_U8, MF_I16, MF_U16, MF_I32, MF_U32, MF_I64, MF_U64, MF_BOOL,
+    MF_F8E4M3, MF_F8E5M2,
+    MF_DTYPE_COUNT
+} mf_dtype;
+
+size_t mf_dtype_size(mf_dtype t);
+/* Safetensors spelling ("BF16", "F32", ...). */
+const char *mf_dtype_name(mf_dtype t);
+mf_dtype mf_dtype_from_name(const char *name);
+bool mf_dtype_is_float(mf_dtype t);
+
+/* Exact conversions, round-to-nearest-even, NaN kept quiet, Inf kept. */
+static inline float mf_bf16_to_f32(uint16_t h) {
+    union { uint32_t u; float f; } v = { (uint32_t)h << 16 };
+    return v.f;
+}
+uint16_t mf_f32_to_bf16(float f);
+uint16_t mf_f64_to_bf16(double d);   /* one rounding, straight from double */
+float mf_f16_to_f32(uint16_t h);
+uint16_t mf_f32_to_f16(float f);
+uint16_t mf_f64_to_f16(double d);    /* one rounding, straight from double */
+
+/* "Round through" helpers: the value a tensor of that dtype would hold. */
+static inline double mf_round_f32(double x) { return (double)(float)x; }
+static inline double mf_round_bf16(double x) { return (double)mf_bf16_to_f32(mf_f64_to_bf16(x)); }
+static inline double mf_round_f16(double x) { return (double)mf_f16_to_f32(mf_f64_to_f16(x)); }
+double mf_round_to(mf_dtype t, double x);   /* F64: identity; F32, BF16, F16 as above */
+
+/* Reads element i of a raw buffer of float dtype t as double (exact). */
+double mf_load_as_f64(const void *buf, mf_dtype t, size_t i);
+/* Stores x into element i of a buffer of float dtype t (RNE). */
+void mf_store_from_f64(void *buf, mf_dtype t, size_t i, double x);
+
+/* ---- files ------------------------------------------------------------- */
+
+typedef struct mf_mmap {
+    const uint8_t *data;
+    size_t size;
+} mf_mmap;
+
+int mf_mmap_open(mf_mmap *m, const char *path, mf_error *err);
+void mf_mmap_close(mf_mmap *m);
+
+/* Reads a whole file into a malloc'ed, NUL-terminated buffer. */
+int mf_read_file(const char *path, char **out, size_t *len, mf_error *err);
+
+/* Crash-safe file replacement: data goes to "<path>.tmp.<pid>", is flushed
+ * with fsync, renamed over path, and the directory is fsync'ed. A reader sees
+ * the old file or the new one, never a mix. */
+typedef struct mf_atomic_file {
+    FILE *fp;
+    char path[4096];
+    char tmp[4200];
+} mf_atomic_file;
+
+int mf_atomic_open(mf_atomic_file *af, const char *path, mf_error *err);
+int mf_atomic_write(mf_atomic_file *af, const void *data, size_t len, mf_error *err);
+int mf_atomic_commit(mf_atomic_file *af, mf_error *err);   /* flush, fsync, rename */
+void mf_atomic_abort(mf_atomic_file *af);                   /* drop the temporary */
+int mf_write_file_atomic(const char *path, const void *data, size_t len, mf_error *err);
+
+int mf_mkdir_p(const char *path, mf_error *err);
+bool mf_path_exists(const char *path);
+bool mf_is_dir(const char *path);
+/* dst = dir + "/" + name; fails (returns false) when it would not fit. */
+bool mf_path_join(char *dst, size_t cap, const char *dir, const char *name);
+
+/* ---- digests (XXH3-128, lower-case hex, 32 chars) --------------------- */
+
+typedef struct mf_digest_state mf_digest_state;
+mf_digest_state *mf_digest_new(void);
+void mf_digest_update(mf_digest_state *s, const void *data, size_t len);
+void mf_digest_final(mf_digest_state *s, char hex[33]);   /* also frees s */
+void mf_digest_buffer(const void *data, size_t len, char hex[33]);
+int mf_digest_file(const char *path, char hex[33], mf_error *err);
+
+/* ---- logging and progress --------------------------------------------- */
+
+void mf_log_set_quiet(bool quiet);
+void mf_log(const char *fmt, ...) __attribute__((format(printf, 1, 2)));   /* stderr, one line */
+
+/* A progress bar on stderr, drawn only when stderr is a terminal. */
+typedef struct mf_progress {
+    bool enabled;
+    double start;
+    double last_draw;
+    uint64_t total;
+    const char *label;
+} mf_progress;
+
+void mf_progress_begin(mf_progress *p, const char *label, uint64_t total);
+void mf_progress_update(mf_progress *p, uint64_t done, const char *detail);
+void mf_progress_end(mf_progress *p);
+
+double mf_now(void);   /* monotonic seconds */
+
+/* ---- deterministic random numbers (splitmix64 seeded xoshiro256**) ---- */
+
+typedef struct mf_rng { uint64_t s[4]; } mf_rng;
+void mf_rng_seed(mf_rng *r, uint64_t seed);
+uint64_t mf_rng_next(mf_rng *r);
+double mf_rng_uniform(mf_rng *r);            /* [0, 1) with 53 random bits */
+double mf_rng_normal(mf_rng *r);             /* Box-Muller, standard normal */
+
+/* ---- small helpers ----------------------------------------------------- */
+
+void *mf_xmalloc(size_t n);          /* aborts on out of memory: allocation failure is not recoverable here */
+void *mf_xcalloc(size_t n, size_t size);
+char *mf_xstrdup(const char *s);
+
+#endif

@@ -1,0 +1,116 @@
+/* Logging, progress bars, clocks, random numbers, allocation. */
+#include "mf_core.h"
+
+#include <math.h>
+#include <stdarg.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+static bool log_quiet;
+
+void mf_log_set_quiet(bool quiet) { log_quiet = quiet; }
+
+void mf_log(const char *fmt, ...) {
+    if (log_quiet) return;
+    va_list ap;
+    va_start(ap, fmt);
+    vfprintf(stderr, fmt, ap);
+    va_end(ap);
+    fputc('\n', stderr);
+}
+
+double mf_now(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+void mf_progress_begin(mf_progress *p, const char *label, uint64_t total) {
+    p->enabled = !log_quiet && isatty(STDERR_FILENO);
+    p->start = mf_now();
+    p->last_draw = 0;
+    p->total = total;
+    p->label = label;
+}
+
+void mf_progress_update(mf_progress *p, uint64_t done, const char *detail) {
+    if (!p->enabled) return;
+    double now = mf_now();
+    if (done < p->total && now - p->last_draw < 0.1) return;   /* redraw at most 10 times a second */
+    p->last_draw = now;
+    const int width = 30;
+    int filled = p->total ? (int)((double)done / (double)p->total * width) : width;
+    char bar[64];
+    for (int i = 0; i < width; i++) bar[i] = i < filled ? '#' : '.';
+    bar[width] = 0;
+    double el = now - p->start;
+    fprintf(stderr, "\r%s [%s] %llu/%llu %5.1fs %s\033[K", p->label, bar, (unsigned long long)done,
+            (unsigned long long)p->total, el, detail ? detail : "");
+    fflush(stderr);
+}
+
+void mf_progress_end(mf_progress *p) {
+    if (!p->enabled) return;
+    fputs("\r\033[K", stderr);
+    fflush(stderr);
+}
+
+static uint64_t splitmix64(uint64_t *x) {
+    uint64_t z = (*x += 0x9e3779b97f4a7c15ull);
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    return z ^ (z >> 31);
+}
+
+void mf_rng_seed(mf_rng *r, uint64_t seed) {
+    for (int i = 0; i < 4; i++) r->s[i] = splitmix64(&seed);
+}
+
+static inline uint64_t rotl(uint64_t x, int k) { return (x << k) | (x >> (64 - k)); }
+
+uint64_t mf_rng_next(mf_rng *r) {
+    uint64_t *s = r->s;
+    uint64_t result = rotl(s[1] * 5, 7) * 9, t = s[1] << 17;
+    s[2] ^= s[0];
+    s[3] ^= s[1];
+    s[1] ^= s[2];
+    s[0] ^= s[3];
+    s[2] ^= t;
+    s[3] = rotl(s[3], 45);
+    return result;
+}
+
+double mf_rng_uniform(mf_rng *r) { return (double)(mf_rng_next(r) >> 11) * 0x1.0p-53; }
+
+double mf_rng_normal(mf_rng *r) {
+    double u1 = mf_rng_uniform(r), u2 = mf_rng_uniform(r);
+    if (u1 < 1e-300) u1 = 1e-300;
+    return sqrt(-2.0 * log(u1)) * cos(2.0 * M_PI * u2);
+}
+
+void *mf_xmalloc(size_t n) {
+    void *p = malloc(n ? n : 1);
+    if (!p) {
+        fprintf(stderr, "moeflip: out of memory (%zu bytes)\n", n);
+        abort();
+    }
+    return p;
+}
+
+void *mf_xcalloc(size_t n, size_t size) {
+    void *p = calloc(n ? n : 1, size ? size : 1);
+    if (!p) {
+        fprintf(stderr, "moeflip: out of memory (%zu x %zu bytes)\n", n, size);
+        abort();
+    }
+    return p;
+}
+
+char *mf_xstrdup(const char *s) {
+    size_t n = strlen(s) + 1;
+    char *d = mf_xmalloc(n);
+    memcpy(d, s, n);
+    return d;
+}

@@ -1,0 +1,69 @@
+/* Dispatch, expert FFN and combine. */
+#include "mf_experts.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+void mf_dispatch_build(mf_dispatch *d, const uint16_t *ids, int T, int k, int E) {
+    const int R = T * k;
+    d->n_experts = E;
+    d->n_tokens = T;
+    d->top_k = k;
+    d->offset = mf_xcalloc((size_t)E + 1, sizeof(int));
+    d->token = mf_xmalloc((size_t)R * sizeof(int));
+    d->slot = mf_xmalloc((size_t)R * sizeof(int));
+    d->row_of = mf_xmalloc((size_t)R * sizeof(int));
+    for (int i = 0; i < R; i++) d->offset[ids[i] + 1]++;
+    for (int e = 0; e < E; e++) d->offset[e + 1] += d->offset[e];
+    int *fill = mf_xmalloc((size_t)E * sizeof(int));
+    memcpy(fill, d->offset, (size_t)E * sizeof(int));
+    for (int t = 0; t < T; t++)   /* tokens ascending within each expert */
+        for (int s = 0; s < k; s++) {
+            int e = ids[t * k + s], r = fill[e]++;
+            d->token[r] = t;
+            d->slot[r] = s;
+            d->row_of[t * k + s] = r;
+        }
+    free(fill);
+}
+
+void mf_dispatch_free(mf_dispatch *d) {
+    free(d->offset);
+    free(d->token);
+    free(d->slot);
+    free(d->row_of);
+    memset(d, 0, sizeof *d);
+}
+
+void mf_ffn_apply(const mf_mm *mm, const mf_ffn *f, mf_dtype act_dtype, const double *x, int M, double *y) {
+    const int I = f->gate->out;
+    double *g = mf_xmalloc((size_t)M * I * sizeof(double));
+    double *u = mf_xmalloc((size_t)M * I * sizeof(double));
+    mf_mm m = *mm;
+    m.out = act_dtype;
+    mf_linear_apply(&m, f->gate, x, M, g);
+    mf_linear_apply(&m, f->up, x, M, u);
+    for (size_t i = 0; i < (size_t)M * I; i++) {
+        double a = mf_round_to(act_dtype, mf_act_apply(f->act, g[i]));
+        g[i] = mf_round_to(act_dtype, a * u[i]);
+    }
+    mf_linear_apply(&m, f->down, g, M, y);
+    free(g);
+    free(u);
+}
+
+void mf_combine(const mf_combine_spec *spec, const mf_dispatch *d, const double *y, int H, const double *w,
+                double *out) {
+    const int T = d->n_tokens, k = d->top_k;
+    for (int t = 0; t < T; t++) {
+        double *o = out + (size_t)t * H;
+        for (int h = 0; h < H; h++) {
+            double acc = 0;
+            for (int s = 0; s < k; s++) {
+                double p = mf_round_to(spec->product, y[(size_t)d->row_of[t * k + s] * H + h] * w[t * k + s]);
+                acc = mf_round_to(spec->sum, acc + p);
+            }
+            o[h] = mf_round_to(spec->out, acc);
+        }
+    }
+}

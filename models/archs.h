@@ -1,0 +1,31 @@
+/* Private to models/: what distinguishes one architecture from another. */
+#ifndef MF_ARCHS_H
+#define MF_ARCHS_H
+
+#include "mf_models.h"
+
+typedef struct mf_arch_desc {
+    const char *model_type;
+    /* class defaults for absent keys */
+    int vocab, hidden, intermediate, layers, heads, kv_heads /* 0: = heads */, max_pos;
+    double rms_eps, rope_theta;
+    bool is_moe;
+    int n_experts, top_k, moe_intermediate, shared_intermediate;
+    bool norm_topk_prob;
+    const char *moe_intermediate_key;   /* config key holding the expert width */
+    bool has_shared;                    /* Qwen2-MoE: shared expert with sigmoid gate */
+    bool sparse_layers;                 /* decoder_sparse_step / mlp_only_layers apply */
+    mf_route_rule route;
+    mf_qk_norm qk_norm;
+    const char *bias_key;               /* config key switching q/k/v biases on (NULL: never) */
+    bool bias_default;
+    bool bias_on_o;                     /* the same key also puts a bias on o_proj */
+    bool mixtral_names;                 /* block_sparse_moe.{gate,experts.E.w1/w2/w3} on disk */
+    bool sliding_layers;                /* Qwen: use_sliding_window + max_window_layers */
+    int max_window_layers;
+    bool sliding_all;                   /* Mixtral: sliding_window applies to every layer */
+} mf_arch_desc;
+
+extern const mf_arch_desc mf_arch_table[MF_ARCH_COUNT];
+
+#endif

@@ -1,0 +1,286 @@
+/* Loading a model: every tensor the config implies is looked up, its shape
+ * and dtype checked (all of them, before any conversion), then packed for the
+ * matrix kernels. Hub names: per-expert mlp.experts.E.{gate,up,down}_proj,
+ * Mixtral block_sparse_moe.{gate, experts.E.w1/w3/w2}, or the fused
+ * mlp.experts.gate_up_proj [E, 2I, H] / down_proj [E, H, I]. */
+#include "archs.h"
+
+#include <jansson.h>
+#include <stdarg.h>
+#include <stdlib.h>
+#include <string.h>
+
+typedef struct loader {
+    mf_model *m;
+    bool validate_only;
+    mf_dtype ckpt_dtype;   /* every float tensor must have it */
+    const char *dir;
+    mf_error *err;
+} loader;
+
+/* Finds `name` and checks it has exactly the shape given (ndim dims). */
+static int need(loader *ld, const mf_st_tensor **out, const char *name, int ndim, ...) {
+    const mf_st_tensor *t = mf_checkpoint_find(ld->m->ckpt, name);
+    *out = t;
+    if (!t) return mf_fail(ld->err, MF_EFORMAT, "%s: missing tensor %s", ld->dir, name);
+    int64_t want[MF_MAX_DIMS];
+    va_list ap;
+    va_start(ap, ndim);
+    for (int i = 0; i < ndim; i++) want[i] = va_arg(ap, int64_t);
+    va_end(ap);
+    bool ok = t->ndim == ndim;
+    for (int i = 0; ok && i < ndim; i++) ok = t->shape[i] == want[i];
+    if (!ok) {
+        char have[128] = "", exp[128] = "";
+        for (int i = 0; i < t->ndim; i++)
+            snprintf(have + strlen(have), sizeof have - strlen(have), "%s%lld", i ? ", " : "", (long long)t->shape[i]);
+        for (int i = 0; i < ndim; i++)
+            snprintf(exp + strlen(exp), sizeof exp - strlen(exp), "%s%lld", i ? ", " : "", (long long)want[i]);
+        return mf_fail(ld->err, MF_EFORMAT, "%s: tensor %s has shape [%s], but the config implies [%s]", ld->dir, name,
+                       have, exp);
+    }
+    if (!mf_dtype_is_float(t->dtype))
+        return mf_fail(ld->err, MF_EFORMAT, "%s: tensor %s has dtype %s, expected a float dtype (%s)", ld->dir, name,
+                       mf_dtype_name(t->dtype), mf_dtype_name(ld->ckpt_dtype));
+    if (t->dtype != ld->ckpt_dtype)
+        return mf_fail(ld->err, MF_EFORMAT, "%s: tensor %s has dtype %s, but the checkpoint's weights are %s", ld->dir,
+                       name, mf_dtype_name(t->dtype), mf_dtype_name(ld->ckpt_dtype));
+    return MF_OK;
+}
+
+static size_t esz_of(const mf_st_tensor *t) { return mf_dtype_size(t->dtype); }
+
+/* A linear layer [out, in] (+ bias [out]) from one tensor (offset rows in). */
+static int linear_from(loader *ld, mf_linear *L, const mf_st_tensor *t, size_t elem_offset, int out, int in,
+                       const char *bias_name) {
+    const mf_st_tensor *b = NULL;
+    int rc;
+    if (bias_name && (rc = need(ld, &b, bias_name, 1, (int64_t)out))) return rc;
+    if (ld->validate_only) return MF_OK;
+    mf_model *m = ld->m;
+    L->out = out;
+    L->in = in;
+    mf_pack(&L->w, m->compute, m->weight_round, out, in, t->data + elem_offset * esz_of(t), t->dtype, (size_t)in, 1);
+    if (b) {
+        L->bias = mf_xmalloc((size_t)out * sizeof(double));
+        for (int i = 0; i < out; i++) L->bias[i] = mf_round_to(m->weight_round, mf_load_as_f64(b->data, b->dtype, (size_t)i));
+    }
+    m->n_params += (size_t)out * (size_t)in + (b ? (size_t)out : 0);
+    return MF_OK;
+}
+
+static int linear(loader *ld, mf_linear *L, const char *name, int out, int in, const char *bias_name) {
+    const mf_st_tensor *t;
+    int rc = need(ld, &t, name, 2, (int64_t)out, (int64_t)in);
+    if (rc) return rc;
+    return linear_from(ld, L, t, 0, out, in, bias_name);
+}
+
+static int vector(loader *ld, double **dst, const char *name, int n) {
+    const mf_st_tensor *t;
+    int rc = need(ld, &t, name, 1, (int64_t)n);
+    if (rc || ld->validate_only) return rc;
+    *dst = mf_xmalloc((size_t)n * sizeof(double));
+    for (int i = 0; i < n; i++) (*dst)[i] = mf_round_to(ld->m->weight_round, mf_load_as_f64(t->data, t->dtype, (size_t)i));
+    ld->m->n_params += (size_t)n;
+    return MF_OK;
+}
+
+#define NAME(...) (snprintf(nm, sizeof nm, __VA_ARGS__), nm)
+#define NAME2(...) (snprintf(nm2, sizeof nm2, __VA_ARGS__), nm2)
+
+static int load_experts(loader *ld, mf_layer *L, int l) {
+    const mf_config *c = &ld->m->cfg;
+    const mf_arch_desc *d = &mf_arch_table[c->arch];
+    const int E = c->n_experts, I = c->moe_intermediate, H = c->hidden;
+    char nm[256];
+    int rc;
+    if (!ld->validate_only) {
+        L->exp_gate = mf_xcalloc((size_t)E, sizeof(mf_linear));
+        L->exp_up = mf_xcalloc((size_t)E, sizeof(mf_linear));
+        L->exp_down = mf_xcalloc((size_t)E, sizeof(mf_linear));
+    }
+    const mf_st_tensor *gu = mf_checkpoint_find(ld->m->ckpt, NAME("model.layers.%d.mlp.experts.gate_up_proj", l));
+    if (gu) {   /* fused layout (transformers v5 in memory; newer checkpoints on disk) */
+        const mf_st_tensor *dn;
+        if ((rc = need(ld, &gu, nm, 3, (int64_t)E, (int64_t)2 * I, (int64_t)H))) return rc;
+        if ((rc = need(ld, &dn, NAME("model.layers.%d.mlp.experts.down_proj", l), 3, (int64_t)E, (int64_t)H, (int64_t)I)))
+            return rc;
+        for (int e = 0; e < E; e++) {
+            size_t base = (size_t)e * 2 * I * H;
+            if ((rc = linear_from(ld, &L->exp_gate[e], gu, base, I, H, NULL))) return rc;
+            if ((rc = linear_from(ld, &L->exp_up[e], gu, base + (size_t)I * H, I, H, NULL))) return rc;
+            if ((rc = linear_from(ld, &L->exp_down[e], dn, (size_t)e * H * I, H, I, NULL))) return rc;
+        }
+        return MF_OK;
+    }
+    for (int e = 0; e < E; e++) {
+        if (d->mixtral_names && mf_checkpoint_find(ld->m->ckpt, NAME("model.layers.%d.block_sparse_moe.experts.%d.w1.weight", l, e))) {
+            if ((rc = linear(ld, &L->exp_gate[e], nm, I, H, NULL))) return rc;
+            if ((rc = linear(ld, &L->exp_up[e], NAME("model.layers.%d.block_sparse_moe.experts.%d.w3.weight", l, e), I, H, NULL)))
+                return rc;
+            if ((rc = linear(ld, &L->exp_down[e], NAME("model.layers.%d.block_sparse_moe.experts.%d.w2.weight", l, e), H, I, NULL)))
+                return rc;
+            continue;
+        }
+        if ((rc = linear(ld, &L->exp_gate[e], NAME("model.layers.%d.mlp.experts.%d.gate_proj.weight", l, e), I, H, NULL)))
+            return rc;
+        if ((rc = linear(ld, &L->exp_up[e], NAME("model.layers.%d.mlp.experts.%d.up_proj.weight", l, e), I, H, NULL)))
+            return rc;
+        if ((rc = linear(ld, &L->exp_down[e], NAME("model.layers.%d.mlp.experts.%d.down_proj.weight", l, e), H, I, NULL)))
+            return rc;
+    }
+    return MF_OK;
+}
+
+static int load_layer(loader *ld, mf_layer *L, int l) {
+    const mf_config *c = &ld->m->cfg;
+    const mf_arch_desc *d = &mf_arch_table[c->arch];
+    const int H = c->hidden, hd = c->head_dim, nq = c->n_heads * hd, nkv = c->n_kv_heads * hd;
+    char nm[256], nm2[256];
+    int rc;
+#define TRY(x) if ((rc = (x))) return rc
+    TRY(vector(ld, &L->attn_norm, NAME("model.layers.%d.input_layernorm.weight", l), H));
+    TRY(vector(ld, &L->ffn_norm, NAME("model.layers.%d.post_attention_layernorm.weight", l), H));
+    const char *qkvb = c->attn_bias_qkv ? "" : NULL;
+    TRY(linear(ld, &L->q, NAME("model.layers.%d.self_attn.q_proj.weight", l), nq, H,
+               qkvb ? NAME2("model.layers.%d.self_attn.q_proj.bias", l) : NULL));
+    TRY(linear(ld, &L->k, NAME("model.layers.%d.self_attn.k_proj.weight", l), nkv, H,
+               qkvb ? NAME2("model.layers.%d.self_attn.k_proj.bias", l) : NULL));
+    TRY(linear(ld, &L->v, NAME("model.layers.%d.self_attn.v_proj.weight", l), nkv, H,
+               qkvb ? NAME2("model.layers.%d.self_attn.v_proj.bias", l) : NULL));
+    TRY(linear(ld, &L->o, NAME("model.layers.%d.self_attn.o_proj.weight", l), H, nq,
+               c->attn_bias_o ? NAME2("model.layers.%d.self_attn.o_proj.bias", l) : NULL));
+    if (c->qk_norm == MF_QK_NORM_FULL) {
+        TRY(vector(ld, &L->q_norm, NAME("model.layers.%d.self_attn.q_norm.weight", l), nq));
+        TRY(vector(ld, &L->k_norm, NAME("model.layers.%d.self_attn.k_norm.weight", l), nkv));
+    } else if (c->qk_norm == MF_QK_NORM_PER_HEAD) {
+        TRY(vector(ld, &L->q_norm, NAME("model.layers.%d.self_attn.q_norm.weight", l), hd));
+        TRY(vector(ld, &L->k_norm, NAME("model.layers.%d.self_attn.k_norm.weight", l), hd));
+    }
+    L->is_moe = d->is_moe && c->layer_is_moe[l];
+    if (!L->is_moe) {
+        const int I = c->intermediate;
+        bool b = c->mlp_bias;
+        TRY(linear(ld, &L->mlp_gate, NAME("model.layers.%d.mlp.gate_proj.weight", l), I, H,
+                   b ? NAME2("model.layers.%d.mlp.gate_proj.bias", l) : NULL));
+        TRY(linear(ld, &L->mlp_up, NAME("model.layers.%d.mlp.up_proj.weight", l), I, H,
+                   b ? NAME2("model.layers.%d.mlp.up_proj.bias", l) : NULL));
+        TRY(linear(ld, &L->mlp_down, NAME("model.layers.%d.mlp.down_proj.weight", l), H, I,
+                   b ? NAME2("model.layers.%d.mlp.down_proj.bias", l) : NULL));
+        return MF_OK;
+    }
+    const char *router = "model.layers.%d.mlp.gate.weight";
+    if (d->mixtral_names && !mf_checkpoint_find(ld->m->ckpt, NAME(router, l))) router = "model.layers.%d.block_sparse_moe.gate.weight";
+    TRY(linear(ld, &L->router, NAME(router, l), c->n_experts, H, NULL));
+    TRY(load_experts(ld, L, l));
+    if (c->has_shared_expert) {
+        const int S = c->shared_intermediate;
+        TRY(linear(ld, &L->sh_gate, NAME("model.layers.%d.mlp.shared_expert.gate_proj.weight", l), S, H, NULL));
+        TRY(linear(ld, &L->sh_up, NAME("model.layers.%d.mlp.shared_expert.up_proj.weight", l), S, H, NULL));
+        TRY(linear(ld, &L->sh_down, NAME("model.layers.%d.mlp.shared_expert.down_proj.weight", l), H, S, NULL));
+        TRY(linear(ld, &L->sh_router, NAME("model.layers.%d.mlp.shared_expert_gate.weight", l), 1, H, NULL));
+    }
+#undef TRY
+    return MF_OK;
+}
+
+static int load_all(loader *ld) {
+    mf_model *m = ld->m;
+    const mf_config *c = &m->cfg;
+    int rc;
+    const mf_st_tensor *emb;
+    if ((rc = need(ld, &emb, "model.embed_tokens.weight", 2, (int64_t)c->vocab, (int64_t)c->hidden))) return rc;
+    m->embed = emb;
+    if (!ld->validate_only) m->n_params += (size_t)c->vocab * (size_t)c->hidden;
+    for (int l = 0; l < c->n_layers; l++)
+        if ((rc = load_layer(ld, &m->layers[l], l))) return rc;
+    if ((rc = vector(ld, &m->final_norm, "model.norm.weight", c->hidden))) return rc;
+    if (c->tie_embeddings) {
+        if (!ld->validate_only) {
+            m->head.out = c->vocab;
+            m->head.in = c->hidden;
+            mf_pack(&m->head.w, m->compute, m->weight_round, c->vocab, c->hidden, emb->data, emb->dtype, (size_t)c->hidden, 1);
+        }
+        return MF_OK;
+    }
+    return linear(ld, &m->head, "lm_head.weight", c->vocab, c->hidden, NULL);
+}
+
+/* The dtype config.json declares ("dtype" in v5, "torch_dtype" in v4), or INVALID. */
+static mf_dtype declared_dtype(const char *config_path) {
+    json_t *root = json_load_file(config_path, 0, NULL);
+    json_t *v = root ? json_object_get(root, "dtype") : NULL;
+    if (!json_is_string(v) && root) v = json_object_get(root, "torch_dtype");
+    mf_dtype t = MF_DTYPE_INVALID;
+    if (json_is_string(v)) {
+        const char *s = json_string_value(v);
+        if (!strcmp(s, "bfloat16")) t = MF_BF16;
+        else if (!strcmp(s, "float16")) t = MF_F16;
+        else if (!strcmp(s, "float32")) t = MF_F32;
+        else if (!strcmp(s, "float64")) t = MF_F64;
+    }
+    json_decref(root);
+    return t;
+}
+
+int mf_model_load(mf_model **out, const char *dir, mf_dtype compute, mf_dtype weight_round, mf_error *err) {
+    *out = NULL;
+    char path[4096];
+    if (!mf_is_dir(dir)) return mf_fail(err, MF_EIO, "%s: not a checkpoint directory", dir);
+    if (!mf_path_join(path, sizeof path, dir, "config.json")) return mf_fail(err, MF_EINVAL, "%s: path too long", dir);
+    mf_model *m = mf_xcalloc(1, sizeof *m);
+    int rc = mf_config_load(&m->cfg, path, err);
+    if (!rc) rc = mf_checkpoint_open(&m->ckpt, dir, err);
+    if (rc) {
+        free(m);
+        return rc;
+    }
+    m->compute = compute;
+    m->weight_round = weight_round;
+    m->layers = mf_xcalloc((size_t)m->cfg.n_layers, sizeof(mf_layer));
+    const mf_st_tensor *emb = mf_checkpoint_find(m->ckpt, "model.embed_tokens.weight");
+    loader ld = {m, true, emb ? emb->dtype : MF_BF16, dir, err};
+    rc = load_all(&ld);   /* pass 1: presence, shapes, dtypes of everything */
+    if (!rc) {
+        mf_dtype decl = declared_dtype(path);
+        if (decl != MF_DTYPE_INVALID && decl != ld.ckpt_dtype)
+            mf_log("moeflip: note: %s declares dtype %s but its weights are %s; using the weights as stored", path,
+                   mf_dtype_name(decl), mf_dtype_name(ld.ckpt_dtype));
+        ld.validate_only = false;
+        rc = load_all(&ld);   /* pass 2: convert and pack */
+    }
+    if (rc) {
+        mf_model_free(m);
+        return rc;
+    }
+    *out = m;
+    return MF_OK;
+}
+
+void mf_model_free(mf_model *m) {
+    if (!m) return;
+    for (int l = 0; m->layers && l < m->cfg.n_layers; l++) {
+        mf_layer *L = &m->layers[l];
+        free(L->attn_norm);
+        free(L->ffn_norm);
+        free(L->q_norm);
+        free(L->k_norm);
+        mf_linear_free(&L->q); mf_linear_free(&L->k); mf_linear_free(&L->v); mf_linear_free(&L->o);
+        mf_linear_free(&L->mlp_gate); mf_linear_free(&L->mlp_up); mf_linear_free(&L->mlp_down);
+        mf_linear_free(&L->router);
+        if (L->exp_gate)
+            for (int e = 0; e < m->cfg.n_experts; e++) {
+                mf_linear_free(&L->exp_gate[e]);
+                mf_linear_free(&L->exp_up[e]);
+                mf_linear_free(&L->exp_down[e]);
+            }
+        free(L->exp_gate); free(L->exp_up); free(L->exp_down);
+        mf_linear_free(&L->sh_gate); mf_linear_free(&L->sh_up); mf_linear_free(&L->sh_down); mf_linear_free(&L->sh_router);
+    }
+    free(m->layers);
+    free(m->final_norm);
+    mf_linear_free(&m->head);
+    mf_checkpoint_close(m->ckpt);
+    free(m);
+}

@@ -1,0 +1,174 @@
+/* moeflip models: config.json (transformers v4 and v5 spellings), safetensors
+ * files (single or sharded), the architecture registry, and loaded models.
+ *
+ * Adding an architecture: one entry in models/archs.c (its model_type, class
+ * defaults, which attention and MoE variants it uses, and its tensor names);
+ * the loader and the runtime read only the resulting mf_config and mf_model. */
+#ifndef MF_MODELS_H
+#define MF_MODELS_H
+
+#include "mf_core.h"
+#include "mf_numerics.h"
+
+/* ---- safetensors ------------------------------------------------------- */
+
+#define MF_MAX_DIMS 8
+
+typedef struct mf_st_tensor {
+    char *name;
+    mf_dtype dtype;
+    int ndim;
+    int64_t shape[MF_MAX_DIMS];
+    const uint8_t *data;   /* points into the mapped file */
+    size_t nbytes;
+} mf_st_tensor;
+
+typedef struct mf_st_file {
+    char *path;
+    mf_mmap map;
+    mf_st_tensor *tensors;   /* sorted by name */
+    size_t count;
+    char *metadata_json;     /* the "__metadata__" object as JSON text, or NULL */
+} mf_st_file;
+
+/* Maps a .safetensors file and validates its header completely: length,
+ * JSON, every dtype, shape and data range, and that the ranges tile the data
+ * region with no gap and no overlap. */
+int mf_st_open(mf_st_file **out, const char *path, mf_error *err);
+void mf_st_close(mf_st_file *f);
+const mf_st_tensor *mf_st_find(const mf_st_file *f, const char *name);
+int64_t mf_st_numel(const mf_st_tensor *t);
+
+/* Writer: tensors are copied in; write() replaces the file atomically. */
+typedef struct mf_st_writer mf_st_writer;
+mf_st_writer *mf_st_writer_new(void);
+void mf_st_writer_free(mf_st_writer *w);
+/* shape has ndim entries; data holds numel * dtype size bytes. */
+void mf_st_writer_add(mf_st_writer *w, const char *name, mf_dtype dtype, int ndim, const int64_t *shape,
+                      const void *data);
+void mf_st_writer_meta(mf_st_writer *w, const char *key, const char *value);
+size_t mf_st_writer_bytes(const mf_st_writer *w);
+int mf_st_writer_write(mf_st_writer *w, const char *path, mf_error *err);
+
+/* A checkpoint directory: model.safetensors, or shards listed by
+ * model.safetensors.index.json. */
+typedef struct mf_checkpoint {
+    char *dir;
+    mf_st_file **files;
+    size_t nfiles;
+    char weights_digest[33];   /* over the files' bytes, in file-name order */
+} mf_checkpoint;
+
+int mf_checkpoint_open(mf_checkpoint **out, const char *dir, mf_error *err);
+void mf_checkpoint_close(mf_checkpoint *c);
+/* The tensor, or NULL when absent. */
+const mf_st_tensor *mf_checkpoint_find(const mf_checkpoint *c, const char *name);
+
+/* ---- configuration ---------------------------------------------------- */
+
+typedef enum mf_arch {
+    MF_ARCH_LLAMA, MF_ARCH_OLMOE, MF_ARCH_QWEN2_MOE, MF_ARCH_MIXTRAL, MF_ARCH_QWEN3_MOE, MF_ARCH_COUNT
+} mf_arch;
+
+typedef enum mf_rope_type {
+    MF_ROPE_DEFAULT, MF_ROPE_LINEAR, MF_ROPE_DYNAMIC, MF_ROPE_LLAMA3, MF_ROPE_YARN
+} mf_rope_type;
+
+typedef enum mf_qk_norm {
+    MF_QK_NORM_NONE,
+    MF_QK_NORM_FULL,       /* OLMoE: RMSNorm over the whole q (k) projection, before the head split */
+    MF_QK_NORM_PER_HEAD,   /* Qwen3: RMSNorm over each head's head_dim values */
+} mf_qk_norm;
+
+typedef enum mf_route_rule {
+    MF_ROUTE_SOFTMAX_TOPK,        /* softmax over experts, top-k; renormalise iff norm_topk_prob */
+    MF_ROUTE_SOFTMAX_TOPK_RENORM, /* Mixtral: always renormalise the top-k */
+} mf_route_rule;
+
+typedef struct mf_rope {
+    mf_rope_type type;
+    double theta;
+    double factor;
+    double low_freq_factor, high_freq_factor;   /* llama3 */
+    int original_max_pos;                        /* llama3, yarn (0: use max_position_embeddings) */
+    double beta_fast, beta_slow;                 /* yarn */
+    double mscale, mscale_all_dim;               /* yarn */
+    double attention_factor;                     /* yarn: 0 = derive */
+    bool truncate;                               /* yarn */
+    double partial_rotary_factor;
+} mf_rope;
+
+#define MF_MAX_LAYERS 512
+
+typedef struct mf_config {
+    mf_arch arch;
+    char model_type[64];
+    int vocab, hidden, intermediate, n_layers, n_heads, n_kv_heads, head_dim;
+    int max_pos;
+    double rms_eps;
+    mf_rope rope;
+    mf_act act;
+    bool tie_embeddings;
+    bool attn_bias_qkv, attn_bias_o, mlp_bias;
+    mf_qk_norm qk_norm;
+    double clip_qkv;                 /* 0: none */
+    /* MoE */
+    int n_experts, top_k, moe_intermediate, shared_intermediate;
+    bool norm_topk_prob;
+    mf_route_rule route_rule;
+    bool has_shared_expert;
+    bool layer_is_moe[MF_MAX_LAYERS];
+    int n_moe_layers;
+    int sliding_window;              /* 0: none */
+    bool layer_sliding[MF_MAX_LAYERS];
+    char digest[33];                 /* of config.json's bytes */
+} mf_config;
+
+int mf_config_load(mf_config *cfg, const char *path, mf_error *err);
+/* Parses config JSON text; `origin` names it in messages. */
+int mf_config_parse(mf_config *cfg, const char *json_text, size_t len, const char *origin, mf_error *err);
+const char *mf_arch_name(mf_arch a);
+/* "llama, olmoe, ..." for messages. */
+const char *mf_arch_list(void);
+int mf_arch_from_name(const char *model_type);   /* -1 when unknown */
+
+/* ---- loaded model ------------------------------------------------------ */
+
+typedef struct mf_layer {
+    double *attn_norm, *ffn_norm;
+    mf_linear q, k, v, o;
+    double *q_norm, *k_norm;          /* qk_norm weights, or NULL */
+    bool is_moe;
+    mf_linear mlp_gate, mlp_up, mlp_down;    /* dense layers */
+    mf_linear router;                         /* [E, H] */
+    mf_linear *exp_gate, *exp_up, *exp_down;  /* E each */
+    mf_linear sh_gate, sh_up, sh_down, sh_router;   /* shared expert and its [1, H] gate */
+} mf_layer;
+
+typedef struct mf_model {
+    mf_config cfg;
+    mf_checkpoint *ckpt;
+    mf_dtype compute;        /* MF_F32 or MF_F64: what packed weights hold */
+    mf_dtype weight_round;   /* weights rounded to this dtype when loaded (BF16 in a bf16 run) */
+    const mf_st_tensor *embed;   /* [V, H], read straight from the mapping */
+    mf_layer *layers;
+    double *final_norm;
+    mf_linear head;
+    size_t n_params;
+} mf_model;
+
+/* Loads config + weights from a Hub checkpoint directory. Every tensor's
+ * presence, shape and dtype is checked against the config first; weights
+ * are converted to `compute` after rounding them to `weight_round`. */
+int mf_model_load(mf_model **out, const char *dir, mf_dtype compute, mf_dtype weight_round, mf_error *err);
+void mf_model_free(mf_model *m);
+
+/* ---- synthetic checkpoints -------------------------------------------- */
+
+typedef enum mf_synth_size { MF_SYNTH_TINY, MF_SYNTH_SMALL } mf_synth_size;
+
+/* Writes a deterministic random-weight bf16 checkpoint in Hub layout
+ * (config.json, model.safetensors) plus tokens.jsonl into dir. */
+int mf_synth_write(const char *dir, mf_arch arch, mf_synth_size size, uint64_t seed, mf_error *err);
+
+#endif

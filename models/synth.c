@@ -1,0 +1,154 @@
+/* Deterministic random-weight checkpoints in Hub layout (bf16), for every
+ * architecture, at two sizes: tiny (tests) and small (benchmarks; the OLMoE
+ * one has ~14M parameters: hidden 256, 4 layers, 16 experts, top-4). */
+#include "archs.h"
+
+#include <jansson.h>
+#include <stdlib.h>
+#include <string.h>
+
+typedef struct synth {
+    mf_st_writer *st;
+    mf_rng rng;
+} synth;
+
+static void tensor(synth *s, const char *name, int64_t rows, int64_t cols, double mean, double std) {
+    int64_t shape[2] = {rows, cols};
+    size_t n = (size_t)rows * (size_t)(cols ? cols : 1);
+    uint16_t *buf = mf_xmalloc(n * sizeof(uint16_t));
+    for (size_t i = 0; i < n; i++) buf[i] = mf_f64_to_bf16(mean + std * mf_rng_normal(&s->rng));
+    mf_st_writer_add(s->st, name, MF_BF16, cols ? 2 : 1, shape, buf);
+    free(buf);
+}
+
+#define W(rows, cols, ...) (snprintf(nm, sizeof nm, __VA_ARGS__), tensor(&s, nm, rows, cols, 0.0, std))
+#define NORM(n, ...) (snprintf(nm, sizeof nm, __VA_ARGS__), tensor(&s, nm, n, 0, 1.0, 0.1))
+#define BIAS(n, ...) (snprintf(nm, sizeof nm, __VA_ARGS__), tensor(&s, nm, n, 0, 0.0, 0.1))
+
+int mf_synth_write(const char *dir, mf_arch arch, mf_synth_size size, uint64_t seed, mf_error *err) {
+    const bool small = size == MF_SYNTH_SMALL;
+    const int H = small ? 256 : 64, L = small ? 4 : 3, nh = 4, V = small ? 4096 : 384;
+    const int nkv = (arch == MF_ARCH_OLMOE) ? nh : 2, hd = H / nh;
+    const int E = arch == MF_ARCH_MIXTRAL ? 8 : 16, K = arch == MF_ARCH_MIXTRAL ? 2 : 4;
+    const int I_moe = small ? 224 : 32, I_dense = small ? 688 : 128, I_shared = small ? 512 : 96;
+    const double std = 0.05;
+    const mf_arch_desc *d = &mf_arch_table[arch];
+    int rc = mf_mkdir_p(dir, err);
+    if (rc) return rc;
+
+    json_t *cfg = json_object();
+    static const char *classes[MF_ARCH_COUNT] = {"LlamaForCausalLM", "OlmoeForCausalLM", "Qwen2MoeForCausalLM",
+                                                 "MixtralForCausalLM", "Qwen3MoeForCausalLM"};
+    json_t *archs = json_array();
+    json_array_append_new(archs, json_string(classes[arch]));
+    json_object_set_new(cfg, "architectures", archs);
+    json_object_set_new(cfg, "model_type", json_string(d->model_type));
+    json_object_set_new(cfg, "dtype", json_string("bfloat16"));
+    json_object_set_new(cfg, "vocab_size", json_integer(V));
+    json_object_set_new(cfg, "hidden_size", json_integer(H));
+    json_object_set_new(cfg, "num_hidden_layers", json_integer(L));
+    json_object_set_new(cfg, "num_attention_heads", json_integer(nh));
+    json_object_set_new(cfg, "num_key_value_heads", json_integer(nkv));
+    json_object_set_new(cfg, "head_dim", json_integer(hd));
+    json_object_set_new(cfg, "hidden_act", json_string("silu"));
+    json_object_set_new(cfg, "max_position_embeddings", json_integer(4096));
+    json_object_set_new(cfg, "rms_norm_eps", json_real(1e-6));
+    json_object_set_new(cfg, "tie_word_embeddings", json_false());
+    json_t *rope = json_object();
+    json_object_set_new(rope, "rope_type", json_string("default"));
+    json_object_set_new(rope, "rope_theta", json_real(arch == MF_ARCH_LLAMA ? 500000.0 : 10000.0));
+    json_object_set_new(cfg, "rope_parameters", rope);
+    json_object_set_new(cfg, "intermediate_size", json_integer(arch == MF_ARCH_OLMOE || arch == MF_ARCH_MIXTRAL ? I_moe : I_dense));
+    if (d->is_moe) {
+        json_object_set_new(cfg, arch == MF_ARCH_MIXTRAL ? "num_local_experts" : "num_experts", json_integer(E));
+        json_object_set_new(cfg, "num_experts_per_tok", json_integer(K));
+        if (arch != MF_ARCH_MIXTRAL) json_object_set_new(cfg, "norm_topk_prob", json_boolean(arch == MF_ARCH_QWEN3_MOE));
+        if (arch == MF_ARCH_QWEN2_MOE || arch == MF_ARCH_QWEN3_MOE)
+            json_object_set_new(cfg, "moe_intermediate_size", json_integer(I_moe));
+        if (arch == MF_ARCH_QWEN2_MOE) {
+            json_object_set_new(cfg, "shared_expert_intermediate_size", json_integer(I_shared));
+            json_object_set_new(cfg, "qkv_bias", json_true());
+        }
+    }
+    char path[4096], nm[256];
+    char *text = json_dumps(cfg, JSON_INDENT(2) | JSON_PRESERVE_ORDER);
+    json_decref(cfg);
+    mf_path_join(path, sizeof path, dir, "config.json");
+    rc = mf_write_file_atomic(path, text, strlen(text), err);
+    free(text);
+    if (rc) return rc;
+
+    synth s = {mf_st_writer_new(), {{0}}};
+    mf_rng_seed(&s.rng, seed);
+    W(V, H, "model.embed_tokens.weight");
+    for (int l = 0; l < L; l++) {
+        NORM(H, "model.layers.%d.input_layernorm.weight", l);
+        NORM(H, "model.layers.%d.post_attention_layernorm.weight", l);
+        W(nh * hd, H, "model.layers.%d.self_attn.q_proj.weight", l);
+        W(nkv * hd, H, "model.layers.%d.self_attn.k_proj.weight", l);
+        W(nkv * hd, H, "model.layers.%d.self_attn.v_proj.weight", l);
+        W(H, nh * hd, "model.layers.%d.self_attn.o_proj.weight", l);
+        if (arch == MF_ARCH_QWEN2_MOE) {
+            BIAS(nh * hd, "model.layers.%d.self_attn.q_proj.bias", l);
+            BIAS(nkv * hd, "model.layers.%d.self_attn.k_proj.bias", l);
+            BIAS(nkv * hd, "model.layers.%d.self_attn.v_proj.bias", l);
+        }
+        if (arch == MF_ARCH_OLMOE) {
+            NORM(nh * hd, "model.layers.%d.self_attn.q_norm.weight", l);
+            NORM(nkv * hd, "model.layers.%d.self_attn.k_norm.weight", l);
+        } else if (arch == MF_ARCH_QWEN3_MOE) {
+            NORM(hd, "model.layers.%d.self_attn.q_norm.weight", l);
+            NORM(hd, "model.layers.%d.self_attn.k_norm.weight", l);
+        }
+        if (!d->is_moe) {
+            W(I_dense, H, "model.layers.%d.mlp.gate_proj.weight", l);
+            W(I_dense, H, "model.layers.%d.mlp.up_proj.weight", l);
+            W(H, I_dense, "model.layers.%d.mlp.down_proj.weight", l);
+            continue;
+        }
+        const char *pre = arch == MF_ARCH_MIXTRAL ? "block_sparse_moe" : "mlp";
+        W(E, H, "model.layers.%d.%s.gate.weight", l, pre);
+        for (int e = 0; e < E; e++) {
+            if (arch == MF_ARCH_MIXTRAL) {
+                W(I_moe, H, "model.layers.%d.block_sparse_moe.experts.%d.w1.weight", l, e);
+                W(H, I_moe, "model.layers.%d.block_sparse_moe.experts.%d.w2.weight", l, e);
+                W(I_moe, H, "model.layers.%d.block_sparse_moe.experts.%d.w3.weight", l, e);
+            } else {
+                W(I_moe, H, "model.layers.%d.mlp.experts.%d.gate_proj.weight", l, e);
+                W(I_moe, H, "model.layers.%d.mlp.experts.%d.up_proj.weight", l, e);
+                W(H, I_moe, "model.layers.%d.mlp.experts.%d.down_proj.weight", l, e);
+            }
+        }
+        if (arch == MF_ARCH_QWEN2_MOE) {
+            W(I_shared, H, "model.layers.%d.mlp.shared_expert.gate_proj.weight", l);
+            W(I_shared, H, "model.layers.%d.mlp.shared_expert.up_proj.weight", l);
+            W(H, I_shared, "model.layers.%d.mlp.shared_expert.down_proj.weight", l);
+            W(1, H, "model.layers.%d.mlp.shared_expert_gate.weight", l);
+        }
+    }
+    NORM(H, "model.norm.weight");
+    W(V, H, "lm_head.weight");
+    mf_path_join(path, sizeof path, dir, "model.safetensors");
+    rc = mf_st_writer_write(s.st, path, err);
+    mf_st_writer_free(s.st);
+    if (rc) return rc;
+
+    /* prompts: tiny: three short sequences; small: four of 512 tokens (pp512) */
+    const int nseq = small ? 4 : 3;
+    static const int tiny_len[3] = {21, 13, 34};
+    size_t cap = 1 << 16, len = 0;
+    char *out = mf_xmalloc(cap);
+    for (int q = 0; q < nseq; q++) {
+        int T = small ? 512 : tiny_len[q];
+        if (len + (size_t)T * 8 + 64 > cap) out = realloc(out, cap = 2 * cap + (size_t)T * 8 + 64);
+        if (!out) abort();
+        len += (size_t)snprintf(out + len, cap - len, "{\"id\": \"s%d\", \"tokens\": [", q);
+        for (int t = 0; t < T; t++)
+            len += (size_t)snprintf(out + len, cap - len, t ? ", %d" : "%d", (int)(mf_rng_next(&s.rng) % (uint64_t)V));
+        len += (size_t)snprintf(out + len, cap - len, "]}\n");
+    }
+    mf_path_join(path, sizeof path, dir, "tokens.jsonl");
+    rc = mf_write_file_atomic(path, out, len, err);
+    free(out);
+    return rc;
+}

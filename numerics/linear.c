@@ -1,0 +1,80 @@
+/* Linear layers and activation-by-activation products on top of the packed
+ * kernels, with the rounding a precision policy asks for. */
+#include "mf_numerics.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+void mf_linear_free(mf_linear *L) {
+    mf_pack_free(&L->w);
+    free(L->bias);
+    L->bias = NULL;
+}
+
+static void run(const mf_mm *mm, const double *a, int M, size_t lda, const mf_packed *b, const double *bias,
+                double *c, size_t ldc) {
+    const int N = b->n, K = b->k;
+    if (M <= 0 || N <= 0) return;
+    if (mm->compute == MF_F64) {
+        double *tmp = mf_xmalloc((size_t)M * N * sizeof(double));
+        mf_gemm_f64(M, a, lda, b, tmp, (size_t)N, mm->threads);
+        for (int i = 0; i < M; i++)
+            for (int j = 0; j < N; j++) {
+                double v = tmp[(size_t)i * N + j];
+                if (bias) v += bias[j];
+                c[(size_t)i * ldc + j] = mf_round_to(mm->out, v);
+            }
+        free(tmp);
+        return;
+    }
+    float *af = mf_xmalloc((size_t)M * K * sizeof(float));
+    float *cf = mf_xmalloc((size_t)M * N * sizeof(float));
+    for (int i = 0; i < M; i++)
+        for (int k = 0; k < K; k++) af[(size_t)i * K + k] = (float)a[(size_t)i * lda + k];
+    mf_gemm_f32(M, af, (size_t)K, b, cf, (size_t)N, mm->threads);
+    for (int i = 0; i < M; i++)
+        for (int j = 0; j < N; j++) {
+            float v = cf[(size_t)i * N + j];
+            if (bias) v = v + (float)bias[j];   /* fp32 add, as in the fp32 epilogue of addmm */
+            c[(size_t)i * ldc + j] = mf_round_to(mm->out, (double)v);
+        }
+    free(af);
+    free(cf);
+}
+
+void mf_linear_apply(const mf_mm *mm, const mf_linear *L, const double *x, int M, double *y) {
+    run(mm, x, M, (size_t)L->in, &L->w, L->bias, y, (size_t)L->out);
+}
+
+void mf_matmul_packed(const mf_mm *mm, const double *a, int M, size_t lda, const mf_packed *b, double *c, size_t ldc) {
+    run(mm, a, M, lda, b, NULL, c, ldc);
+}
+
+double mf_sigmoid(double x) { return 1.0 / (1.0 + exp(-x)); }
+
+double mf_act_apply(mf_act act, double x) {
+    switch (act) {
+    case MF_ACT_SILU: return x / (1.0 + exp(-x));
+    case MF_ACT_GELU: return 0.5 * x * (1.0 + erf(x / sqrt(2.0)));
+    case MF_ACT_GELU_TANH: return 0.5 * x * (1.0 + tanh(sqrt(2.0 / M_PI) * (x + 0.044715 * x * x * x)));
+    }
+    return x;
+}
+
+int mf_precision_parse(mf_precision *p, const char *name, mf_error *err) {
+    memset(p, 0, sizeof *p);
+    mf_dtype act;
+    if (!strcmp(name, "fp64")) act = MF_F64;
+    else if (!strcmp(name, "fp32")) act = MF_F32;
+    else if (!strcmp(name, "bf16")) act = MF_BF16;
+    else if (!strcmp(name, "fp16")) act = MF_F16;
+    else return mf_fail(err, MF_EINVAL, "unknown precision \"%s\" (fp64, fp32, bf16, fp16)", name);
+    snprintf(p->name, sizeof p->name, "%s", name);
+    p->act = act;
+    for (int i = 0; i < MF_PART_COUNT; i++) p->part[i] = act;
+    p->weights = act;
+    p->opmath = act == MF_F64 ? MF_F64 : MF_F32;
+    p->compute = p->opmath;
+    return MF_OK;
+}

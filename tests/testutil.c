@@ -1,0 +1,101 @@
+#include "testutil.h"
+
+#include <criterion/criterion.h>
+#include <stdarg.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+const char *fixture(const char *rel) {
+    static char buf[8][4096];
+    static int next;
+    char *b = buf[next++ % 8];
+    snprintf(b, 4096, "%s/%s", MF_TEST_FIXTURES, rel);
+    return b;
+}
+
+static char *dirs[256];
+static int ndirs;
+
+static void cleanup(void) {
+    for (int i = 0; i < ndirs; i++) {
+        char cmd[4200];
+        snprintf(cmd, sizeof cmd, "rm -rf '%s'", dirs[i]);
+        if (system(cmd)) { /* best effort */ }
+        free(dirs[i]);
+    }
+    ndirs = 0;
+}
+
+const char *temp_dir(void) {
+    char tmpl[] = "/tmp/moeflip-test-XXXXXX";
+    char *d = mkdtemp(tmpl);
+    cr_assert(d, "mkdtemp failed");
+    if (ndirs == 0) atexit(cleanup);
+    cr_assert(ndirs < 256);
+    dirs[ndirs] = strdup(d);
+    return dirs[ndirs++];
+}
+
+int run_moeflip(char *err_out, size_t cap, const char *fmt, ...) {
+    char args[8192], cmd[16384];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(args, sizeof args, fmt, ap);
+    va_end(ap);
+    const char *errfile = "/dev/null";
+    char ef[4200];
+    if (err_out) {
+        snprintf(ef, sizeof ef, "%s/stderr.txt", temp_dir());
+        errfile = ef;
+    }
+    snprintf(cmd, sizeof cmd, "%s %s 2>%s", MF_TEST_BIN, args, errfile);
+    int st = system(cmd);
+    if (err_out) {
+        FILE *fp = fopen(errfile, "r");
+        size_t n = fp ? fread(err_out, 1, cap - 1, fp) : 0;
+        err_out[n] = 0;
+        if (fp) fclose(fp);
+    }
+    return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+}
+
+double *read_tensor(const char *path, const char *name, size_t *n) {
+    mf_st_file *f;
+    mf_error err = {0};
+    cr_assert_eq(mf_st_open(&f, path, &err), MF_OK, "%s", err.msg);
+    const mf_st_tensor *t = mf_st_find(f, name);
+    cr_assert(t, "%s: no tensor %s", path, name);
+    size_t cnt = (size_t)mf_st_numel(t);
+    double *v = malloc(cnt * sizeof(double) + 1);
+    for (size_t i = 0; i < cnt; i++) {
+        if (t->dtype == MF_I32) {
+            int32_t x;
+            memcpy(&x, t->data + 4 * i, 4);
+            v[i] = x;
+        } else {
+            v[i] = mf_load_as_f64(t->data, t->dtype, i);
+        }
+    }
+    *n = cnt;
+    mf_st_close(f);
+    return v;
+}
+
+const char *copy_fixture_dir(const char *case_name) {
+    const char *d = temp_dir();
+    char cmd[9000];
+    snprintf(cmd, sizeof cmd, "cp -r '%s'/. '%s'/", fixture(case_name), d);
+    cr_assert_eq(system(cmd), 0);
+    return d;
+}
+
+void write_text(const char *dir, const char *name, const char *text) {
+    char p[4200];
+    snprintf(p, sizeof p, "%s/%s", dir, name);
+    FILE *fp = fopen(p, "w");
+    cr_assert(fp, "cannot write %s", p);
+    fputs(text, fp);
+    fclose(fp);
+}

@@ -1,0 +1,24 @@
+/* Helpers shared by the tests: fixture paths, running the moeflip command,
+ * temporary directories, and reading Hugging Face reference tensors. */
+#ifndef MF_TESTUTIL_H
+#define MF_TESTUTIL_H
+
+#include "mf_core.h"
+#include "mf_models.h"
+
+/* tests/fixtures/<rel> */
+const char *fixture(const char *rel);
+/* A fresh empty directory under /tmp, removed at exit. */
+const char *temp_dir(void);
+/* Runs `moeflip <args>` through the shell; stderr captured into err_out
+ * (if not NULL, up to cap bytes). Returns the exit status. */
+int run_moeflip(char *err_out, size_t cap, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+/* Reads tensor `name` of a safetensors file as doubles (malloc'ed); n gets
+ * the element count. Fails the test if absent. */
+double *read_tensor(const char *path, const char *name, size_t *n);
+/* Copies a fixture checkpoint directory into a fresh temp dir and returns it. */
+const char *copy_fixture_dir(const char *case_name);
+/* Writes text to dir/name. */
+void write_text(const char *dir, const char *name, const char *text);
+
+#endif

@@ -1,0 +1,120 @@
+/* moeflip trace: prompt files, and the run directory (DESIGN.md §5).
+ *
+ * A run is a directory: manifest.json + part-NNNNN.safetensors shards. The
+ * manifest is written before the first sequence (with none), and replaced
+ * after every shard; every file is written to a temporary name, flushed and
+ * renamed, so a run killed at any moment is a valid run holding every
+ * sequence whose shard reached the manifest. Readers verify shard digests. */
+#ifndef MF_TRACE_H
+#define MF_TRACE_H
+
+#include "mf_core.h"
+#include "mf_models.h"
+#include "mf_runtime.h"
+
+/* ---- prompts ----------------------------------------------------------- */
+
+#define MF_MAX_SEQ_ID 200
+
+typedef struct mf_prompt {
+    char *id;
+    int32_t *tokens;
+    int T;
+} mf_prompt;
+
+typedef struct mf_prompts {
+    mf_prompt *seq;
+    size_t n;
+    char digest[33];
+} mf_prompts;
+
+/* JSON lines {"id": "...", "tokens": [ids]}; everything is validated before
+ * anything runs: ids unique and well-formed, tokens integers in [0, vocab). */
+int mf_prompts_load(mf_prompts *p, const char *path, int vocab, mf_error *err);
+void mf_prompts_free(mf_prompts *p);
+
+/* ---- what a run records ------------------------------------------------ */
+
+typedef enum mf_record {
+    MF_RECORD_ROUTING,   /* tokens, topk_ids, topk_w, router, shared_gate */
+    MF_RECORD_TOPK,      /* routing + top-64 logits with their token ids + logsumexp */
+    MF_RECORD_LOGITS,    /* routing + full logits */
+    MF_RECORD_FULL,      /* routing + full logits + router_in */
+} mf_record;
+
+#define MF_TOPK_LOGITS 64
+
+int mf_record_parse(const char *s, mf_record *out);   /* routing|topk|logits|full */
+const char *mf_record_name(mf_record r);
+/* The default: full logits when the vocabulary is small enough to keep. */
+mf_record mf_record_default(int vocab);
+
+/* ---- writing a run ----------------------------------------------------- */
+
+typedef struct mf_run_info {
+    const char *model_dir;
+    const mf_model *model;
+    const mf_precision *prec;
+    const char *device;       /* "cpu" */
+    const char *numerics;     /* "native" | "fp64" */
+    int threads;
+    mf_record record;
+    const char *input_path;
+    const mf_prompts *prompts;
+    int shard_seqs;           /* sequences per shard (0: by size and time) */
+} mf_run_info;
+
+typedef struct mf_run_writer mf_run_writer;
+
+/* Creates the run directory and its empty manifest, or with resume, reopens
+ * an existing run made with the same model, precision, record level and
+ * input, verifying its shards. */
+int mf_run_create(mf_run_writer **out, const char *dir, const mf_run_info *info, bool resume, mf_error *err);
+bool mf_run_writer_has(const mf_run_writer *w, const char *seq_id);
+size_t mf_run_writer_done(const mf_run_writer *w);
+/* Adds one sequence; writes a shard (and the manifest) when one is due. */
+int mf_run_writer_add(mf_run_writer *w, const mf_prompt *p, const mf_seq_result *r, mf_error *err);
+/* Writes what is pending and marks the run complete when every input sequence is in. */
+int mf_run_writer_close(mf_run_writer *w, mf_error *err);
+void mf_run_writer_free(mf_run_writer *w);
+
+/* ---- reading a run ----------------------------------------------------- */
+
+typedef struct mf_run_seq {
+    char *id;
+    int length;
+    int shard;          /* index into the shard list */
+} mf_run_seq;
+
+typedef struct mf_run {
+    char *dir;
+    char *manifest_text;       /* manifest.json as read */
+    mf_run_seq *seqs;
+    size_t n_seqs;
+    char **shard_files;
+    size_t n_shards;
+    uint64_t *shard_bytes;
+    char (*shard_digest)[33];
+    mf_st_file **shards;       /* opened (and verified) on first use */
+    /* model facts from the manifest */
+    char arch[64];
+    int n_layers, n_moe, top_k, n_experts, vocab, hidden;
+    int *moe_layers;           /* [n_moe] model layer index of each MoE layer */
+    bool has_shared;
+    bool complete;
+    char precision[64];
+    char record[32];
+} mf_run;
+
+int mf_run_open(mf_run **out, const char *dir, mf_error *err);
+void mf_run_close(mf_run *r);
+/* Tensor <seq-id>/<field> of sequence i, or NULL with *err set to why: a
+ * missing field is not an error (rc MF_OK, *t NULL). */
+int mf_run_tensor(mf_run *r, size_t seq, const char *field, const mf_st_tensor **t, mf_error *err);
+
+/* ---- export (DESIGN.md §8) ---------------------------------------------- */
+
+typedef enum mf_export_format { MF_EXPORT_JSONL, MF_EXPORT_CSV } mf_export_format;
+int mf_run_export(mf_run *r, mf_export_format fmt, FILE *out, mf_error *err);
+
+#endif

@@ -1,0 +1,547 @@
+/* The run directory: writer (with resume) and reader. */
+#include "mf_trace.h"
+
+#include <dirent.h>
+#include <math.h>
+#include <jansson.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#define FORMAT_NAME "moeflip-run"
+#define FORMAT_VERSION 1
+/* A shard is written when any of these is reached. */
+#define SHARD_MAX_BYTES (64u << 20)
+#define SHARD_MAX_SEQS 16
+#define SHARD_MAX_SECONDS 10.0
+
+int mf_record_parse(const char *s, mf_record *out) {
+    static const char *names[] = {"routing", "topk", "logits", "full"};
+    for (int i = 0; i < 4; i++)
+        if (strcmp(s, names[i]) == 0) {
+            *out = (mf_record)i;
+            return MF_OK;
+        }
+    return MF_EINVAL;
+}
+
+const char *mf_record_name(mf_record r) {
+    static const char *names[] = {"routing", "topk", "logits", "full"};
+    return (unsigned)r < 4 ? names[r] : "?";
+}
+
+mf_record mf_record_default(int vocab) { return vocab <= 32768 ? MF_RECORD_LOGITS : MF_RECORD_TOPK; }
+
+/* ---- writer ------------------------------------------------------------ */
+
+struct mf_run_writer {
+    char *dir;
+    json_t *manifest;
+    json_t *sequences, *shards;   /* borrowed from manifest */
+    mf_run_info info;
+    char **done;                  /* sorted ids of finished sequences */
+    size_t n_done, cap_done;
+    mf_st_writer *pending;
+    json_t *pending_seqs;
+    int pending_count;
+    double last_flush;
+    int next_shard;
+};
+
+static int cmp_str(const void *a, const void *b) { return strcmp(*(char *const *)a, *(char *const *)b); }
+
+static void done_insert(mf_run_writer *w, const char *id) {
+    if (w->n_done == w->cap_done) {
+        w->cap_done = w->cap_done ? 2 * w->cap_done : 64;
+        w->done = realloc(w->done, w->cap_done * sizeof *w->done);
+        if (!w->done) abort();
+    }
+    size_t lo = 0, hi = w->n_done;
+    while (lo < hi) {
+        size_t mid = (lo + hi) / 2;
+        if (strcmp(w->done[mid], id) < 0) lo = mid + 1;
+        else hi = mid;
+    }
+    memmove(w->done + lo + 1, w->done + lo, (w->n_done - lo) * sizeof *w->done);
+    w->done[lo] = mf_xstrdup(id);
+    w->n_done++;
+}
+
+bool mf_run_writer_has(const mf_run_writer *w, const char *id) {
+    return bsearch(&id, w->done, w->n_done, sizeof *w->done, cmp_str) != NULL;
+}
+
+size_t mf_run_writer_done(const mf_run_writer *w) { return w->n_done; }
+
+static void cpu_name(char *out, size_t cap) {
+    snprintf(out, cap, "cpu");
+    FILE *fp = fopen("/proc/cpuinfo", "r");
+    if (!fp) return;
+    char line[512];
+    while (fgets(line, sizeof line, fp)) {
+        if (strncmp(line, "model name", 10) == 0) {
+            char *c = strchr(line, ':');
+            if (c) {
+                c++;
+                while (*c == ' ') c++;
+                c[strcspn(c, "\n")] = 0;
+                snprintf(out, cap, "%s", c);
+            }
+            break;
+        }
+    }
+    fclose(fp);
+}
+
+static json_t *build_manifest(const mf_run_info *in) {
+    const mf_model *m = in->model;
+    const mf_config *c = &m->cfg;
+    json_t *man = json_object();
+    json_object_set_new(man, "format", json_string(FORMAT_NAME));
+    json_object_set_new(man, "format_version", json_integer(FORMAT_VERSION));
+    json_object_set_new(man, "tool", json_string("moeflip " MF_VERSION));
+    char when[64];
+    time_t now = time(NULL);
+    strftime(when, sizeof when, "%Y-%m-%dT%H:%M:%SZ", gmtime(&now));
+    json_object_set_new(man, "created", json_string(when));
+
+    json_t *model = json_object();
+    json_object_set_new(model, "dir", json_string(in->model_dir));
+    json_object_set_new(model, "architecture", json_string(c->model_type));
+    json_object_set_new(model, "config_digest", json_string(c->digest));
+    json_object_set_new(model, "weights_digest", json_string(m->ckpt->weights_digest));
+    json_object_set_new(model, "parameters", json_integer((json_int_t)m->n_params));
+    json_object_set_new(model, "n_layers", json_integer(c->n_layers));
+    json_object_set_new(model, "hidden", json_integer(c->hidden));
+    json_object_set_new(model, "vocab", json_integer(c->vocab));
+    json_object_set_new(model, "n_experts", json_integer(c->n_experts));
+    json_object_set_new(model, "top_k", json_integer(c->top_k));
+    json_object_set_new(model, "has_shared_expert", json_boolean(c->has_shared_expert));
+    json_t *ml = json_array();
+    for (int l = 0; l < c->n_layers; l++)
+        if (c->n_moe_layers && c->layer_is_moe[l]) json_array_append_new(ml, json_integer(l));
+    json_object_set_new(model, "moe_layers", ml);
+    json_object_set_new(man, "model", model);
+
+    json_t *dev = json_object();
+    char name[256];
+    cpu_name(name, sizeof name);
+    json_object_set_new(dev, "kind", json_string(in->device));
+    json_object_set_new(dev, "name", json_string(name));
+    json_object_set_new(dev, "threads", json_integer(in->threads));
+    json_object_set_new(dev, "kernel", json_string(mf_gemm_kernel_name()));
+    json_object_set_new(man, "device", dev);
+
+    json_object_set_new(man, "numerics", json_string(in->numerics));
+    json_t *prec = json_object();
+    json_object_set_new(prec, "name", json_string(in->prec->name));
+    json_object_set_new(prec, "activations", json_string(mf_dtype_name(in->prec->act)));
+    json_object_set_new(prec, "weights", json_string(mf_dtype_name(in->prec->weights)));
+    json_object_set_new(prec, "opmath", json_string(mf_dtype_name(in->prec->opmath)));
+    json_object_set_new(prec, "matmul_compute", json_string(mf_dtype_name(in->prec->compute)));
+    json_object_set_new(prec, "semantics", json_string("transformers 5.17 (v5): eager attention, grouped_mm expert combine"));
+    json_object_set_new(man, "precision", prec);
+
+    json_t *router = json_object();
+    json_object_set_new(router, "rule", json_string(c->route_rule == MF_ROUTE_SOFTMAX_TOPK_RENORM
+                                                        ? "softmax_topk_renorm"
+                                                        : "softmax_topk"));
+    json_object_set_new(router, "norm_topk_prob", json_boolean(c->norm_topk_prob));
+    json_object_set_new(router, "tie_break", json_string("larger score first; equal scores: lower expert index"));
+    json_object_set_new(man, "router", router);
+
+    json_object_set_new(man, "record", json_string(mf_record_name(in->record)));
+    json_t *input = json_object();
+    json_object_set_new(input, "path", json_string(in->input_path));
+    json_object_set_new(input, "digest", json_string(in->prompts->digest));
+    json_object_set_new(input, "n_sequences", json_integer((json_int_t)in->prompts->n));
+    json_object_set_new(man, "input", input);
+    json_object_set_new(man, "sequences", json_array());
+    json_object_set_new(man, "shards", json_array());
+    json_object_set_new(man, "complete", json_false());
+    return man;
+}
+
+static int write_manifest(mf_run_writer *w, mf_error *err) {
+    char path[4096];
+    mf_path_join(path, sizeof path, w->dir, "manifest.json");
+    char *text = json_dumps(w->manifest, JSON_INDENT(1) | JSON_PRESERVE_ORDER);
+    if (!text) return mf_fail(err, MF_ENOMEM, "%s: cannot encode manifest", path);
+    size_t n = strlen(text);
+    text[n] = '\n';   /* json_dumps leaves room only for the NUL; replace it */
+    int rc = mf_write_file_atomic(path, text, n + 1, err);
+    free(text);
+    return rc;
+}
+
+/* Leftovers of a killed writer: temporaries, and shards the manifest never named. */
+static void remove_strays(const char *dir, json_t *shards) {
+    DIR *d = opendir(dir);
+    if (!d) return;
+    struct dirent *e;
+    char path[4096];
+    while ((e = readdir(d))) {
+        bool stray = strstr(e->d_name, ".tmp.") != NULL;
+        if (!stray && strncmp(e->d_name, "part-", 5) == 0) {
+            stray = true;
+            size_t i;
+            json_t *s;
+            json_array_foreach(shards, i, s) if (strcmp(json_string_value(json_object_get(s, "file")), e->d_name) == 0)
+                stray = false;
+        }
+        if (stray && mf_path_join(path, sizeof path, dir, e->d_name)) unlink(path);
+    }
+    closedir(d);
+}
+
+static int check_same(const char *dir, json_t *old, json_t *fresh, const char *obj, const char *key, mf_error *err) {
+    json_t *a = obj ? json_object_get(json_object_get(old, obj), key) : json_object_get(old, key);
+    json_t *b = obj ? json_object_get(json_object_get(fresh, obj), key) : json_object_get(fresh, key);
+    if (!json_equal(a, b)) {
+        char *sa = a ? json_dumps(a, JSON_ENCODE_ANY) : NULL, *sb = b ? json_dumps(b, JSON_ENCODE_ANY) : NULL;
+        mf_fail(err, MF_EMISMATCH, "%s: cannot resume: the run has %s%s%s = %s, this command has %s", dir, obj ? obj : "",
+                obj ? "." : "", key, sa ? sa : "nothing", sb ? sb : "nothing");
+        free(sa);
+        free(sb);
+        return MF_EMISMATCH;
+    }
+    return MF_OK;
+}
+
+int mf_run_create(mf_run_writer **out, const char *dir, const mf_run_info *info, bool resume, mf_error *err) {
+    *out = NULL;
+    char path[4096];
+    int rc = mf_mkdir_p(dir, err);
+    if (rc) return rc;
+    if (!mf_path_join(path, sizeof path, dir, "manifest.json")) return mf_fail(err, MF_EINVAL, "%s: path too long", dir);
+    mf_run_writer *w = mf_xcalloc(1, sizeof *w);
+    w->dir = mf_xstrdup(dir);
+    w->info = *info;
+    w->manifest = build_manifest(info);
+    bool exists = mf_path_exists(path);
+    if (exists && !resume) {
+        rc = mf_fail(err, MF_EINVAL, "%s: a run is already there (use --resume to continue it, or another --out)", dir);
+        goto fail;
+    }
+    if (exists) {
+        mf_run *old;
+        if ((rc = mf_run_open(&old, dir, err))) goto fail;   /* verifies every shard */
+        mf_run_close(old);
+        json_error_t jerr;
+        json_t *prev = json_load_file(path, 0, &jerr);
+        if (!prev) {
+            rc = mf_fail(err, MF_EFORMAT, "%s: %s", path, jerr.text);
+            goto fail;
+        }
+        static const char *keys[][2] = {{"model", "architecture"}, {"model", "config_digest"},
+                                        {"model", "weights_digest"}, {"precision", "name"},
+                                        {NULL, "numerics"},          {NULL, "record"},
+                                        {"input", "digest"},         {"device", "kind"}};
+        for (size_t i = 0; i < sizeof keys / sizeof keys[0] && !rc; i++)
+            rc = check_same(dir, prev, w->manifest, keys[i][0], keys[i][1], err);
+        if (rc) {
+            json_decref(prev);
+            goto fail;
+        }
+        /* keep the original identity and history; continue its lists */
+        json_decref(w->manifest);
+        w->manifest = prev;
+        json_object_set_new(w->manifest, "complete", json_false());
+        size_t i;
+        json_t *s;
+        json_array_foreach(json_object_get(prev, "sequences"), i, s) done_insert(w, json_string_value(json_object_get(s, "id")));
+    }
+    w->sequences = json_object_get(w->manifest, "sequences");
+    w->shards = json_object_get(w->manifest, "shards");
+    w->next_shard = (int)json_array_size(w->shards);
+    remove_strays(dir, w->shards);
+    if ((rc = write_manifest(w, err))) goto fail;
+    w->pending = mf_st_writer_new();
+    w->pending_seqs = json_array();
+    w->last_flush = mf_now();
+    *out = w;
+    return MF_OK;
+fail:
+    mf_run_writer_free(w);
+    return rc;
+}
+
+static int flush_shard(mf_run_writer *w, mf_error *err) {
+    if (w->pending_count == 0) return MF_OK;
+    char name[64], path[4096];
+    snprintf(name, sizeof name, "part-%05d.safetensors", w->next_shard);
+    if (!mf_path_join(path, sizeof path, w->dir, name)) return mf_fail(err, MF_EINVAL, "%s: path too long", w->dir);
+    mf_st_writer_meta(w->pending, "format", FORMAT_NAME);
+    int rc = mf_st_writer_write(w->pending, path, err);
+    if (rc) return rc;
+    char digest[33];
+    if ((rc = mf_digest_file(path, digest, err))) return rc;
+    mf_mmap m;
+    if ((rc = mf_mmap_open(&m, path, err))) return rc;
+    size_t bytes = m.size;
+    mf_mmap_close(&m);
+    json_t *sh = json_object();
+    json_object_set_new(sh, "file", json_string(name));
+    json_object_set_new(sh, "bytes", json_integer((json_int_t)bytes));
+    json_object_set_new(sh, "digest", json_string(digest));
+    json_array_append_new(w->shards, sh);
+    size_t i;
+    json_t *s;
+    json_array_foreach(w->pending_seqs, i, s) {
+        json_object_set_new(s, "shard", json_string(name));
+        json_array_append(w->sequences, s);
+        done_insert(w, json_string_value(json_object_get(s, "id")));
+    }
+    if ((rc = write_manifest(w, err))) return rc;
+    w->next_shard++;
+    mf_st_writer_free(w->pending);
+    w->pending = mf_st_writer_new();
+    json_array_clear(w->pending_seqs);
+    w->pending_count = 0;
+    w->last_flush = mf_now();
+    return MF_OK;
+}
+
+/* Converts n doubles to dtype t and adds them as tensor <id>/<field>. */
+static void add_tensor(mf_st_writer *st, const char *id, const char *field, mf_dtype t, int ndim, const int64_t *shape,
+                       const double *v) {
+    size_t n = 1;
+    for (int i = 0; i < ndim; i++) n *= (size_t)shape[i];
+    void *buf = mf_xmalloc(n * mf_dtype_size(t));
+    for (size_t i = 0; i < n; i++) mf_store_from_f64(buf, t, i, v[i]);
+    char name[MF_MAX_SEQ_ID + 64];
+    snprintf(name, sizeof name, "%s/%s", id, field);
+    mf_st_writer_add(st, name, t, ndim, shape, buf);
+    free(buf);
+}
+
+static void add_topk_logits(mf_st_writer *st, const char *id, const mf_seq_result *r, mf_dtype t) {
+    const int T = r->T, V = r->V, K = V < MF_TOPK_LOGITS ? V : MF_TOPK_LOGITS;
+    double *vals = mf_xmalloc((size_t)T * K * sizeof(double));
+    int32_t *toks = mf_xmalloc((size_t)T * K * sizeof(int32_t));
+    double *lse = mf_xmalloc((size_t)T * sizeof(double));
+    uint16_t *ids = NULL;
+    for (int p = 0; p < T; p++) {
+        const double *row = r->logits + (size_t)p * V;
+        /* simple selection: K passes would be O(KV); use a partial insertion list instead */
+        int len = 0;
+        for (int j = 0; j < V; j++) {
+            int pos = len;
+            while (pos > 0 && (row[j] > vals[(size_t)p * K + pos - 1])) pos--;
+            if (pos >= K) continue;
+            int end = len < K ? len : K - 1;
+            for (int q = end; q > pos; q--) {
+                vals[(size_t)p * K + q] = vals[(size_t)p * K + q - 1];
+                toks[(size_t)p * K + q] = toks[(size_t)p * K + q - 1];
+            }
+            vals[(size_t)p * K + pos] = row[j];
+            toks[(size_t)p * K + pos] = j;
+            if (len < K) len++;
+        }
+        double mx = vals[(size_t)p * K], s = 0;
+        for (int j = 0; j < V; j++) s += exp(row[j] - mx);
+        lse[p] = mx + log(s);
+    }
+    (void)ids;
+    int64_t shape[2] = {T, K};
+    add_tensor(st, id, "topk_logits", t, 2, shape, vals);
+    char name[MF_MAX_SEQ_ID + 64];
+    snprintf(name, sizeof name, "%s/topk_tokens", id);
+    mf_st_writer_add(st, name, MF_I32, 2, shape, toks);
+    add_tensor(st, id, "logsumexp", MF_F64, 1, shape, lse);
+    free(vals);
+    free(toks);
+    free(lse);
+}
+
+int mf_run_writer_add(mf_run_writer *w, const mf_prompt *p, const mf_seq_result *r, mf_error *err) {
+    const mf_precision *prec = w->info.prec;
+    const int T = r->T;
+    int64_t shape[3];
+    char name[MF_MAX_SEQ_ID + 64];
+    shape[0] = T;
+    snprintf(name, sizeof name, "%s/tokens", p->id);
+    mf_st_writer_add(w->pending, name, MF_I32, 1, shape, p->tokens);
+    if (r->n_moe) {
+        shape[0] = r->n_moe;
+        shape[1] = T;
+        shape[2] = r->k;
+        snprintf(name, sizeof name, "%s/topk_ids", p->id);
+        mf_st_writer_add(w->pending, name, MF_U16, 3, shape, r->topk_ids);
+        add_tensor(w->pending, p->id, "topk_w", prec->opmath, 3, shape, r->topk_w);
+        shape[2] = r->E;
+        add_tensor(w->pending, p->id, "router", prec->part[MF_PART_ROUTER], 3, shape, r->router);
+        if (r->shared_gate) add_tensor(w->pending, p->id, "shared_gate", prec->act, 2, shape, r->shared_gate);
+        if (r->router_in && w->info.record == MF_RECORD_FULL) {
+            shape[2] = r->H;
+            add_tensor(w->pending, p->id, "router_in", prec->act, 3, shape, r->router_in);
+        }
+    }
+    if (w->info.record == MF_RECORD_LOGITS || w->info.record == MF_RECORD_FULL) {
+        shape[0] = T;
+        shape[1] = r->V;
+        add_tensor(w->pending, p->id, "logits", prec->part[MF_PART_HEAD], 2, shape, r->logits);
+    } else if (w->info.record == MF_RECORD_TOPK) {
+        add_topk_logits(w->pending, p->id, r, prec->part[MF_PART_HEAD]);
+    }
+    json_t *s = json_object();
+    json_object_set_new(s, "id", json_string(p->id));
+    json_object_set_new(s, "length", json_integer(T));
+    json_array_append_new(w->pending_seqs, s);
+    w->pending_count++;
+    bool due = mf_st_writer_bytes(w->pending) >= SHARD_MAX_BYTES ||
+               (w->info.shard_seqs > 0 ? w->pending_count >= w->info.shard_seqs
+                                       : (w->pending_count >= SHARD_MAX_SEQS || mf_now() - w->last_flush >= SHARD_MAX_SECONDS));
+    return due ? flush_shard(w, err) : MF_OK;
+}
+
+int mf_run_writer_close(mf_run_writer *w, mf_error *err) {
+    int rc = flush_shard(w, err);
+    if (rc) return rc;
+    bool complete = true;
+    for (size_t i = 0; i < w->info.prompts->n && complete; i++) complete = mf_run_writer_has(w, w->info.prompts->seq[i].id);
+    json_object_set_new(w->manifest, "complete", json_boolean(complete));
+    return write_manifest(w, err);
+}
+
+void mf_run_writer_free(mf_run_writer *w) {
+    if (!w) return;
+    for (size_t i = 0; i < w->n_done; i++) free(w->done[i]);
+    free(w->done);
+    json_decref(w->manifest);
+    json_decref(w->pending_seqs);
+    mf_st_writer_free(w->pending);
+    free(w->dir);
+    free(w);
+}
+
+/* ---- reader ------------------------------------------------------------ */
+
+void mf_run_close(mf_run *r) {
+    if (!r) return;
+    for (size_t i = 0; i < r->n_seqs; i++) free(r->seqs[i].id);
+    for (size_t i = 0; i < r->n_shards; i++) {
+        free(r->shard_files[i]);
+        if (r->shards) mf_st_close(r->shards[i]);
+    }
+    free(r->seqs);
+    free(r->shard_files);
+    free(r->shard_bytes);
+    free(r->shard_digest);
+    free(r->shards);
+    free(r->moe_layers);
+    free(r->manifest_text);
+    free(r->dir);
+    free(r);
+}
+
+static int get_int(json_t *o, const char *k) { return (int)json_integer_value(json_object_get(o, k)); }
+
+int mf_run_open(mf_run **out, const char *dir, mf_error *err) {
+    *out = NULL;
+    char path[4096];
+    if (!mf_path_join(path, sizeof path, dir, "manifest.json")) return mf_fail(err, MF_EINVAL, "%s: path too long", dir);
+    if (!mf_is_dir(dir)) return mf_fail(err, MF_EIO, "%s: not a run directory", dir);
+    mf_run *r = mf_xcalloc(1, sizeof *r);
+    r->dir = mf_xstrdup(dir);
+    size_t len;
+    json_t *man = NULL;
+    int rc = mf_read_file(path, &r->manifest_text, &len, err);
+    if (rc) goto fail;
+    json_error_t jerr;
+    man = json_loadb(r->manifest_text, len, 0, &jerr);
+    if (!man || !json_is_object(man)) {
+        rc = mf_fail(err, MF_EFORMAT, "%s: not a valid manifest: %s", path, man ? "not an object" : jerr.text);
+        goto fail;
+    }
+    const char *fmt = json_string_value(json_object_get(man, "format"));
+    if (!fmt || strcmp(fmt, FORMAT_NAME) != 0 || get_int(man, "format_version") != FORMAT_VERSION) {
+        rc = mf_fail(err, MF_EFORMAT, "%s: not a moeflip run manifest (format %s version %d)", path, fmt ? fmt : "?",
+                     get_int(man, "format_version"));
+        goto fail;
+    }
+    json_t *model = json_object_get(man, "model"), *shards = json_object_get(man, "shards"),
+           *seqs = json_object_get(man, "sequences"), *ml = json_object_get(model, "moe_layers");
+    if (!json_is_object(model) || !json_is_array(shards) || !json_is_array(seqs) || !json_is_array(ml)) {
+        rc = mf_fail(err, MF_EFORMAT, "%s: manifest lacks model, shards, sequences or moe_layers", path);
+        goto fail;
+    }
+    snprintf(r->arch, sizeof r->arch, "%s", json_string_value(json_object_get(model, "architecture")) ?: "?");
+    r->n_layers = get_int(model, "n_layers");
+    r->top_k = get_int(model, "top_k");
+    r->n_experts = get_int(model, "n_experts");
+    r->vocab = get_int(model, "vocab");
+    r->hidden = get_int(model, "hidden");
+    r->has_shared = json_is_true(json_object_get(model, "has_shared_expert"));
+    r->n_moe = (int)json_array_size(ml);
+    r->moe_layers = mf_xcalloc((size_t)r->n_moe + 1, sizeof(int));
+    for (int i = 0; i < r->n_moe; i++) r->moe_layers[i] = (int)json_integer_value(json_array_get(ml, (size_t)i));
+    r->complete = json_is_true(json_object_get(man, "complete"));
+    snprintf(r->precision, sizeof r->precision, "%s",
+             json_string_value(json_object_get(json_object_get(man, "precision"), "name")) ?: "?");
+    snprintf(r->record, sizeof r->record, "%s", json_string_value(json_object_get(man, "record")) ?: "?");
+    r->n_shards = json_array_size(shards);
+    r->shard_files = mf_xcalloc(r->n_shards + 1, sizeof(char *));
+    r->shard_bytes = mf_xcalloc(r->n_shards + 1, sizeof(uint64_t));
+    r->shard_digest = mf_xcalloc(r->n_shards + 1, sizeof *r->shard_digest);
+    r->shards = mf_xcalloc(r->n_shards + 1, sizeof(mf_st_file *));
+    for (size_t i = 0; i < r->n_shards; i++) {
+        json_t *s = json_array_get(shards, i);
+        const char *f = json_string_value(json_object_get(s, "file")), *d = json_string_value(json_object_get(s, "digest"));
+        if (!f || !d || strlen(d) != 32 || strchr(f, '/') || strncmp(f, "part-", 5) != 0) {
+            rc = mf_fail(err, MF_EFORMAT, "%s: shard entry %zu is malformed", path, i);
+            goto fail;
+        }
+        r->shard_files[i] = mf_xstrdup(f);
+        r->shard_bytes[i] = (uint64_t)json_integer_value(json_object_get(s, "bytes"));
+        memcpy(r->shard_digest[i], d, 33);
+        /* verify now: a damaged run is named at once, not half-way through an analysis */
+        char sp[4096], have[33];
+        mf_path_join(sp, sizeof sp, dir, f);
+        if ((rc = mf_digest_file(sp, have, err))) goto fail;
+        if (strcmp(have, d) != 0) {
+            rc = mf_fail(err, MF_EDIGEST, "%s: damaged shard: digest %s, the manifest records %s", sp, have, d);
+            goto fail;
+        }
+    }
+    r->n_seqs = json_array_size(seqs);
+    r->seqs = mf_xcalloc(r->n_seqs + 1, sizeof *r->seqs);
+    for (size_t i = 0; i < r->n_seqs; i++) {
+        json_t *s = json_array_get(seqs, i);
+        const char *id = json_string_value(json_object_get(s, "id")), *sh = json_string_value(json_object_get(s, "shard"));
+        int shard = -1;
+        for (size_t j = 0; sh && j < r->n_shards && shard < 0; j++)
+            if (strcmp(r->shard_files[j], sh) == 0) shard = (int)j;
+        if (!id || shard < 0) {
+            rc = mf_fail(err, MF_EFORMAT, "%s: sequence entry %zu names no known shard", path, i);
+            goto fail;
+        }
+        r->seqs[i].id = mf_xstrdup(id);
+        r->seqs[i].length = get_int(s, "length");
+        r->seqs[i].shard = shard;
+    }
+    json_decref(man);
+    *out = r;
+    return MF_OK;
+fail:
+    json_decref(man);
+    mf_run_close(r);
+    return rc;
+}
+
+int mf_run_tensor(mf_run *r, size_t seq, const char *field, const mf_st_tensor **t, mf_error *err) {
+    *t = NULL;
+    if (seq >= r->n_seqs) return mf_fail(err, MF_EINVAL, "%s: no sequence %zu", r->dir, seq);
+    int s = r->seqs[seq].shard;
+    if (!r->shards[s]) {
+        char sp[4096];
+        mf_path_join(sp, sizeof sp, r->dir, r->shard_files[s]);
+        int rc = mf_st_open(&r->shards[s], sp, err);
+        if (rc) return rc;
+    }
+    char name[MF_MAX_SEQ_ID + 64];
+    snprintf(name, sizeof name, "%s/%s", r->seqs[seq].id, field);
+    *t = mf_st_find(r->shards[s], name);
+    return MF_OK;
+}
