@@ -3,6 +3,7 @@
 #include "mf_trace.h"
 
 #include <getopt.h>
+#include <omp.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
@@ -67,6 +68,7 @@ int cmd_trace(int argc, char **argv) {
     mf_error err = {0};
     mf_precision prec;
     if (mf_precision_parse(&prec, prec_name, &err)) return cli_usage_error("trace", "%s", err.msg);
+    omp_set_num_threads((int)threads);
 
     /* config, then the prompts (validated whole), then the weights */
     char cfg_path[4096];

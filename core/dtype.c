@@ -93,14 +93,8 @@ uint16_t mf_f64_to_f16(double d) {
 
 uint16_t mf_f32_to_f16(float f) { return mf_f64_to_f16((double)f); }   /* f32 -> f64 is exact */
 
-double mf_round_to(mf_dtype t, double x) {
-    switch (t) {
-    case MF_F32: return mf_round_f32(x);
-    case MF_BF16: return mf_round_bf16(x);
-    case MF_F16: return mf_round_f16(x);
-    default: return x;
-    }
-}
+double mf_round_bf16_slow(double x) { return (double)mf_bf16_to_f32(mf_f64_to_bf16(x)); }
+double mf_round_f16_slow(double x) { return (double)mf_f16_to_f32(mf_f64_to_f16(x)); }
 
 double mf_load_as_f64(const void *buf, mf_dtype t, size_t i) {
     const uint8_t *p = buf;

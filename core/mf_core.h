@@ -65,11 +65,41 @@ float mf_f16_to_f32(uint16_t h);
 uint16_t mf_f32_to_f16(float f);
 uint16_t mf_f64_to_f16(double d);    /* one rounding, straight from double */
 
-/* "Round through" helpers: the value a tensor of that dtype would hold. */
+/* "Round through" helpers: the value a tensor of that dtype would hold.
+ * Fast paths round the double's bits directly (nearest even) when the result
+ * is a normal number of the target format; the rest takes the exact slow path. */
+double mf_round_bf16_slow(double x);
+double mf_round_f16_slow(double x);
 static inline double mf_round_f32(double x) { return (double)(float)x; }
-static inline double mf_round_bf16(double x) { return (double)mf_bf16_to_f32(mf_f64_to_bf16(x)); }
-static inline double mf_round_f16(double x) { return (double)mf_f16_to_f32(mf_f64_to_f16(x)); }
-double mf_round_to(mf_dtype t, double x);   /* F64: identity; F32, BF16, F16 as above */
+static inline double mf_round_bits_(double x, int drop) {
+    union { double d; uint64_t u; } v = { x };
+    const uint64_t half = (1ull << (drop - 1)) - 1;
+    v.u += half + ((v.u >> drop) & 1);
+    v.u &= ~((1ull << drop) - 1);
+    return v.d;
+}
+static inline double mf_round_bf16(double x) {
+    double a = x < 0 ? -x : x;
+    /* normal bf16 range with room to round up: [2^-126, 2^127] */
+    if (a >= 0x1p-126 && a <= 0x1p127) return mf_round_bits_(x, 52 - 7);
+    if (a == 0) return x;
+    return mf_round_bf16_slow(x);
+}
+static inline double mf_round_f16(double x) {
+    double a = x < 0 ? -x : x;
+    if (a >= 0x1p-14 && a <= 0x1p15) return mf_round_bits_(x, 52 - 10);
+    if (a == 0) return x;
+    return mf_round_f16_slow(x);
+}
+/* F64 (or anything else): identity; F32, BF16, F16 as above. */
+static inline double mf_round_to(mf_dtype t, double x) {
+    switch (t) {
+    case MF_F32: return mf_round_f32(x);
+    case MF_BF16: return mf_round_bf16(x);
+    case MF_F16: return mf_round_f16(x);
+    default: return x;
+    }
+}
 
 /* Reads element i of a raw buffer of float dtype t as double (exact). */
 double mf_load_as_f64(const void *buf, mf_dtype t, size_t i);

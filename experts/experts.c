@@ -43,6 +43,7 @@ void mf_ffn_apply(const mf_mm *mm, const mf_ffn *f, mf_dtype act_dtype, const do
     m.out = act_dtype;
     mf_linear_apply(&m, f->gate, x, M, g);
     mf_linear_apply(&m, f->up, x, M, u);
+#pragma omp parallel for num_threads(mm->threads) if (mm->threads > 1 && (size_t)M * I >= 8192)
     for (size_t i = 0; i < (size_t)M * I; i++) {
         double a = mf_round_to(act_dtype, mf_act_apply(f->act, g[i]));
         g[i] = mf_round_to(act_dtype, a * u[i]);
@@ -55,6 +56,7 @@ void mf_ffn_apply(const mf_mm *mm, const mf_ffn *f, mf_dtype act_dtype, const do
 void mf_combine(const mf_combine_spec *spec, const mf_dispatch *d, const double *y, int H, const double *w,
                 double *out) {
     const int T = d->n_tokens, k = d->top_k;
+#pragma omp parallel for if ((size_t)T * H * k >= 65536)
     for (int t = 0; t < T; t++) {
         double *o = out + (size_t)t * H;
         for (int h = 0; h < H; h++) {

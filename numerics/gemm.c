@@ -48,6 +48,12 @@ void mf_pack(mf_packed *p, mf_dtype type, mf_dtype round, int n, int k, const vo
         for (int jj = 0; jj < nr; jj++) {
             int j = pi * nr + jj;
             if (j >= n) break;
+            if (src_type == MF_F64 && type == MF_F32 && round == MF_F64) {   /* activations: the hot case */
+                const double *sd = (const double *)src + (size_t)j * row_stride;
+                float *dst = (float *)p->data + (size_t)pi * (size_t)k * (size_t)nr + (size_t)jj;
+                for (int kk = 0; kk < k; kk++) dst[(size_t)kk * nr] = (float)sd[(size_t)kk * col_stride];
+                continue;
+            }
             for (int kk = 0; kk < k; kk++) {
                 double v = mf_round_to(round, mf_load_as_f64(src, src_type, (size_t)j * row_stride + (size_t)kk * col_stride));
                 size_t at = ((size_t)pi * (size_t)k + (size_t)kk) * (size_t)nr + (size_t)jj;
@@ -157,7 +163,7 @@ static void kernel_f64_avx2(int mr, int k, const double *a, size_t lda, const do
  * parallel region costs more than it saves. */
 #define PARALLEL_MIN_WORK (1 << 16)
 
-void mf_gemm_f32(int m, const float *a, size_t lda, const mf_packed *w, float *c, size_t ldc, int threads) {
+void mf_gemm_f32(int m, const float *a, size_t lda, const mf_packed *w, float *c, size_t ldc, int threads, mf_tri tri) {
     const int n = w->n, k = w->k, nr = MF_NR_F32;
     const int panels = (n + nr - 1) / nr, rblocks = (m + MR - 1) / MR;
     const long tiles = (long)panels * rblocks;
@@ -170,19 +176,21 @@ void mf_gemm_f32(int m, const float *a, size_t lda, const mf_packed *w, float *c
         int pi = (int)(t / rblocks), ri = (int)(t % rblocks);
         int i0 = ri * MR, mr = m - i0 < MR ? m - i0 : MR;
         int j0 = pi * nr, nc = n - j0 < nr ? n - j0 : nr;
+        if (tri == MF_TRI_COLS && j0 > i0 + mr - 1) continue;
+        int kk = tri == MF_TRI_K && i0 + mr < k ? i0 + mr : k;
         float acc[MR * MF_NR_F32];
         const float *b = wd + (size_t)pi * (size_t)k * nr;
 #ifdef MF_HAVE_X86
-        if (avx) kernel_f32_avx2(mr, k, a + (size_t)i0 * lda, lda, b, acc);
+        if (avx) kernel_f32_avx2(mr, kk, a + (size_t)i0 * lda, lda, b, acc);
         else
 #endif
-            kernel_f32_portable(mr, k, a + (size_t)i0 * lda, lda, b, acc);
+            kernel_f32_portable(mr, kk, a + (size_t)i0 * lda, lda, b, acc);
         for (int i = 0; i < mr; i++) memcpy(c + (size_t)(i0 + i) * ldc + j0, acc + i * nr, (size_t)nc * sizeof(float));
     }
     (void)avx;
 }
 
-void mf_gemm_f64(int m, const double *a, size_t lda, const mf_packed *w, double *c, size_t ldc, int threads) {
+void mf_gemm_f64(int m, const double *a, size_t lda, const mf_packed *w, double *c, size_t ldc, int threads, mf_tri tri) {
     const int n = w->n, k = w->k, nr = MF_NR_F64;
     const int panels = (n + nr - 1) / nr, rblocks = (m + MR - 1) / MR;
     const long tiles = (long)panels * rblocks;
@@ -195,13 +203,15 @@ void mf_gemm_f64(int m, const double *a, size_t lda, const mf_packed *w, double 
         int pi = (int)(t / rblocks), ri = (int)(t % rblocks);
         int i0 = ri * MR, mr = m - i0 < MR ? m - i0 : MR;
         int j0 = pi * nr, nc = n - j0 < nr ? n - j0 : nr;
+        if (tri == MF_TRI_COLS && j0 > i0 + mr - 1) continue;
+        int kk = tri == MF_TRI_K && i0 + mr < k ? i0 + mr : k;
         double acc[MR * MF_NR_F64];
         const double *b = wd + (size_t)pi * (size_t)k * nr;
 #ifdef MF_HAVE_X86
-        if (avx) kernel_f64_avx2(mr, k, a + (size_t)i0 * lda, lda, b, acc);
+        if (avx) kernel_f64_avx2(mr, kk, a + (size_t)i0 * lda, lda, b, acc);
         else
 #endif
-            kernel_f64_portable(mr, k, a + (size_t)i0 * lda, lda, b, acc);
+            kernel_f64_portable(mr, kk, a + (size_t)i0 * lda, lda, b, acc);
         for (int i = 0; i < mr; i++) memcpy(c + (size_t)(i0 + i) * ldc + j0, acc + i * nr, (size_t)nc * sizeof(double));
     }
     (void)avx;

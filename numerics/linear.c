@@ -13,12 +13,13 @@ void mf_linear_free(mf_linear *L) {
 }
 
 static void run(const mf_mm *mm, const double *a, int M, size_t lda, const mf_packed *b, const double *bias,
-                double *c, size_t ldc) {
+                double *c, size_t ldc, mf_tri tri) {
     const int N = b->n, K = b->k;
     if (M <= 0 || N <= 0) return;
     if (mm->compute == MF_F64) {
         double *tmp = mf_xmalloc((size_t)M * N * sizeof(double));
-        mf_gemm_f64(M, a, lda, b, tmp, (size_t)N, mm->threads);
+        if (tri == MF_TRI_COLS) memset(tmp, 0, (size_t)M * N * sizeof(double));
+        mf_gemm_f64(M, a, lda, b, tmp, (size_t)N, mm->threads, tri);
         for (int i = 0; i < M; i++)
             for (int j = 0; j < N; j++) {
                 double v = tmp[(size_t)i * N + j];
@@ -30,9 +31,13 @@ static void run(const mf_mm *mm, const double *a, int M, size_t lda, const mf_pa
     }
     float *af = mf_xmalloc((size_t)M * K * sizeof(float));
     float *cf = mf_xmalloc((size_t)M * N * sizeof(float));
+    const bool par = mm->threads > 1 && (size_t)M * (K + N) >= (1u << 15);
+#pragma omp parallel for num_threads(mm->threads) if (par)
     for (int i = 0; i < M; i++)
         for (int k = 0; k < K; k++) af[(size_t)i * K + k] = (float)a[(size_t)i * lda + k];
-    mf_gemm_f32(M, af, (size_t)K, b, cf, (size_t)N, mm->threads);
+    if (tri == MF_TRI_COLS) memset(cf, 0, (size_t)M * N * sizeof(float));
+    mf_gemm_f32(M, af, (size_t)K, b, cf, (size_t)N, mm->threads, tri);
+#pragma omp parallel for num_threads(mm->threads) if (par)
     for (int i = 0; i < M; i++)
         for (int j = 0; j < N; j++) {
             float v = cf[(size_t)i * N + j];
@@ -44,11 +49,12 @@ static void run(const mf_mm *mm, const double *a, int M, size_t lda, const mf_pa
 }
 
 void mf_linear_apply(const mf_mm *mm, const mf_linear *L, const double *x, int M, double *y) {
-    run(mm, x, M, (size_t)L->in, &L->w, L->bias, y, (size_t)L->out);
+    run(mm, x, M, (size_t)L->in, &L->w, L->bias, y, (size_t)L->out, MF_TRI_NONE);
 }
 
-void mf_matmul_packed(const mf_mm *mm, const double *a, int M, size_t lda, const mf_packed *b, double *c, size_t ldc) {
-    run(mm, a, M, lda, b, NULL, c, ldc);
+void mf_matmul_packed(const mf_mm *mm, const double *a, int M, size_t lda, const mf_packed *b, double *c, size_t ldc,
+                      mf_tri tri) {
+    run(mm, a, M, lda, b, NULL, c, ldc, tri);
 }
 
 double mf_sigmoid(double x) { return 1.0 / (1.0 + exp(-x)); }

@@ -34,10 +34,17 @@ size_t mf_packed_bytes(const mf_packed *p);
 /* Element (j, kk) of a packed matrix, as double (for tests and slow paths). */
 double mf_packed_get(const mf_packed *p, int j, int kk);
 
+/* Causal shortcuts for attention, where row i is query position i:
+ * MF_TRI_COLS: only C[i, j] with j <= i is wanted (Q.K^T); the rest is left
+ *   unwritten. MF_TRI_K: A[i, kk] is zero for kk > i (P.V), so the chain
+ *   stops at kk = i: the result is the same sum with its trailing exact
+ *   zeros left out. */
+typedef enum mf_tri { MF_TRI_NONE, MF_TRI_COLS, MF_TRI_K } mf_tri;
+
 /* C[i, j] for i < m, j < n = chain of fma over k; A rows have stride lda,
  * C rows have stride ldc. Uses up to `threads` OpenMP threads. */
-void mf_gemm_f32(int m, const float *a, size_t lda, const mf_packed *w, float *c, size_t ldc, int threads);
-void mf_gemm_f64(int m, const double *a, size_t lda, const mf_packed *w, double *c, size_t ldc, int threads);
+void mf_gemm_f32(int m, const float *a, size_t lda, const mf_packed *w, float *c, size_t ldc, int threads, mf_tri tri);
+void mf_gemm_f64(int m, const double *a, size_t lda, const mf_packed *w, double *c, size_t ldc, int threads, mf_tri tri);
 
 /* Which kernel runs on this CPU ("avx2+fma" or "portable"). */
 const char *mf_gemm_kernel_name(void);
@@ -67,7 +74,8 @@ typedef struct mf_mm {
  * the fp32 sum in fp32 before the output rounding, as addmm does. */
 void mf_linear_apply(const mf_mm *mm, const mf_linear *L, const double *x, int M, double *y);
 /* C[M, N] = round_out(A[M, K] . B^T) with B packed. */
-void mf_matmul_packed(const mf_mm *mm, const double *a, int M, size_t lda, const mf_packed *b, double *c, size_t ldc);
+void mf_matmul_packed(const mf_mm *mm, const double *a, int M, size_t lda, const mf_packed *b, double *c, size_t ldc,
+                      mf_tri tri);
 void mf_linear_free(mf_linear *L);
 
 /* ---- activations (computed in double; the caller rounds) -------------- */

@@ -2,6 +2,8 @@
 #include "mf_trace.h"
 
 #include <dirent.h>
+#include <errno.h>
+#include <sys/stat.h>
 #include <math.h>
 #include <jansson.h>
 #include <stdlib.h>
@@ -209,17 +211,57 @@ static int check_same(const char *dir, json_t *old, json_t *fresh, const char *o
     return MF_OK;
 }
 
+/* A new run directory appears with its manifest already in it: it is built
+ * under a temporary name and renamed into place, so a run killed at any
+ * moment is either absent or a valid (empty) run. */
+static int create_run_dir(const char *dir, const mf_run_info *info, mf_error *err) {
+    char tmp[4096], path[4200], parent[4096];
+    if (mf_is_dir(dir)) {
+        DIR *d = opendir(dir);
+        struct dirent *e;
+        bool empty = true;
+        while (d && (e = readdir(d)))
+            if (strcmp(e->d_name, ".") && strcmp(e->d_name, "..")) empty = false;
+        if (d) closedir(d);
+        if (!empty) return mf_fail(err, MF_EINVAL, "%s: exists and is not a run directory (no manifest.json)", dir);
+    } else if (mf_path_exists(dir)) {
+        return mf_fail(err, MF_EINVAL, "%s: exists and is not a directory", dir);
+    }
+    snprintf(parent, sizeof parent, "%s", dir);
+    char *slash = strrchr(parent, '/');
+    if (slash && slash != parent) {
+        *slash = 0;
+        int rc = mf_mkdir_p(parent, err);
+        if (rc) return rc;
+    }
+    snprintf(tmp, sizeof tmp, "%s.tmp.%ld", dir, (long)getpid());
+    if (mkdir(tmp, 0777) != 0) return mf_fail(err, MF_EIO, "%s: cannot create run directory: %s", dir, strerror(errno));
+    json_t *man = build_manifest(info);
+    char *text = json_dumps(man, JSON_INDENT(1) | JSON_PRESERVE_ORDER);
+    json_decref(man);
+    snprintf(path, sizeof path, "%s/manifest.json", tmp);
+    int rc = mf_write_file_atomic(path, text, strlen(text), err);
+    free(text);
+    if (!rc && rename(tmp, dir) != 0)
+        rc = mf_fail(err, MF_EIO, "%s: cannot create run directory: %s", dir, strerror(errno));
+    if (rc) {
+        unlink(path);
+        rmdir(tmp);
+    }
+    return rc;
+}
+
 int mf_run_create(mf_run_writer **out, const char *dir, const mf_run_info *info, bool resume, mf_error *err) {
     *out = NULL;
     char path[4096];
-    int rc = mf_mkdir_p(dir, err);
-    if (rc) return rc;
+    int rc;
     if (!mf_path_join(path, sizeof path, dir, "manifest.json")) return mf_fail(err, MF_EINVAL, "%s: path too long", dir);
+    bool exists = mf_path_exists(path);
+    if (!exists && (rc = create_run_dir(dir, info, err))) return rc;
     mf_run_writer *w = mf_xcalloc(1, sizeof *w);
     w->dir = mf_xstrdup(dir);
     w->info = *info;
     w->manifest = build_manifest(info);
-    bool exists = mf_path_exists(path);
     if (exists && !resume) {
         rc = mf_fail(err, MF_EINVAL, "%s: a run is already there (use --resume to continue it, or another --out)", dir);
         goto fail;

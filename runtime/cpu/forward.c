@@ -102,7 +102,7 @@ static void attention(const fwd *f, const mf_layer *L, int layer, const double *
         mf_pack(&kp, f->mm.compute, MF_F64, T, hd, k + (size_t)kh * hd, MF_F64, (size_t)nk, 1);
         mf_pack(&vp, f->mm.compute, MF_F64, hd, T, v + (size_t)kh * hd, MF_F64, 1, (size_t)nk);
         double *s = mf_xmalloc((size_t)T * T * sizeof(double));
-        mf_matmul_packed(&mm1, q + (size_t)h * hd, T, (size_t)nq, &kp, s, (size_t)T);
+        mf_matmul_packed(&mm1, q + (size_t)h * hd, T, (size_t)nq, &kp, s, (size_t)T, MF_TRI_COLS);
         for (int i = 0; i < T; i++) {
             double *row = s + (size_t)i * T;
             int j0 = window > 0 && i - window + 1 > 0 ? i - window + 1 : 0;   /* sees itself + window-1 before */
@@ -127,7 +127,7 @@ static void attention(const fwd *f, const mf_layer *L, int layer, const double *
                 for (int j = j0; j <= i; j++) row[j] = ra(f, (float)row[j] / sum);
             }
         }
-        mf_matmul_packed(&mm1, s, T, (size_t)T, &vp, ctx + (size_t)h * hd, (size_t)nq);
+        mf_matmul_packed(&mm1, s, T, (size_t)T, &vp, ctx + (size_t)h * hd, (size_t)nq, MF_TRI_K);
         free(s);
         mf_pack_free(&kp);
         mf_pack_free(&vp);
