@@ -71,7 +71,7 @@ static void done_insert(mf_run_writer *w, const char *id) {
 }
 
 bool mf_run_writer_has(const mf_run_writer *w, const char *id) {
-    return bsearch(&id, w->done, w->n_done, sizeof *w->done, cmp_str) != NULL;
+    return w->n_done && bsearch(&id, w->done, w->n_done, sizeof *w->done, cmp_str) != NULL;
 }
 
 size_t mf_run_writer_done(const mf_run_writer *w) { return w->n_done; }
