@@ -96,6 +96,8 @@ int cmd_trace(int argc, char **argv) {
     for (size_t i = 0; i < prompts.n; i++) total_tokens += (uint64_t)prompts.seq[i].T;
     mf_progress bar;
     mf_progress_begin(&bar, "trace", total_tokens);
+    double t0 = mf_now();
+    uint64_t computed = 0;
     for (size_t i = 0; i < prompts.n; i++) {
         const mf_prompt *p = &prompts.seq[i];
         if (mf_run_writer_has(w, p->id)) {
@@ -115,12 +117,15 @@ int cmd_trace(int argc, char **argv) {
             goto done;
         }
         done_tokens += (uint64_t)p->T;
+        computed += (uint64_t)p->T;
         mf_progress_update(&bar, done_tokens, p->id);
     }
     mf_progress_end(&bar);
     if (mf_run_writer_close(w, &err)) goto done;
-    mf_log("moeflip: wrote %s: %zu sequences, %llu tokens, %s on %s", out, mf_run_writer_done(w),
-           (unsigned long long)total_tokens, prec.name, "cpu");
+    double secs = mf_now() - t0;
+    mf_log("moeflip: wrote %s: %zu sequences, %llu tokens (%llu computed in %.3f s, %.0f tokens/s), %s on cpu, %ld threads",
+           out, mf_run_writer_done(w), (unsigned long long)total_tokens, (unsigned long long)computed, secs,
+           secs > 0 ? (double)computed / secs : 0.0, prec.name, threads);
     status = 0;
 done:
     if (status) cli_fail(&err);

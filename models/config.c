@@ -68,7 +68,8 @@ static int parse_rope(ctx *c, mf_config *cfg, double default_theta) {
         return mf_fail(c->err, MF_EFORMAT, "%s: \"rope_parameters\" must be an object", c->origin);
     if (scaling && !json_is_null(scaling) && !json_is_object(scaling))
         return mf_fail(c->err, MF_EFORMAT, "%s: \"rope_scaling\" must be an object or null", c->origin);
-    json_t *src = (params && json_is_object(params)) ? params : (scaling && json_is_object(scaling)) ? scaling : NULL;
+    /* transformers 5.17 standardises a legacy rope_scaling over rope_parameters when both are given */
+    json_t *src = (scaling && json_is_object(scaling)) ? scaling : (params && json_is_object(params)) ? params : NULL;
     int rc;
     /* theta: v5 inside rope_parameters, v4 at top level (v5 still accepts that) */
     double top_theta = default_theta;
@@ -93,7 +94,10 @@ static int parse_rope(ctx *c, mf_config *cfg, double default_theta) {
     if ((rc = get_num(c, src, "factor", 1.0, &r->factor))) return rc;
     if ((rc = get_num(c, src, "low_freq_factor", 1.0, &r->low_freq_factor))) return rc;
     if ((rc = get_num(c, src, "high_freq_factor", 4.0, &r->high_freq_factor))) return rc;
+    int top_orig;   /* a top-level original_max_position_embeddings overrides the rope dict's */
+    if ((rc = get_int(c, c->root, "original_max_position_embeddings", 0, &top_orig))) return rc;
     if ((rc = get_int(c, src, "original_max_position_embeddings", 0, &r->original_max_pos))) return rc;
+    if (top_orig > 0) r->original_max_pos = top_orig;
     if ((rc = get_num(c, src, "beta_fast", 32.0, &r->beta_fast))) return rc;
     if ((rc = get_num(c, src, "beta_slow", 1.0, &r->beta_slow))) return rc;
     if ((rc = get_num(c, src, "mscale", 0.0, &r->mscale))) return rc;
@@ -182,13 +186,16 @@ int mf_config_parse(mf_config *cfg, const char *text, size_t len, const char *or
     cfg->attn_bias_o = bias && d->bias_on_o;
     if (cfg->arch == MF_ARCH_LLAMA && (rc = get_bool(&c, root, "mlp_bias", false, &cfg->mlp_bias))) goto done;
     cfg->qk_norm = d->qk_norm;
-    if ((rc = get_num(&c, root, "clip_qkv", 0.0, &cfg->clip_qkv))) goto done;
+    if (cfg->arch == MF_ARCH_OLMOE && (rc = get_num(&c, root, "clip_qkv", 0.0, &cfg->clip_qkv))) goto done;
 
     /* MoE */
     if (d->is_moe) {
-        int ne_a, ne_b;
+        int ne_a, ne_b = -1;
         INT("num_experts", -1, &ne_a);
-        INT("num_local_experts", -1, &ne_b);
+        /* attribute_map: num_local_experts is an alias except for Qwen2-MoE, whose class has no such mapping */
+        if (cfg->arch != MF_ARCH_QWEN2_MOE) {
+            INT("num_local_experts", -1, &ne_b);
+        }
         cfg->n_experts = ne_a >= 0 ? ne_a : ne_b >= 0 ? ne_b : d->n_experts;
         INT("num_experts_per_tok", d->top_k, &cfg->top_k);
         if (strcmp(d->moe_intermediate_key, "intermediate_size") == 0) cfg->moe_intermediate = cfg->intermediate;
@@ -231,13 +238,17 @@ int mf_config_parse(mf_config *cfg, const char *text, size_t len, const char *or
         for (int l = 0; l < cfg->n_layers; l++) cfg->n_moe_layers += cfg->layer_is_moe[l];
     }
 
-    /* sliding-window attention */
+    /* sliding-window attention, as transformers 5.17 decides it per class:
+     * qwen2_moe: layer_types if given, else layer l slides iff use_sliding_window and l is even and
+     *            l < max_window_layers; nothing slides without use_sliding_window.
+     * qwen3_moe: every layer slides iff use_sliding_window (no layer_types, no max_window_layers).
+     * mixtral:   every layer slides iff sliding_window is set. llama, olmoe: never. */
     int window = 0;
-    INT("sliding_window", 0, &window);
-    json_t *lt = json_object_get(root, "layer_types");
     bool use_sw = false;
     if (d->sliding_layers && (rc = get_bool(&c, root, "use_sliding_window", false, &use_sw))) goto done;
-    if (lt && json_is_array(lt)) {
+    INT("sliding_window", d->sliding_layers ? 4096 : 0, &window);
+    json_t *lt = json_object_get(root, "layer_types");
+    if (cfg->arch == MF_ARCH_QWEN2_MOE && use_sw && lt && json_is_array(lt)) {
         if ((int)json_array_size(lt) != cfg->n_layers) {
             rc = mf_fail(err, MF_EFORMAT, "%s: \"layer_types\" has %zu entries for %d layers", origin,
                          json_array_size(lt), cfg->n_layers);
@@ -252,10 +263,12 @@ int mf_config_parse(mf_config *cfg, const char *text, size_t len, const char *or
             }
             cfg->layer_sliding[l] = strcmp(s, "sliding_attention") == 0;
         }
-    } else if (d->sliding_layers && use_sw) {
+    } else if (cfg->arch == MF_ARCH_QWEN2_MOE && use_sw) {
         int mwl;
         INT("max_window_layers", d->max_window_layers, &mwl);
-        for (int l = 0; l < cfg->n_layers; l++) cfg->layer_sliding[l] = l >= mwl;
+        for (int l = 0; l < cfg->n_layers; l++) cfg->layer_sliding[l] = l % 2 == 0 && l < mwl;
+    } else if (cfg->arch == MF_ARCH_QWEN3_MOE && use_sw) {
+        for (int l = 0; l < cfg->n_layers; l++) cfg->layer_sliding[l] = true;
     } else if (d->sliding_all && window > 0) {
         for (int l = 0; l < cfg->n_layers; l++) cfg->layer_sliding[l] = true;
     }

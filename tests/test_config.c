@@ -86,13 +86,28 @@ Test(config, qwen2_moe_sparse_layers_and_shared_expert) {
     cr_assert(!n.attn_bias_qkv);
 }
 
-Test(config, sliding_layers_from_layer_types) {
-    mf_config c = parse_ok("{\"model_type\": \"qwen2_moe\", \"num_hidden_layers\": 3, \"sliding_window\": 8,"
-                           " \"layer_types\": [\"full_attention\", \"sliding_attention\", \"full_attention\"]}");
-    cr_assert(!c.layer_sliding[0] && c.layer_sliding[1] && !c.layer_sliding[2]);
-    cr_assert_eq(c.sliding_window, 8);
+Test(config, sliding_layers_per_class) {
+    /* qwen2_moe: even layers below max_window_layers, only with use_sliding_window */
+    mf_config c = parse_ok("{\"model_type\": \"qwen2_moe\", \"num_hidden_layers\": 8, \"use_sliding_window\": true,"
+                           " \"max_window_layers\": 5, \"sliding_window\": 16}");
+    bool want[8] = {true, false, true, false, true, false, false, false};
+    for (int l = 0; l < 8; l++) cr_assert_eq(c.layer_sliding[l], want[l], "layer %d", l);
+    cr_assert_eq(c.sliding_window, 16);
+    mf_config off = parse_ok("{\"model_type\": \"qwen2_moe\", \"num_hidden_layers\": 3, \"sliding_window\": 8,"
+                             " \"layer_types\": [\"full_attention\", \"sliding_attention\", \"full_attention\"]}");
+    cr_assert(!off.layer_sliding[1], "without use_sliding_window nothing slides");
+    mf_config lt = parse_ok("{\"model_type\": \"qwen2_moe\", \"num_hidden_layers\": 3, \"use_sliding_window\": true,"
+                            " \"layer_types\": [\"full_attention\", \"sliding_attention\", \"full_attention\"]}");
+    cr_assert(!lt.layer_sliding[0] && lt.layer_sliding[1] && !lt.layer_sliding[2]);
+    cr_assert_eq(lt.sliding_window, 4096, "class default window");
+    /* qwen3_moe: every layer */
+    mf_config q3 = parse_ok("{\"model_type\": \"qwen3_moe\", \"num_hidden_layers\": 3, \"use_sliding_window\": true,"
+                            " \"max_window_layers\": 1}");
+    cr_assert(q3.layer_sliding[0] && q3.layer_sliding[1] && q3.layer_sliding[2]);
     mf_config m = parse_ok("{\"model_type\": \"mixtral\", \"num_hidden_layers\": 2, \"sliding_window\": 4096}");
     cr_assert(m.layer_sliding[0] && m.layer_sliding[1]);
+    mf_config n = parse_ok("{\"model_type\": \"mixtral\", \"num_hidden_layers\": 2, \"sliding_window\": null}");
+    cr_assert(!n.layer_sliding[0] && n.sliding_window == 0);
 }
 
 Test(config, errors_name_the_problem) {

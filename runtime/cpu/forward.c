@@ -77,8 +77,8 @@ static void attention(const fwd *f, const mf_layer *L, int layer, const double *
         rmsnorm(f, q, T, nq, (size_t)nq, L->q_norm);
         rmsnorm(f, k, T, nk, (size_t)nk, L->k_norm);
     }
-    if (c->clip_qkv > 0) {
-        const double cl = c->clip_qkv;
+    if (c->clip_qkv > 0) {   /* clamp of an activation-dtype tensor: the bound is rounded to it */
+        const double cl = ra(f, c->clip_qkv);
         for (size_t i = 0; i < (size_t)T * nq; i++) q[i] = fmin(fmax(q[i], -cl), cl);
         for (size_t i = 0; i < (size_t)T * nk; i++) {
             k[i] = fmin(fmax(k[i], -cl), cl);
@@ -91,7 +91,7 @@ static void attention(const fwd *f, const mf_layer *L, int layer, const double *
     }
     rope(f, q, nh, (size_t)nq);
     rope(f, k, nkv, (size_t)nk);
-    const double scale = ro(f, 1.0 / sqrt((double)hd));   /* head_dim ** -0.5 as a Python float */
+    const double scale = ro(f, pow((double)hd, -0.5));   /* head_dim ** -0.5, a Python float */
     const int window = c->layer_sliding[layer] ? c->sliding_window : 0;
     mf_mm mm1 = f->mm;
     mm1.threads = 1;   /* heads run in parallel instead */
