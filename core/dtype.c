@@ -23,13 +23,6 @@ mf_dtype mf_dtype_from_name(const char *name) {
 
 bool mf_dtype_is_float(mf_dtype t) { return t == MF_BF16 || t == MF_F16 || t == MF_F32 || t == MF_F64; }
 
-uint16_t mf_f32_to_bf16(float f) {
-    uint32_t u;
-    memcpy(&u, &f, 4);
-    if ((u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((u >> 16) | 0x40);   /* quiet NaN */
-    u += 0x7fffu + ((u >> 16) & 1u);
-    return (uint16_t)(u >> 16);
-}
 
 /* Rounds a double to a binary format with `mant` explicit fraction bits,
  * exponent range [emin, emax] (unbiased, normal numbers), gradual underflow.

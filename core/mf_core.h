@@ -59,7 +59,12 @@ static inline float mf_bf16_to_f32(uint16_t h) {
     union { uint32_t u; float f; } v = { (uint32_t)h << 16 };
     return v.f;
 }
-uint16_t mf_f32_to_bf16(float f);
+static inline uint16_t mf_f32_to_bf16(float f) {
+    union { float f; uint32_t u; } v = { f };
+    if ((v.u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((v.u >> 16) | 0x40);   /* quiet NaN */
+    v.u += 0x7fffu + ((v.u >> 16) & 1u);
+    return (uint16_t)(v.u >> 16);
+}
 uint16_t mf_f64_to_bf16(double d);   /* one rounding, straight from double */
 float mf_f16_to_f32(uint16_t h);
 uint16_t mf_f32_to_f16(float f);

@@ -37,13 +37,22 @@ static void run(const mf_mm *mm, const double *a, int M, size_t lda, const mf_pa
         for (int k = 0; k < K; k++) af[(size_t)i * K + k] = (float)a[(size_t)i * lda + k];
     if (tri == MF_TRI_COLS) memset(cf, 0, (size_t)M * N * sizeof(float));
     mf_gemm_f32(M, af, (size_t)K, b, cf, (size_t)N, mm->threads, tri);
+    /* epilogue: fp32 sum (+ bias in fp32), then one rounding to the output dtype */
+    const mf_dtype out = mm->out;
 #pragma omp parallel for num_threads(mm->threads) if (par)
-    for (int i = 0; i < M; i++)
-        for (int j = 0; j < N; j++) {
-            float v = cf[(size_t)i * N + j];
-            if (bias) v = v + (float)bias[j];   /* fp32 add, as in the fp32 epilogue of addmm */
-            c[(size_t)i * ldc + j] = mf_round_to(mm->out, (double)v);
+    for (int i = 0; i < M; i++) {
+        float *ci = cf + (size_t)i * N;
+        double *co = c + (size_t)i * ldc;
+        if (bias)
+            for (int j = 0; j < N; j++) ci[j] = ci[j] + (float)bias[j];
+        if (out == MF_BF16) {
+            for (int j = 0; j < N; j++) co[j] = mf_bf16_to_f32(mf_f32_to_bf16(ci[j]));
+        } else if (out == MF_F32 || out == MF_F64) {
+            for (int j = 0; j < N; j++) co[j] = ci[j];
+        } else {
+            for (int j = 0; j < N; j++) co[j] = mf_round_to(out, ci[j]);
         }
+    }
     free(af);
     free(cf);
 }

@@ -28,6 +28,7 @@ static inline double ro(const fwd *f, double x) { return mf_round_to(f->O, x); }
  * y32 = x32 * rsqrt(mean(x32^2) + eps); out = w * y32.to(input dtype). */
 static void rmsnorm(const fwd *f, double *x, int rows, int n, size_t ld, const double *w) {
     const double eps = ro(f, f->c->rms_eps);
+#pragma omp parallel for num_threads(f->o->threads) if (f->o->threads > 1 && (size_t)rows * n >= 16384)
     for (int r = 0; r < rows; r++) {
         double *v = x + (size_t)r * ld;
         double ss = 0;
@@ -46,8 +47,9 @@ static void rmsnorm_into(const fwd *f, const double *x, int rows, int n, const d
 /* q' = q*cos + rotate_half(q)*sin, three roundings, on `heads` heads of a row. */
 static void rope(const fwd *f, double *x, int heads, size_t row_stride) {
     const int hd = f->c->head_dim, half = hd / 2;
-    double tmp[hd];
+#pragma omp parallel for num_threads(f->o->threads) if (f->o->threads > 1 && (size_t)f->T * heads * hd >= 16384)
     for (int t = 0; t < f->T; t++) {
+        double tmp[hd];
         const double *cs = f->cos_t + (size_t)t * hd, *sn = f->sin_t + (size_t)t * hd;
         for (int h = 0; h < heads; h++) {
             double *v = x + (size_t)t * row_stride + (size_t)h * hd;
