@@ -51,6 +51,49 @@ const char *mf_gemm_kernel_name(void);
 /* Forces the portable kernels (tests compare the two). */
 void mf_gemm_force_portable(bool on);
 
+/* ---- matrix-instruction models (shared/NUMERICS.md) ----------------- */
+
+/* Operand formats of matrix instructions. TF32 (and AMD's xf32) operands are
+ * fp32 bit patterns whose low 13 fraction bits the unit ignores; FNUZ are
+ * AMD's fp8 variants (no -0, NaN = 0x80, other biases). */
+typedef enum mf_fmt {
+    MF_FMT_BF16, MF_FMT_F16, MF_FMT_F32, MF_FMT_TF32, MF_FMT_F64,
+    MF_FMT_E4M3, MF_FMT_E5M2, MF_FMT_E4M3FNUZ, MF_FMT_E5M2FNUZ, MF_FMT_COUNT
+} mf_fmt;
+
+typedef enum mf_mma_kind {
+    MF_MMA_NV_FUSED,      /* NVIDIA: one fused dot-add (two halves on Ampere/Ada) */
+    MF_MMA_AMD_GROUPED,   /* AMD CDNA3 f16/bf16/fp8/xf32: grouped two-stage, rounding down */
+    MF_MMA_AMD_PAIRWISE,  /* AMD CDNA1/2 f16/bf16: pairwise fp32 fma tree per group */
+    MF_MMA_FMA_CHAIN,     /* fp32 / fp64 forms: sequential fma */
+} mf_mma_kind;
+
+typedef struct mf_mma_instr {
+    char name[64], arch[32];
+    int m, n, k;
+    mf_fmt a_fmt, b_fmt, c_fmt;   /* c_fmt is also D's format */
+    mf_mma_kind kind;
+    int frac_bits;   /* NVIDIA: F (23 Volta, 24 Turing..Ada, 25 Hopper+, 13 fp8); AMD: 24 */
+    int out_frac;    /* NVIDIA fp32 result fraction bits (23, or 13 for fp8 on Hopper/Ada) */
+    int halves;      /* NVIDIA: 2 when k is split (Ampere/Ada m16n8k16 etc.) */
+    int group;       /* AMD: products per group */
+    bool interleave; /* AMD fp8: each group reduced as even and odd halves */
+    bool flush;      /* AMD CDNA2: subnormal inputs, partial sums and results flushed to zero */
+} mf_mma_instr;
+
+/* Instruction names as PTX and AMD spell them: "mma.m16n8k16.f32.bf16.bf16.f32",
+ * "wgmma.m64n8k16.f32.bf16.bf16", "mfma_f32_32x32x8_bf16", "mfma_f32_16x16x16bf16_1k",
+ * "mfma_f32_16x16x32_fp8_fp8"; arch: Volta, Turing, Ampere, Ada, Hopper, Blackwell,
+ * CDNA1, CDNA2, CDNA3. */
+int mf_mma_lookup(mf_mma_instr *I, const char *arch, const char *name, mf_error *err);
+int mf_fmt_bytes(mf_fmt f);
+const char *mf_fmt_name(mf_fmt f);
+/* One output element: D = sum over k of a[i] * b[i * b_stride] + c, as the
+ * instruction computes it; operands and result are bit patterns. */
+uint64_t mf_mma_dot(const mf_mma_instr *I, const uint64_t *a, const uint64_t *b, size_t b_stride, uint64_t c);
+/* A whole tile: A [m, k], B [k, n], C and D [m, n], row-major bit patterns. */
+void mf_mma_tile(const mf_mma_instr *I, const uint64_t *A, const uint64_t *B, const uint64_t *C, uint64_t *D);
+
 /* ---- linear layers and matrix products under a precision ------------ */
 
 /* A weight [out, in], packed, with an optional bias [out]. */
