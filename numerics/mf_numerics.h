@@ -94,6 +94,23 @@ uint64_t mf_mma_dot(const mf_mma_instr *I, const uint64_t *a, const uint64_t *b,
 /* A whole tile: A [m, k], B [k, n], C and D [m, n], row-major bit patterns. */
 void mf_mma_tile(const mf_mma_instr *I, const uint64_t *A, const uint64_t *B, const uint64_t *C, uint64_t *D);
 
+/* ---- emulated GEMM under a K-schedule ---------------------------------- */
+
+typedef enum mf_reduce { MF_REDUCE_SEQ, MF_REDUCE_TREE } mf_reduce;
+
+typedef struct mf_kschedule {
+    mf_mma_instr instr;
+    int acc;            /* independent accumulators, k-steps dealt round-robin */
+    int split;          /* split-K factor: contiguous K ranges, each its own chain */
+    mf_reduce reduce;   /* how accumulators, then ranges, are added (fp32) */
+} mf_kschedule;
+
+int mf_kschedule_check(const mf_kschedule *s, int K, mf_error *err);
+/* C = A[M, K] . B[K, N] (+ C0 [M, N], or zero when NULL); bit patterns in the
+ * instruction's formats, row-major; fp32 result bits. */
+void mf_emu_gemm(const mf_kschedule *s, int M, int N, int K, const uint64_t *A, const uint64_t *B, const uint64_t *C0,
+                 uint64_t *C, int threads);
+
 /* ---- linear layers and matrix products under a precision ------------ */
 
 /* A weight [out, in], packed, with an optional bias [out]. */

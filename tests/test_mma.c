@@ -1,0 +1,135 @@
+/* Matrix-instruction models: cases worked out by hand from the rules of
+ * shared/NUMERICS.md, the emulated GEMM against chained single instructions,
+ * and (test_mma_vectors) vectors from MMA-Sim and from the H200. */
+#include <criterion/criterion.h>
+#include <math.h>
+#include <string.h>
+
+#include "mf_numerics.h"
+
+static uint64_t f32b(float f) {
+    uint32_t u;
+    memcpy(&u, &f, 4);
+    return u;
+}
+
+static mf_mma_instr lookup(const char *arch, const char *name) {
+    mf_mma_instr I;
+    mf_error err = {0};
+    cr_assert_eq(mf_mma_lookup(&I, arch, name, &err), MF_OK, "%s", err.msg);
+    return I;
+}
+
+/* k = 16 bf16 products a_i * b_i with a = {1, x, 0...}, b = {1, 1, 0...}. */
+static uint32_t dot16(const mf_mma_instr *I, uint16_t a1, float c) {
+    uint64_t a[16] = {0x3f80, a1}, b[16] = {0x3f80, 0x3f80};
+    return (uint32_t)mf_mma_dot(I, a, b, 1, f32b(c));
+}
+
+Test(mma, nvidia_truncates_terms_then_rounds_toward_zero) {
+    mf_mma_instr h = lookup("Hopper", "mma.m16n8k16.f32.bf16.bf16.f32");
+    cr_assert_eq(h.frac_bits, 25);
+    /* 1 - 2^-26: the small term is below 2^-25 relative to E = 0 and is truncated away */
+    cr_assert_eq(dot16(&h, 0xb280 /* -2^-26 */, 0.0f), 0x3f800000u);
+    /* 1 - 2^-25 survives truncation; the exact sum rounds toward zero to 1 - 2^-24 */
+    cr_assert_eq(dot16(&h, 0xb300 /* -2^-25 */, 0.0f), 0x3f7fffffu);
+    /* f16 products {1, -2^-24}: Volta keeps 23 bits and truncates the small
+     * term away; Hopper keeps 25 and gets 1 - 2^-24, exact in fp32 */
+    mf_mma_instr v = lookup("Volta", "mma.m8n8k4.f32.f16.f16.f32");
+    uint64_t a[4] = {0x3c00, 0x8001 /* -2^-24 */}, b[4] = {0x3c00, 0x3c00};
+    cr_assert_eq(v.frac_bits, 23);
+    cr_assert_eq((uint32_t)mf_mma_dot(&v, a, b, 1, 0), 0x3f800000u);
+    mf_mma_instr hf = lookup("Hopper", "mma.m16n8k16.f32.f16.f16.f32");
+    uint64_t a16[16] = {0x3c00, 0x8001}, b16[16] = {0x3c00, 0x3c00};
+    cr_assert_eq((uint32_t)mf_mma_dot(&hf, a16, b16, 1, 0), 0x3f7fffffu);
+}
+
+Test(mma, cdna3_rounds_the_accumulator_down) {
+    mf_mma_instr c3 = lookup("CDNA3", "mfma_f32_16x16x16_bf16");
+    mf_mma_instr h = lookup("Hopper", "mma.m16n8k16.f32.bf16.bf16.f32");
+    /* products {1}, c = -2^-30. CDNA3: c is rounded DOWN to 24 bits relative
+     * to E = 0, i.e. to -2^-24, and 1 - 2^-24 is exact in fp32. Hopper
+     * truncates c toward zero (to 0) and returns 1. */
+    cr_assert_eq(dot16(&c3, 0x0000, -0x1p-30f), 0x3f7fffffu);
+    cr_assert_eq(dot16(&h, 0x0000, -0x1p-30f), 0x3f800000u);
+    /* and for a positive c the two agree */
+    cr_assert_eq(dot16(&c3, 0x0000, 0x1p-30f), 0x3f800000u);
+}
+
+Test(mma, special_values) {
+    mf_mma_instr h = lookup("Hopper", "wgmma.m64n8k16.f32.bf16.bf16");
+    cr_assert_eq(dot16(&h, 0x7f80 /* +inf */, 1.0f), 0x7f800000u);
+    cr_assert_eq(dot16(&h, 0x7f80, -INFINITY), 0x7fffffffu, "inf - inf is NaN, 0x7fffffff on NVIDIA");
+    uint64_t a[16] = {0x7f80}, b[16] = {0x0000};
+    cr_assert_eq((uint32_t)mf_mma_dot(&h, a, b, 1, 0), 0x7fffffffu, "inf * 0");
+    mf_mma_instr c3 = lookup("CDNA3", "mfma_f32_32x32x8_bf16");
+    cr_assert_eq(c3.group, 8);
+    uint64_t big_a[8] = {0x7f00 /* 2^127 */, 0x7f00}, big_b[8] = {0x4000 /* 2 */, 0xc000};
+    cr_assert_eq((uint32_t)mf_mma_dot(&c3, big_a, big_b, 1, 0), 0x7fc00000u,
+                 "CDNA3: products of magnitude >= 2^128 of both signs give NaN, though the exact sum is 0");
+}
+
+Test(mma, instruction_table) {
+    mf_mma_instr a = lookup("Ampere", "mma.m16n8k16.f32.f16.f16.f32");
+    cr_assert_eq(a.halves, 2);
+    cr_assert_eq(a.frac_bits, 24);
+    cr_assert_eq(lookup("Hopper", "mma.m16n8k16.f32.f16.f16.f32").halves, 1);
+    mf_mma_instr f8 = lookup("Hopper", "wgmma.m64n8k32.f32.e4m3.e4m3");
+    cr_assert(f8.frac_bits == 13 && f8.out_frac == 13);
+    mf_mma_instr x = lookup("CDNA3", "mfma_f32_16x16x8_xf32");
+    cr_assert(x.kind == MF_MMA_AMD_GROUPED && x.group == 4 && x.a_fmt == MF_FMT_TF32);
+    mf_mma_instr p = lookup("CDNA3", "mfma_f32_16x16x32_fp8_bf8");
+    cr_assert(p.interleave && p.group == 16 && p.a_fmt == MF_FMT_E4M3FNUZ && p.b_fmt == MF_FMT_E5M2FNUZ);
+    mf_mma_instr c2 = lookup("CDNA2", "mfma_f32_32x32x8bf16_1k");
+    cr_assert(c2.kind == MF_MMA_AMD_PAIRWISE && c2.group == 4 && c2.flush);
+    mf_mma_instr c1 = lookup("CDNA1", "mfma_f32_32x32x4bf16");
+    cr_assert(c1.group == 2 && !c1.flush);
+    mf_mma_instr I;
+    mf_error err = {0};
+    cr_assert_neq(mf_mma_lookup(&I, "Hopper", "mma.m16n8k16.f32.q4.q4.f32", &err), MF_OK);
+    cr_assert_neq(mf_mma_lookup(&I, "Pascal", "mma.m16n8k16.f32.bf16.bf16.f32", &err), MF_OK);
+}
+
+/* The emulated GEMM is the chain of the instruction over K: compare with
+ * tiles run one after another, C carried through. */
+static void gemm_vs_tiles(const char *arch, const char *name, int acc) {
+    mf_kschedule s = {lookup(arch, name), acc, 1, MF_REDUCE_SEQ};
+    const mf_mma_instr *I = &s.instr;
+    const int M = I->m, N = I->n, steps = 6, K = I->k * steps;
+    mf_rng r;
+    mf_rng_seed(&r, 77);
+    uint64_t A[M * K], B[K * N], C0[M * N], G[M * N];
+    for (int i = 0; i < M * K; i++) A[i] = mf_f64_to_bf16(ldexp(mf_rng_normal(&r), (int)(mf_rng_next(&r) % 20) - 10));
+    for (int i = 0; i < K * N; i++) B[i] = mf_f64_to_bf16(mf_rng_normal(&r));
+    for (int i = 0; i < M * N; i++) C0[i] = f32b((float)mf_rng_normal(&r));
+    mf_emu_gemm(&s, M, N, K, A, B, C0, G, 2);
+    /* by hand: acc chains over the k-steps dealt round-robin, then added in order */
+    uint64_t acc_tiles[4][M * N];
+    for (int q = 0; q < acc; q++)
+        for (int i = 0; i < M * N; i++) acc_tiles[q][i] = q == 0 ? C0[i] : 0;
+    uint64_t At[M * I->k], Bt[I->k * N], D[M * N];
+    for (int t = 0; t < steps; t++) {
+        for (int i = 0; i < M; i++) memcpy(At + i * I->k, A + i * K + t * I->k, sizeof(uint64_t) * I->k);
+        memcpy(Bt, B + t * I->k * N, sizeof(uint64_t) * I->k * N);
+        mf_mma_tile(I, At, Bt, acc_tiles[t % acc], D);
+        memcpy(acc_tiles[t % acc], D, sizeof D);
+    }
+    for (int i = 0; i < M * N; i++) {
+        float sum, v;
+        memcpy(&sum, &acc_tiles[0][i], 4);
+        for (int q = 1; q < acc; q++) {
+            uint32_t u = (uint32_t)acc_tiles[q][i];
+            memcpy(&v, &u, 4);
+            sum += v;
+        }
+        cr_assert_eq((uint32_t)G[i], f32b(sum), "%s acc=%d element %d", name, acc, i);
+    }
+}
+
+Test(emu_gemm, equals_chained_instructions) {
+    gemm_vs_tiles("Hopper", "mma.m16n8k16.f32.bf16.bf16.f32", 1);
+    gemm_vs_tiles("Hopper", "mma.m16n8k16.f32.bf16.bf16.f32", 2);
+    gemm_vs_tiles("Ampere", "mma.m16n8k16.f32.bf16.bf16.f32", 1);
+    gemm_vs_tiles("CDNA3", "mfma_f32_16x16x16_bf16", 1);
+    gemm_vs_tiles("CDNA3", "mfma_f32_32x32x8_bf16", 4);
+}
