@@ -44,8 +44,8 @@ int mf_kschedule_check(const mf_kschedule *s, int K, mf_error *err) {
     return MF_OK;
 }
 
-void mf_emu_gemm(const mf_kschedule *s, int M, int N, int K, const uint64_t *A, const uint64_t *B, const uint64_t *C0,
-                 uint64_t *C, int threads) {
+void mf_emu_gemm_reference(const mf_kschedule *s, int M, int N, int K, const uint64_t *A, const uint64_t *B,
+                           const uint64_t *C0, uint64_t *C, int threads) {
     const mf_mma_instr *I = &s->instr;
     const int k = I->k, steps = (K + k - 1) / k, per_range = steps / s->split, nacc = s->acc;
     const int Kp = steps * k;
@@ -79,4 +79,59 @@ void mf_emu_gemm(const mf_kschedule *s, int M, int N, int K, const uint64_t *A, 
         free(accs);
         free(ranges);
     }
+}
+
+/* With the fast path: each (range, accumulator) chain is a plain chain over
+ * its own k-steps, gathered into contiguous operands, then reduced. */
+void mf_emu_gemm(const mf_kschedule *s, int M, int N, int K, const uint64_t *A, const uint64_t *B, const uint64_t *C0,
+                 uint64_t *C, int threads) {
+    if (!mf_emu_fast_supported(s)) {
+        mf_emu_gemm_reference(s, M, N, K, A, B, C0, C, threads);
+        return;
+    }
+    const int k = s->instr.k, steps = (K + k - 1) / k, per_range = steps / s->split, nacc = s->acc;
+    if (s->split == 1 && nacc == 1 && K % k == 0) {
+        mf_emu_gemm_fast(s, M, N, K, A, B, C0, C, threads);
+        return;
+    }
+    const int nchains = s->split * nacc, maxsteps = (per_range + nacc - 1) / nacc;
+    uint64_t *part = malloc(sizeof(uint64_t) * (size_t)nchains * M * N);
+    uint64_t *a = malloc(sizeof(uint64_t) * (size_t)M * maxsteps * k), *b = malloc(sizeof(uint64_t) * (size_t)maxsteps * k * N);
+    for (int r = 0; r < s->split; r++)
+        for (int q = 0; q < nacc; q++) {
+            int n = 0;
+            memset(a, 0, sizeof(uint64_t) * (size_t)M * maxsteps * k);
+            memset(b, 0, sizeof(uint64_t) * (size_t)maxsteps * k * N);
+            for (int t = q; t < per_range; t += nacc, n++) {
+                int step = r * per_range + t;
+                for (int i = 0; i < M; i++)
+                    for (int kk = 0; kk < k; kk++) {
+                        int src = step * k + kk;
+                        a[(size_t)i * maxsteps * k + (size_t)n * k + kk] = src < K ? A[(size_t)i * K + src] : 0;
+                    }
+                for (int kk = 0; kk < k; kk++) {
+                    int src = step * k + kk;
+                    if (src < K) memcpy(b + ((size_t)n * k + kk) * N, B + (size_t)src * N, sizeof(uint64_t) * (size_t)N);
+                }
+            }
+            uint64_t *dst = part + (size_t)(r * nacc + q) * M * N;
+            if (n == 0) {
+                for (size_t i = 0; i < (size_t)M * N; i++) dst[i] = (r == 0 && q == 0 && C0) ? C0[i] : 0;
+                continue;
+            }
+            mf_emu_gemm_fast(s, M, N, maxsteps * k, a, b, (r == 0 && q == 0) ? C0 : NULL, dst, threads);
+        }
+    float *vals = malloc(sizeof(float) * (size_t)nacc), *ranges = malloc(sizeof(float) * (size_t)s->split);
+    for (size_t e = 0; e < (size_t)M * N; e++) {
+        for (int r = 0; r < s->split; r++) {
+            for (int q = 0; q < nacc; q++) vals[q] = bits_to_f32(part[(size_t)(r * nacc + q) * M * N + e]);
+            ranges[r] = reduce(vals, nacc, s->reduce);
+        }
+        C[e] = f32_to_bits(reduce(ranges, s->split, s->reduce));
+    }
+    free(vals);
+    free(ranges);
+    free(part);
+    free(a);
+    free(b);
 }

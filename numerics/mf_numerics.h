@@ -111,6 +111,17 @@ int mf_kschedule_check(const mf_kschedule *s, int K, mf_error *err);
 void mf_emu_gemm(const mf_kschedule *s, int M, int N, int K, const uint64_t *A, const uint64_t *B, const uint64_t *C0,
                  uint64_t *C, int threads);
 
+/* The fast path (AVX2 or portable) for bf16/f16 inputs with fp32
+ * accumulation on NVIDIA fused and AMD CDNA3 grouped instructions; a plain
+ * chain. mf_emu_gemm uses it by itself where it applies. */
+bool mf_emu_fast_supported(const mf_kschedule *s);
+void mf_emu_gemm_fast(const mf_kschedule *s, int M, int N, int K, const uint64_t *A, const uint64_t *B,
+                      const uint64_t *C0, uint64_t *C, int threads);
+void mf_emu_force_portable(bool on);   /* tests compare the two */
+/* The reference path only (tests compare it with the fast one). */
+void mf_emu_gemm_reference(const mf_kschedule *s, int M, int N, int K, const uint64_t *A, const uint64_t *B,
+                           const uint64_t *C0, uint64_t *C, int threads);
+
 /* ---- linear layers and matrix products under a precision ------------ */
 
 /* A weight [out, in], packed, with an optional bias [out]. */

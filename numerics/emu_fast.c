@@ -1,0 +1,398 @@
+/* Fast emulated GEMM for the common instruction families: NVIDIA fused
+ * dot-add and AMD CDNA3 grouped dot with bf16 or f16 inputs and fp32
+ * accumulation. Same arithmetic as mma.c, reorganised for speed:
+ *  - operands are decoded once (value as double, exponent as int32);
+ *  - four output columns run side by side in AVX2 double lanes;
+ *  - a product of two bf16/f16 values is exact in double, scaling by a power
+ *    of two is exact, and truncation / floor are explicit roundings, so every
+ *    intermediate equals the integer model's; sums of at most 2^40 stay exact.
+ * Lanes that meet an infinite or NaN value (or overflow past 2^128) are
+ * recomputed by the reference model in mma.c. */
+#include "mf_numerics.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#if defined(__x86_64__)
+#include <immintrin.h>
+#define EMU_X86 1
+#endif
+
+#define LANES 4
+
+/* Exponent per MMA-Sim's convention: unbiased for normal values, the
+ * format's minimum for subnormals, -126 for zeros. */
+static int conv_exp(double v, int min_exp) {
+    if (v == 0) return -126;
+    int e;
+    frexp(v, &e);
+    e -= 1;
+    return e < min_exp ? min_exp : e;
+}
+
+typedef struct decoded {
+    double *v;     /* values */
+    int32_t *e;    /* exponents */
+    bool finite;   /* every value finite */
+} decoded;
+
+static int fmt_min_exp(mf_fmt f) { return f == MF_FMT_F16 ? -14 : -126; }
+
+static double fmt_value(mf_fmt f, uint64_t bits) {
+    if (f == MF_FMT_BF16) return mf_bf16_to_f32((uint16_t)bits);
+    return mf_f16_to_f32((uint16_t)bits);
+}
+
+bool mf_emu_fast_supported(const mf_kschedule *s) {
+    const mf_mma_instr *I = &s->instr;
+    bool in16 = (I->a_fmt == MF_FMT_BF16 || I->a_fmt == MF_FMT_F16) && I->b_fmt == I->a_fmt;
+    if (!in16 || I->c_fmt != MF_FMT_F32) return false;
+    if (I->kind == MF_MMA_NV_FUSED) return I->out_frac == 23;
+    return I->kind == MF_MMA_AMD_GROUPED && !I->interleave;
+}
+
+/* One lane's chunk, scalar: the same double arithmetic as the vector code.
+ * av/ae: A row values/exponents for the chunk; bv/be with stride. */
+static inline double nv_chunk_scalar(int n, const double *av, const int32_t *ae, const double *bv, const int32_t *be,
+                                     size_t bs, double c, int F) {
+    float cf = (float)c;
+    int ec = conv_exp(cf, -126);
+    int E = ec;
+    for (int i = 0; i < n; i++) {
+        int e = ae[i] + be[i * bs];
+        E = e > E ? e : E;
+    }
+    double sc = ldexp(1.0, F - E), S = trunc(c * sc);
+    for (int i = 0; i < n; i++) S += trunc(av[i] * bv[i * bs] * sc);
+    /* S * 2^(E - F) rounded toward zero to fp32 (subnormals at 2^-149) */
+    if (S == 0) return 0.0;
+    int es;
+    frexp(S, &es);
+    int ev = es - 1 + E - F;
+    int q = (ev < -126 ? -126 : ev) - 23;
+    double v = ldexp(trunc(ldexp(S, E - F - q)), q);
+    return v;   /* |v| >= 2^128 is caught by the caller */
+}
+
+static inline double amd_group_scalar(int n, const double *av, const int32_t *ae, const double *bv, const int32_t *be,
+                                      size_t bs, double c) {
+    int Ep = INT32_MIN;
+    for (int i = 0; i < n; i++) {
+        int e = ae[i] + be[i * bs];
+        Ep = e > Ep ? e : Ep;
+    }
+    double sp = ldexp(1.0, 24 - Ep), S = 0;
+    for (int i = 0; i < n; i++) S += trunc(av[i] * bv[i * bs] * sp);
+    int ec = conv_exp((float)c, -126);
+    int E = Ep > ec ? Ep : ec;
+    double s31 = floor(ldexp(S, 7 + Ep - E));
+    double c24 = floor(ldexp(c, 24 - E));
+    return (double)(float)ldexp(s31 + c24 * 128.0, E - 31);   /* one RNE rounding */
+}
+
+#ifdef EMU_X86
+__attribute__((target("avx2,fma"))) static inline __m256d pow2_pd(__m128i e) {
+    /* 2^e for int32 e in the normal double range */
+    __m256i x = _mm256_cvtepi32_epi64(_mm_add_epi32(e, _mm_set1_epi32(1023)));
+    return _mm256_castsi256_pd(_mm256_slli_epi64(x, 52));
+}
+
+/* exponent field of doubles (unbiased), as int32 */
+__attribute__((target("avx2,fma"))) static inline __m128i exp_pd(__m256d v) {
+    __m256i b = _mm256_srli_epi64(_mm256_castpd_si256(v), 52);
+    b = _mm256_and_si256(b, _mm256_set1_epi64x(0x7ff));
+    /* pack the low 32 bits of the four 64-bit lanes */
+    __m256i perm = _mm256_permutevar8x32_epi32(b, _mm256_setr_epi32(0, 2, 4, 6, 0, 2, 4, 6));
+    return _mm_sub_epi32(_mm256_castsi256_si128(perm), _mm_set1_epi32(1023));
+}
+
+/* MMA-Sim exponent of fp32 values held in doubles: max(floor(log2|c|), -126), 0 -> -126 */
+__attribute__((target("avx2,fma"))) static inline __m128i conv_exp_f32(__m256d c) {
+    return _mm_max_epi32(exp_pd(c), _mm_set1_epi32(-126));
+}
+
+#define NVP 3   /* column panels interleaved: independent chains hide each other's latency */
+
+__attribute__((target("avx2,fma"), always_inline)) static inline void nv_cols_body(int kc, int nchunks, int F,
+                                                                                   const double *av, const int32_t *ae,
+                                                                                   const double *const *bvp,
+                                                                                   const int32_t *const *bep,
+                                                                                   double *const *cp, int *const *up_) {
+    __m256d acc[NVP];
+    __m128i big[NVP];
+    for (int p = 0; p < NVP; p++) {
+        acc[p] = _mm256_loadu_pd(cp[p]);
+        big[p] = _mm_setzero_si128();   /* lanes whose exponents come near the fp32 range's end */
+    }
+    const __m128i vF = _mm_set1_epi32(F);
+    for (int t = 0; t < nchunks; t++) {
+        const int k0 = t * kc;
+        for (int p = 0; p < NVP; p++) {
+            const double *bv = bvp[p];
+            const int32_t *be = bep[p];
+            __m128i E = conv_exp_f32(acc[p]);
+            for (int i = 0; i < kc; i++)
+                E = _mm_max_epi32(E, _mm_add_epi32(_mm_set1_epi32(ae[k0 + i]),
+                                                   _mm_loadu_si128((const __m128i *)(be + (size_t)(k0 + i) * LANES))));
+            big[p] = _mm_or_si128(big[p], _mm_cmpgt_epi32(E, _mm_set1_epi32(125)));
+            const __m256d sc = pow2_pd(_mm_sub_epi32(vF, E));
+            /* the truncated terms are integers below 2^32: their sum is exact in
+             * any order, so two partial sums shorten the dependency chain */
+            __m256d S0 = _mm256_round_pd(_mm256_mul_pd(acc[p], sc), _MM_FROUND_TO_ZERO | _MM_FROUND_NO_EXC);
+            __m256d S1 = _mm256_setzero_pd();
+            int i = 0;
+#define TERM(j) _mm256_round_pd(_mm256_mul_pd(_mm256_mul_pd(_mm256_set1_pd(av[k0 + i + j]), \
+                                                            _mm256_loadu_pd(bv + (size_t)(k0 + i + j) * LANES)), sc), \
+                                _MM_FROUND_TO_ZERO | _MM_FROUND_NO_EXC)
+            for (; i + 2 <= kc; i += 2) {
+                S0 = _mm256_add_pd(S0, TERM(0));
+                S1 = _mm256_add_pd(S1, TERM(1));
+            }
+            for (; i < kc; i++) S0 = _mm256_add_pd(S0, TERM(0));
+            __m256d S = _mm256_add_pd(S0, S1);
+            /* RZ to fp32: value exponent ev = exp(S) + E - F; keep 23 fraction bits above max(ev, -126) */
+            __m128i EF = _mm_sub_epi32(E, vF);
+            __m128i q = _mm_sub_epi32(_mm_max_epi32(_mm_add_epi32(exp_pd(S), EF), _mm_set1_epi32(-126)), _mm_set1_epi32(23));
+            /* S * 2^(E - F - q), truncated, times 2^q: both factors exact powers of two */
+            __m256d r = _mm256_round_pd(_mm256_mul_pd(S, pow2_pd(_mm_sub_epi32(EF, q))), _MM_FROUND_TO_ZERO | _MM_FROUND_NO_EXC);
+            acc[p] = _mm256_mul_pd(r, pow2_pd(q));
+        }
+    }
+    for (int p = 0; p < NVP; p++) {
+        _mm256_storeu_pd(cp[p], acc[p]);
+        _mm_storeu_si128((__m128i *)up_[p], big[p]);
+    }
+}
+
+/* The chunk length is a compile-time constant in each instance, so the
+ * compiler unrolls the loops over the products. */
+__attribute__((target("avx2,fma"))) static void nv_cols_avx2(const mf_mma_instr *I, int steps, const double *av,
+                                                             const int32_t *ae, const double *const *bv,
+                                                             const int32_t *const *be, double *const *c,
+                                                             int *const *unsafe) {
+    const int kc = I->k / I->halves, n = steps * I->halves, F = I->frac_bits;
+    switch (kc) {
+    case 4: nv_cols_body(4, n, F, av, ae, bv, be, c, unsafe); break;
+    case 8: nv_cols_body(8, n, F, av, ae, bv, be, c, unsafe); break;
+    case 16: nv_cols_body(16, n, F, av, ae, bv, be, c, unsafe); break;
+    default: nv_cols_body(kc, n, F, av, ae, bv, be, c, unsafe); break;
+    }
+}
+
+__attribute__((target("avx2,fma"), always_inline)) static inline void amd_cols_body(int g, int groups,
+                                                                                    const double *av, const int32_t *ae,
+                                                                                    const double *bv, const int32_t *be,
+                                                                                    double *c, int *unsafe) {
+    __m256d acc = _mm256_loadu_pd(c);
+    __m128i big = _mm_setzero_si128();
+    for (int t = 0; t < groups; t++) {
+        const int k0 = t * g;
+        __m128i Ep = _mm_set1_epi32(INT32_MIN);
+        for (int i = 0; i < g; i++)
+            Ep = _mm_max_epi32(Ep, _mm_add_epi32(_mm_set1_epi32(ae[k0 + i]),
+                                                 _mm_loadu_si128((const __m128i *)(be + (size_t)(k0 + i) * LANES))));
+        __m256d sp = pow2_pd(_mm_sub_epi32(_mm_set1_epi32(24), Ep));
+        __m256d S0 = _mm256_setzero_pd(), S1 = _mm256_setzero_pd();
+        int i = 0;
+        const __m256d sc = sp;
+        for (; i + 2 <= g; i += 2) {
+            S0 = _mm256_add_pd(S0, TERM(0));
+            S1 = _mm256_add_pd(S1, TERM(1));
+        }
+        for (; i < g; i++) S0 = _mm256_add_pd(S0, TERM(0));
+        __m256d S = _mm256_add_pd(S0, S1);
+        __m128i ec = conv_exp_f32(acc);
+        __m128i E = _mm_max_epi32(Ep, ec);
+        big = _mm_or_si128(big, _mm_cmpgt_epi32(E, _mm_set1_epi32(125)));
+        __m256d s31 = _mm256_round_pd(_mm256_mul_pd(S, pow2_pd(_mm_sub_epi32(_mm_add_epi32(Ep, _mm_set1_epi32(7)), E))),
+                                      _MM_FROUND_TO_NEG_INF | _MM_FROUND_NO_EXC);
+        __m256d c24 = _mm256_round_pd(_mm256_mul_pd(acc, pow2_pd(_mm_sub_epi32(_mm_set1_epi32(24), E))),
+                                      _MM_FROUND_TO_NEG_INF | _MM_FROUND_NO_EXC);
+        __m256d tot = _mm256_add_pd(s31, _mm256_mul_pd(c24, _mm256_set1_pd(128.0)));
+        __m256d v = _mm256_mul_pd(tot, pow2_pd(_mm_sub_epi32(E, _mm_set1_epi32(31))));
+        acc = _mm256_cvtps_pd(_mm256_cvtpd_ps(v));   /* RNE to fp32 (the default rounding mode) */
+    }
+    _mm256_storeu_pd(c, acc);
+    _mm_storeu_si128((__m128i *)unsafe, big);
+}
+
+__attribute__((target("avx2,fma"))) static void amd_cols_avx2(const mf_mma_instr *I, int steps, const double *av,
+                                                              const int32_t *ae, const double *bv, const int32_t *be,
+                                                              double *c, int *unsafe) {
+    const int g = I->group, groups = steps * I->k / g;
+    switch (g) {
+    case 4: amd_cols_body(4, groups, av, ae, bv, be, c, unsafe); break;
+    case 8: amd_cols_body(8, groups, av, ae, bv, be, c, unsafe); break;
+    default: amd_cols_body(g, groups, av, ae, bv, be, c, unsafe); break;
+    }
+}
+
+static bool have_avx2(void) {
+    static int cached = -1;
+    if (cached < 0) {
+        __builtin_cpu_init();
+        cached = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+    }
+    return cached;
+}
+#endif
+
+static void cols_portable(const mf_mma_instr *I, int steps, const double *av, const int32_t *ae, const double *bv,
+                          const int32_t *be, double *c, int *unsafe) {
+    for (int l = 0; l < LANES; l++) {
+        double acc = c[l];
+        unsafe[l] = 0;
+        for (int kk = 0; kk < steps * I->k; kk++) unsafe[l] |= ae[kk] + be[(size_t)kk * LANES + l] > 125;
+        if (I->kind == MF_MMA_NV_FUSED) {
+            const int kc = I->k / I->halves;
+            for (int t = 0; t < steps * I->halves; t++)
+            {
+                acc = nv_chunk_scalar(kc, av + t * kc, ae + t * kc, bv + (size_t)t * kc * LANES + l,
+                                      be + (size_t)t * kc * LANES + l, LANES, acc, I->frac_bits);
+                unsafe[l] |= !(fabs(acc) < 0x1p126);
+            }
+        } else {
+            const int g = I->group;
+            for (int t = 0; t < steps * I->k / g; t++)
+            {
+                acc = amd_group_scalar(g, av + t * g, ae + t * g, bv + (size_t)t * g * LANES + l,
+                                       be + (size_t)t * g * LANES + l, LANES, acc);
+                unsafe[l] |= !(fabs(acc) < 0x1p126);
+            }
+        }
+        c[l] = acc;
+    }
+}
+
+static bool force_portable_emu;
+void mf_emu_force_portable(bool on) { force_portable_emu = on; }
+
+/* Plain chain (acc = 1, split = 1) of the instruction over K for a block of
+ * rows; returns false for lanes it could not do exactly (the caller redoes
+ * them with the reference model). */
+typedef struct fast_ctx {
+    const mf_mma_instr *I;
+    int M, N, K, steps, Kp, panels;
+    const uint64_t *A, *B, *C0;
+    uint64_t *C;
+    double *av, *bv;       /* decoded A [M][Kp]; B in panels [panels][Kp][LANES] */
+    int32_t *ae, *be;
+    bool *a_finite;        /* per row of A */
+    bool b_finite;
+} fast_ctx;
+
+/* The reference model for one output element (non-finite operands, results
+ * near or past the fp32 range). */
+static uint64_t reference_element(const fast_ctx *x, int i, int j) {
+    const int k = x->I->k;
+    uint64_t *a = calloc((size_t)x->Kp, 8), *b = calloc((size_t)x->Kp, 8);
+    memcpy(a, x->A + (size_t)i * x->K, (size_t)x->K * 8);
+    for (int kk = 0; kk < x->K; kk++) b[kk] = x->B[(size_t)kk * x->N + j];
+    uint64_t acc = x->C0 ? x->C0[(size_t)i * x->N + j] : 0;
+    for (int t = 0; t < x->steps; t++) acc = mf_mma_dot(x->I, a + (size_t)t * k, b + (size_t)t * k, 1, acc);
+    free(a);
+    free(b);
+    return acc;
+}
+
+/* Row i against column panels p0 .. p0 + NVP - 1. */
+static void run_group(const fast_ctx *x, int i, int p0) {
+    const mf_mma_instr *I = x->I;
+    const int np = x->panels - p0 < NVP ? x->panels - p0 : NVP;
+    double cs[NVP][LANES] = {{0}};
+    int unsafe[NVP][LANES] = {{0}};
+    const double *pbv[NVP];
+    const int32_t *pbe[NVP];
+    double *pc[NVP];
+    int *pu[NVP];
+    for (int pp = 0; pp < NVP; pp++) {
+        int q = pp < np ? pp : np - 1;   /* a short group repeats its last panel into scratch lanes */
+        pbv[pp] = x->bv + (size_t)(p0 + q) * x->Kp * LANES;
+        pbe[pp] = x->be + (size_t)(p0 + q) * x->Kp * LANES;
+        pc[pp] = cs[pp];
+        pu[pp] = unsafe[pp];
+        for (int l = 0; l < LANES; l++) {
+            int j = (p0 + q) * LANES + l;
+            uint32_t cb = x->C0 && j < x->N ? (uint32_t)x->C0[(size_t)i * x->N + j] : 0;
+            float cf;
+            memcpy(&cf, &cb, 4);
+            cs[pp][l] = isfinite(cf) ? cf : 0.0;
+            if (!isfinite(cf)) unsafe[pp][l] = 1;
+        }
+    }
+    const double *av = x->av + (size_t)i * x->Kp;
+    const int32_t *ae = x->ae + (size_t)i * x->Kp;
+    int flags[NVP][LANES];
+    memcpy(flags, unsafe, sizeof flags);
+#ifdef EMU_X86
+    const bool avx = have_avx2() && !force_portable_emu;
+    if (avx && I->kind == MF_MMA_NV_FUSED) nv_cols_avx2(I, x->steps, av, ae, pbv, pbe, pc, pu);
+    else
+#endif
+        for (int pp = 0; pp < np; pp++) {
+#ifdef EMU_X86
+            if (avx) amd_cols_avx2(I, x->steps, av, ae, pbv[pp], pbe[pp], pc[pp], pu[pp]);
+            else
+#endif
+                cols_portable(I, x->steps, av, ae, pbv[pp], pbe[pp], pc[pp], pu[pp]);
+        }
+    for (int pp = 0; pp < np; pp++)
+        for (int l = 0; l < LANES; l++) {
+            const int j = (p0 + pp) * LANES + l;
+            if (j >= x->N) continue;
+            const double v = cs[pp][l];
+            if (flags[pp][l] || unsafe[pp][l] || !x->a_finite[i] || !x->b_finite || !(fabs(v) < 0x1p128)) {
+                x->C[(size_t)i * x->N + j] = reference_element(x, i, j);
+                continue;
+            }
+            float f = (float)v;   /* exact: v is an fp32 value */
+            uint32_t u;
+            memcpy(&u, &f, 4);
+            x->C[(size_t)i * x->N + j] = u;
+        }
+}
+
+void mf_emu_gemm_fast(const mf_kschedule *s, int M, int N, int K, const uint64_t *A, const uint64_t *B,
+                      const uint64_t *C0, uint64_t *C, int threads) {
+    const mf_mma_instr *I = &s->instr;
+    fast_ctx x = {I, M, N, K, 0, 0, 0, A, B, C0, C, NULL, NULL, NULL, NULL, NULL, true};
+    x.steps = (K + I->k - 1) / I->k;
+    x.Kp = x.steps * I->k;
+    x.panels = (N + LANES - 1) / LANES;
+    const int min_e = fmt_min_exp(I->a_fmt), Kp = x.Kp;
+    /* decode both operands once: values (exact doubles) and exponents */
+    x.bv = calloc((size_t)x.panels * Kp * LANES, sizeof(double));
+    x.be = malloc((size_t)x.panels * Kp * LANES * sizeof(int32_t));
+    x.av = calloc((size_t)M * Kp, sizeof(double));
+    x.ae = malloc((size_t)M * Kp * sizeof(int32_t));
+    x.a_finite = malloc((size_t)M * sizeof(bool));
+    for (size_t i = 0; i < (size_t)x.panels * Kp * LANES; i++) x.be[i] = -126;
+    for (int kk = 0; kk < K; kk++)
+        for (int j = 0; j < N; j++) {
+            double v = fmt_value(I->b_fmt, B[(size_t)kk * N + j]);
+            x.b_finite &= isfinite(v);
+            size_t at = ((size_t)(j / LANES) * Kp + kk) * LANES + (size_t)(j % LANES);
+            x.bv[at] = isfinite(v) ? v : 0.0;
+            x.be[at] = isfinite(v) ? conv_exp(v, min_e) : -126;
+        }
+    for (int i = 0; i < M; i++) {
+        x.a_finite[i] = true;
+        for (int kk = 0; kk < Kp; kk++) {
+            double v = kk < K ? fmt_value(I->a_fmt, A[(size_t)i * K + kk]) : 0.0;
+            x.a_finite[i] &= isfinite(v);
+            x.av[(size_t)i * Kp + kk] = isfinite(v) ? v : 0.0;
+            x.ae[(size_t)i * Kp + kk] = isfinite(v) ? conv_exp(v, min_e) : -126;
+        }
+    }
+    /* panel groups outermost: a group of B panels stays in cache while every row of A passes */
+    const int groups = (x.panels + NVP - 1) / NVP;
+    const long tiles = (long)groups * M;
+#pragma omp parallel for schedule(static) num_threads(threads) if (threads > 1 && (double)M * N * K > 65536)
+    for (long t = 0; t < tiles; t++) run_group(&x, (int)(t % M), (int)(t / M) * NVP);
+    free(x.av);
+    free(x.ae);
+    free(x.bv);
+    free(x.be);
+    free(x.a_finite);
+}
