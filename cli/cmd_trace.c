@@ -19,6 +19,8 @@ static const char *help =
     "  --input FILE         prompts, JSON lines\n"
     "  --out RUN            run directory to create\n"
     "  --precision P        fp64 (reference) | fp32 | bf16 | fp16   [bf16]\n"
+    "  --numerics P         native | fp64 | emu:ARCH[:INSTR][:acc=N][:split=N][:reduce=seq|tree]\n"
+    "                       ARCH: volta ampere hopper cdna2 cdna3   [native; fp64 with --precision fp64]\n"
     "  --device D           cpu   [cpu]\n"
     "  --threads N          CPU threads   [all cores]\n"
     "  --record LEVEL       routing | topk | logits | full   [logits if vocab <= 32768, else topk]\n"
@@ -27,7 +29,8 @@ static const char *help =
     "  -q, --quiet          no progress output\n";
 
 int cmd_trace(int argc, char **argv) {
-    const char *model_dir = NULL, *input = NULL, *out = NULL, *prec_name = "bf16", *device = "cpu", *record_s = NULL;
+    const char *model_dir = NULL, *input = NULL, *out = NULL, *prec_name = "bf16", *device = "cpu", *record_s = NULL,
+               *numerics_s = NULL;
     long threads = sysconf(_SC_NPROCESSORS_ONLN), shard_seqs = 0;
     bool resume = false;
     static const struct option opts[] = {
@@ -36,6 +39,7 @@ int cmd_trace(int argc, char **argv) {
         {"device", required_argument, 0, 'd'}, {"threads", required_argument, 0, 't'},
         {"record", required_argument, 0, 'r'}, {"resume", no_argument, 0, 'R'},
         {"shard-seqs", required_argument, 0, 'S'}, {"quiet", no_argument, 0, 'q'},
+        {"numerics", required_argument, 0, 'n'},
         {"help", no_argument, 0, 'h'},         {0, 0, 0, 0},
     };
     int c;
@@ -48,6 +52,7 @@ int cmd_trace(int argc, char **argv) {
         case 'o': out = optarg; break;
         case 'p': prec_name = optarg; break;
         case 'd': device = optarg; break;
+        case 'n': numerics_s = optarg; break;
         case 't':
             if (!cli_parse_int(optarg, 1, 4096, &threads)) return cli_usage_error("trace", "--threads takes a positive integer");
             break;
@@ -68,6 +73,14 @@ int cmd_trace(int argc, char **argv) {
     mf_error err = {0};
     mf_precision prec;
     if (mf_precision_parse(&prec, prec_name, &err)) return cli_usage_error("trace", "%s", err.msg);
+    mf_numerics numerics;
+    if (!numerics_s) numerics_s = prec.act == MF_F64 ? "fp64" : "native";
+    if (mf_numerics_parse(&numerics, numerics_s, &err)) return cli_usage_error("trace", "%s", err.msg);
+    if ((prec.act == MF_F64) != (numerics.kind == MF_NUMERICS_FP64))
+        return cli_usage_error("trace", "--precision fp64 and --numerics fp64 go together (every product in double)");
+    if (numerics.kind == MF_NUMERICS_EMU && (prec.act == MF_BF16 || prec.act == MF_F16) &&
+        !mf_numerics_schedule(&numerics, prec.act))
+        return cli_usage_error("trace", "%s has no %s matrix instruction", numerics.arch, mf_dtype_name(prec.act));
     omp_set_num_threads((int)threads);
 
     /* config, then the prompts (validated whole), then the weights */
@@ -88,10 +101,10 @@ int cmd_trace(int argc, char **argv) {
     mf_run_writer *w = NULL;
     int status = 1;
     if (mf_runtime_load(&model, model_dir, &prec, &err)) goto done;
-    mf_run_info info = {model_dir, model, &prec, "cpu", prec.act == MF_F64 ? "fp64" : "native", (int)threads,
+    mf_run_info info = {model_dir, model, &prec, "cpu", numerics.name, (int)threads,
                         record, input, &prompts, (int)shard_seqs};
     if (mf_run_create(&w, out, &info, resume, &err)) goto done;
-    mf_run_opts ro = {prec, (int)threads, record == MF_RECORD_FULL};
+    mf_run_opts ro = {prec, (int)threads, record == MF_RECORD_FULL, &numerics};
     uint64_t total_tokens = 0, done_tokens = 0;
     for (size_t i = 0; i < prompts.n; i++) total_tokens += (uint64_t)prompts.seq[i].T;
     mf_progress bar;
@@ -123,9 +136,10 @@ int cmd_trace(int argc, char **argv) {
     mf_progress_end(&bar);
     if (mf_run_writer_close(w, &err)) goto done;
     double secs = mf_now() - t0;
-    mf_log("moeflip: wrote %s: %zu sequences, %llu tokens (%llu computed in %.3f s, %.0f tokens/s), %s on cpu, %ld threads",
+    mf_log("moeflip: wrote %s: %zu sequences, %llu tokens (%llu computed in %.3f s, %.0f tokens/s), %s, %s on cpu, "
+           "%ld threads",
            out, mf_run_writer_done(w), (unsigned long long)total_tokens, (unsigned long long)computed, secs,
-           secs > 0 ? (double)computed / secs : 0.0, prec.name, threads);
+           secs > 0 ? (double)computed / secs : 0.0, prec.name, numerics.name, threads);
     status = 0;
 done:
     if (status) cli_fail(&err);

@@ -12,6 +12,37 @@ void mf_linear_free(mf_linear *L) {
     L->bias = NULL;
 }
 
+/* The product as a vendor's instruction computes it: operands to their bit
+ * patterns (exact: they hold bf16 or f16 values), the emulated GEMM, fp32
+ * results. */
+static void emulate(const mf_kschedule *ks, const mf_mm *mm, const double *a, int M, size_t lda, const mf_packed *b,
+                    float *cf) {
+    const int N = b->n, K = b->k;
+    const bool bf = ks->instr.a_fmt == MF_FMT_BF16;
+    uint64_t *A = mf_xmalloc((size_t)M * K * sizeof(uint64_t)), *B = mf_xmalloc((size_t)K * N * sizeof(uint64_t));
+    uint64_t *C = mf_xmalloc((size_t)M * N * sizeof(uint64_t));
+    for (int i = 0; i < M; i++)
+        for (int k = 0; k < K; k++) {
+            double v = a[(size_t)i * lda + k];
+            A[(size_t)i * K + k] = bf ? mf_f64_to_bf16(v) : mf_f64_to_f16(v);
+        }
+    const int nr = b->type == MF_F64 ? MF_NR_F64 : MF_NR_F32;
+    for (int j = 0; j < N; j++)
+        for (int k = 0; k < K; k++) {
+            size_t at = ((size_t)(j / nr) * (size_t)K + (size_t)k) * (size_t)nr + (size_t)(j % nr);
+            double v = b->type == MF_F64 ? ((const double *)b->data)[at] : ((const float *)b->data)[at];
+            B[(size_t)k * N + j] = bf ? mf_f64_to_bf16(v) : mf_f64_to_f16(v);
+        }
+    mf_emu_gemm(ks, M, N, K, A, B, NULL, C, mm->threads);
+    for (size_t i = 0; i < (size_t)M * N; i++) {
+        uint32_t u = (uint32_t)C[i];
+        memcpy(&cf[i], &u, 4);
+    }
+    free(A);
+    free(B);
+    free(C);
+}
+
 static void run(const mf_mm *mm, const double *a, int M, size_t lda, const mf_packed *b, const double *bias,
                 double *c, size_t ldc, mf_tri tri) {
     const int N = b->n, K = b->k;
@@ -32,11 +63,16 @@ static void run(const mf_mm *mm, const double *a, int M, size_t lda, const mf_pa
     float *af = mf_xmalloc((size_t)M * K * sizeof(float));
     float *cf = mf_xmalloc((size_t)M * N * sizeof(float));
     const bool par = mm->threads > 1 && (size_t)M * (K + N) >= (1u << 15);
+    const mf_kschedule *ks = mm->numerics ? mf_numerics_schedule(mm->numerics, mm->in) : NULL;
+    if (ks) {
+        emulate(ks, mm, a, M, lda, b, cf);
+    } else {
 #pragma omp parallel for num_threads(mm->threads) if (par)
     for (int i = 0; i < M; i++)
         for (int k = 0; k < K; k++) af[(size_t)i * K + k] = (float)a[(size_t)i * lda + k];
     if (tri == MF_TRI_COLS) memset(cf, 0, (size_t)M * N * sizeof(float));
     mf_gemm_f32(M, af, (size_t)K, b, cf, (size_t)N, mm->threads, tri);
+    }
     /* epilogue: fp32 sum (+ bias in fp32), then one rounding to the output dtype */
     const mf_dtype out = mm->out;
 #pragma omp parallel for num_threads(mm->threads) if (par)

@@ -122,6 +122,24 @@ void mf_emu_force_portable(bool on);   /* tests compare the two */
 void mf_emu_gemm_reference(const mf_kschedule *s, int M, int N, int K, const uint64_t *A, const uint64_t *B,
                            const uint64_t *C0, uint64_t *C, int threads);
 
+/* ---- numerics profiles ------------------------------------------------- */
+
+typedef enum mf_numerics_kind { MF_NUMERICS_NATIVE, MF_NUMERICS_FP64, MF_NUMERICS_EMU } mf_numerics_kind;
+
+typedef struct mf_numerics {
+    char name[160];        /* canonical spelling, recorded in the manifest */
+    mf_numerics_kind kind;
+    char arch[16];         /* emu: volta, ampere, hopper, cdna2, cdna3 */
+    bool has[2];           /* an instruction for bf16 [0] and f16 [1] operands */
+    mf_kschedule bf16, f16;
+} mf_numerics;
+
+/* "fp64", "native", "emu:ARCH[:INSTR][:acc=N][:split=N][:reduce=seq|tree]". */
+int mf_numerics_parse(mf_numerics *n, const char *spec, mf_error *err);
+/* The schedule for products of operands of this dtype, or NULL when the
+ * product runs as an fp32 (or fp64) fma chain. */
+const mf_kschedule *mf_numerics_schedule(const mf_numerics *n, mf_dtype operands);
+
 /* ---- linear layers and matrix products under a precision ------------ */
 
 /* A weight [out, in], packed, with an optional bias [out]. */
@@ -138,6 +156,8 @@ typedef struct mf_mm {
     mf_dtype compute;
     mf_dtype out;
     int threads;
+    const mf_numerics *numerics;   /* NULL: native */
+    mf_dtype in;                   /* dtype the inputs hold (BF16 and F16 go through an emulated instruction) */
 } mf_mm;
 
 /* y[M, out] = round_out(x[M, in] . W^T + b). In MF_F32 compute, x must hold

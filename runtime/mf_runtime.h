@@ -17,7 +17,8 @@
 typedef struct mf_run_opts {
     mf_precision prec;
     int threads;
-    bool record_router_in;   /* keep the router's input [L, T, H] */
+    bool record_router_in;       /* keep the router's input [L, T, H] */
+    const mf_numerics *numerics; /* how matrix products run (NULL: native) */
 } mf_run_opts;
 
 /* What one sequence's forward pass produced. Arrays are row-major. */

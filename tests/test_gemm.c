@@ -96,7 +96,7 @@ Test(gemm, linear_adds_bias_in_fp32_then_rounds) {
     float wv = 1.0f + 0x1p-8f;
     mf_linear L = {1, 1, {0}, NULL};
     mf_pack(&L.w, MF_F32, MF_F64, 1, 1, &wv, MF_F32, 1, 1);
-    mf_mm mm = {MF_F32, MF_BF16, 1};
+    mf_mm mm = {MF_F32, MF_BF16, 1, NULL, MF_F32};
     mf_linear_apply(&mm, &L, x, 1, y);
     cr_assert_eq(y[0], 1.0);
     double b = 0x1p-9;
@@ -104,4 +104,49 @@ Test(gemm, linear_adds_bias_in_fp32_then_rounds) {
     mf_linear_apply(&mm, &L, x, 1, y);
     cr_assert_eq(y[0], 1.0 + 0x1p-7);
     mf_pack_free(&L.w);
+}
+
+/* A linear layer under an emulated profile computes what the instruction
+ * computes: x = {1, -2^-25}, W = {1, 1}. The CPU's fp32 fma chain gives the
+ * tie 1 - 2^-25, rounded to even: 1.0. Hopper keeps 25 fraction bits, sums
+ * exactly and rounds toward zero: 1 - 2^-24. */
+Test(gemm, linear_under_emulated_hopper) {
+    double x[2] = {1.0, -0x1p-25}, y[1];
+    float wv[2] = {1.0f, 1.0f};
+    mf_linear L = {1, 2, {0}, NULL};
+    mf_pack(&L.w, MF_F32, MF_F64, 1, 2, wv, MF_F32, 2, 1);
+    mf_mm native = {MF_F32, MF_F32, 1, NULL, MF_BF16};
+    mf_linear_apply(&native, &L, x, 1, y);
+    cr_assert_eq(y[0], 1.0);
+    mf_numerics hopper, cdna3;
+    mf_error err = {0};
+    cr_assert_eq(mf_numerics_parse(&hopper, "emu:hopper", &err), MF_OK, "%s", err.msg);
+    mf_mm emu = {MF_F32, MF_F32, 1, &hopper, MF_BF16};
+    mf_linear_apply(&emu, &L, x, 1, y);
+    cr_assert_eq(y[0], 1.0 - 0x1p-24);
+    /* CDNA3 truncates products to 24 bits relative to the largest: -2^-25 is
+     * cut to zero before anything is added, so the result is 1.0 */
+    cr_assert_eq(mf_numerics_parse(&cdna3, "emu:cdna3", &err), MF_OK, "%s", err.msg);
+    emu.numerics = &cdna3;
+    mf_linear_apply(&emu, &L, x, 1, y);
+    cr_assert_eq(y[0], 1.0);
+    mf_pack_free(&L.w);
+}
+
+Test(gemm, numerics_profiles_parse) {
+    mf_numerics n;
+    mf_error err = {0};
+    cr_assert_eq(mf_numerics_parse(&n, "emu:cdna3:mfma_f32_16x16x16_bf16:acc=2", &err), MF_OK, "%s", err.msg);
+    cr_assert_str_eq(n.name, "emu:cdna3:mfma_f32_16x16x16_bf16:acc=2:split=1:reduce=seq");
+    cr_assert_eq(n.bf16.acc, 2);
+    cr_assert_str_eq(n.f16.instr.name, "mfma_f32_32x32x8_f16");
+    cr_assert_eq(mf_numerics_parse(&n, "emu:volta", &err), MF_OK);
+    cr_assert_null(mf_numerics_schedule(&n, MF_BF16), "Volta has no bf16 instruction");
+    cr_assert_not_null(mf_numerics_schedule(&n, MF_F16));
+    cr_assert_null(mf_numerics_schedule(&n, MF_F32), "fp32 operands run as an fma chain");
+    cr_assert_neq(mf_numerics_parse(&n, "emu:pascal", &err), MF_OK);
+    cr_assert_neq(mf_numerics_parse(&n, "emu:hopper:acc=0", &err), MF_OK);
+    cr_assert_neq(mf_numerics_parse(&n, "emu:hopper:mfma_f32_32x32x8_bf16", &err), MF_OK, "an AMD instruction on Hopper");
+    cr_assert_eq(mf_numerics_parse(&n, "native", &err), MF_OK);
+    cr_assert_eq(n.kind, MF_NUMERICS_NATIVE);
 }

@@ -229,7 +229,7 @@ int mf_forward_cpu(const mf_model *m, const mf_run_opts *o, const int32_t *token
     for (int t = 0; t < T; t++)
         if (tokens[t] < 0 || tokens[t] >= V)
             return mf_fail(err, MF_EINVAL, "position %d: token id %d outside the vocabulary [0, %d)", t, tokens[t], V);
-    fwd f = {m, c, o, o->prec.act, o->prec.opmath, {o->prec.compute, o->prec.act, o->threads}, T, NULL, NULL};
+    fwd f = {m, c, o, o->prec.act, o->prec.opmath, {o->prec.compute, o->prec.act, o->threads, o->numerics, o->prec.act}, T, NULL, NULL};
     r->T = T;
     r->n_moe = c->n_moe_layers;
     r->k = c->top_k;

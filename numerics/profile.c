@@ -1,0 +1,100 @@
+/* Numerics profiles: how every matrix product of a model is carried out.
+ *   fp64              every product in double (the reference; goes with --precision fp64)
+ *   native            the CPU's own fp32 fma chains (mf_gemm_f32)
+ *   emu:ARCH[:INSTR][:acc=N][:split=N][:reduce=seq|tree]
+ *                     a vendor's matrix instruction, bit for bit, chained over K under
+ *                     the schedule; ARCH volta, ampere, hopper, cdna2, cdna3.
+ * bf16 and fp16 operands go through the instruction for their type; fp32
+ * operands go through a plain fp32 fma chain on every architecture (cuBLAS
+ * SGEMM without TF32 on CUDA cores, rocBLAS's f32 MFMA, which is an fma chain). */
+#include "mf_numerics.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+static const struct {
+    const char *key, *arch, *bf16, *f16;
+} archs[] = {
+    {"volta", "Volta", NULL, "mma.m8n8k4.f32.f16.f16.f32"},
+    {"ampere", "Ampere", "mma.m16n8k16.f32.bf16.bf16.f32", "mma.m16n8k16.f32.f16.f16.f32"},
+    {"hopper", "Hopper", "wgmma.m64n8k16.f32.bf16.bf16", "wgmma.m64n8k16.f32.f16.f16"},
+    {"cdna2", "CDNA2", "mfma_f32_32x32x8bf16_1k", "mfma_f32_32x32x8f16"},
+    {"cdna3", "CDNA3", "mfma_f32_32x32x8_bf16", "mfma_f32_32x32x8_f16"},
+};
+
+int mf_numerics_parse(mf_numerics *n, const char *spec, mf_error *err) {
+    memset(n, 0, sizeof *n);
+    if (!strcmp(spec, "fp64")) {
+        n->kind = MF_NUMERICS_FP64;
+        snprintf(n->name, sizeof n->name, "fp64");
+        return MF_OK;
+    }
+    if (!strcmp(spec, "native")) {
+        n->kind = MF_NUMERICS_NATIVE;
+        snprintf(n->name, sizeof n->name, "native");
+        return MF_OK;
+    }
+    if (strncmp(spec, "emu:", 4))
+        return mf_fail(err, MF_EINVAL, "unknown numerics \"%s\" (fp64, native, emu:volta|ampere|hopper|cdna2|cdna3)", spec);
+    char buf[256];
+    snprintf(buf, sizeof buf, "%s", spec + 4);
+    char *save = NULL, *arch = strtok_r(buf, ":", &save);
+    int a = -1;
+    for (size_t i = 0; arch && i < sizeof archs / sizeof archs[0]; i++)
+        if (!strcmp(arch, archs[i].key)) a = (int)i;
+    if (a < 0) return mf_fail(err, MF_EINVAL, "numerics \"%s\": unknown architecture (volta, ampere, hopper, cdna2, cdna3)", spec);
+    n->kind = MF_NUMERICS_EMU;
+    snprintf(n->arch, sizeof n->arch, "%s", archs[a].key);
+    const char *instr = NULL;
+    int acc = 1, split = 1;
+    mf_reduce red = MF_REDUCE_SEQ;
+    for (char *tok = strtok_r(NULL, ":", &save); tok; tok = strtok_r(NULL, ":", &save)) {
+        char *end;
+        if (!strncmp(tok, "acc=", 4)) {
+            acc = (int)strtol(tok + 4, &end, 10);
+            if (*end || acc < 1 || acc > 64) return mf_fail(err, MF_EINVAL, "numerics \"%s\": acc takes 1..64", spec);
+        } else if (!strncmp(tok, "split=", 6)) {
+            split = (int)strtol(tok + 6, &end, 10);
+            if (*end || split < 1 || split > 1024) return mf_fail(err, MF_EINVAL, "numerics \"%s\": split takes 1..1024", spec);
+        } else if (!strcmp(tok, "reduce=seq")) {
+            red = MF_REDUCE_SEQ;
+        } else if (!strcmp(tok, "reduce=tree")) {
+            red = MF_REDUCE_TREE;
+        } else if (!instr) {
+            instr = tok;
+        } else {
+            return mf_fail(err, MF_EINVAL, "numerics \"%s\": unexpected \"%s\"", spec, tok);
+        }
+    }
+    /* the instruction for each operand type: the default, or the one named (for its type) */
+    const char *names[2] = {archs[a].bf16, archs[a].f16};
+    if (instr) {
+        mf_mma_instr I;
+        if (mf_mma_lookup(&I, archs[a].arch, instr, err)) return mf_fail_wrap(err, "numerics \"%s\"", spec);
+        if (I.a_fmt == MF_FMT_BF16) names[0] = instr;
+        else if (I.a_fmt == MF_FMT_F16) names[1] = instr;
+        else return mf_fail(err, MF_EUNSUPPORTED, "numerics \"%s\": %s is not a bf16 or f16 instruction", spec, instr);
+    }
+    mf_kschedule *sched[2] = {&n->bf16, &n->f16};
+    for (int t = 0; t < 2; t++) {
+        n->has[t] = names[t] != NULL;
+        if (!names[t]) continue;
+        if (mf_mma_lookup(&sched[t]->instr, archs[a].arch, names[t], err)) return mf_fail_wrap(err, "numerics \"%s\"", spec);
+        sched[t]->acc = acc;
+        sched[t]->split = split;
+        sched[t]->reduce = red;
+        if (sched[t]->instr.c_fmt != MF_FMT_F32)
+            return mf_fail(err, MF_EUNSUPPORTED, "numerics \"%s\": %s does not accumulate in fp32", spec, names[t]);
+    }
+    /* canonical name: everything spelled out, so the manifest says exactly what ran */
+    snprintf(n->name, sizeof n->name, "emu:%s:%s:acc=%d:split=%d:reduce=%s", archs[a].key,
+             instr ? instr : (names[0] ? names[0] : names[1]), acc, split, red == MF_REDUCE_TREE ? "tree" : "seq");
+    return MF_OK;
+}
+
+const mf_kschedule *mf_numerics_schedule(const mf_numerics *n, mf_dtype operands) {
+    if (n->kind != MF_NUMERICS_EMU) return NULL;
+    if (operands == MF_BF16 && n->has[0]) return &n->bf16;
+    if (operands == MF_F16 && n->has[1]) return &n->f16;
+    return NULL;
+}
