@@ -113,19 +113,3 @@ double mf_act_apply(mf_act act, double x) {
     return x;
 }
 
-int mf_precision_parse(mf_precision *p, const char *name, mf_error *err) {
-    memset(p, 0, sizeof *p);
-    mf_dtype act;
-    if (!strcmp(name, "fp64")) act = MF_F64;
-    else if (!strcmp(name, "fp32")) act = MF_F32;
-    else if (!strcmp(name, "bf16")) act = MF_BF16;
-    else if (!strcmp(name, "fp16")) act = MF_F16;
-    else return mf_fail(err, MF_EINVAL, "unknown precision \"%s\" (fp64, fp32, bf16, fp16)", name);
-    snprintf(p->name, sizeof p->name, "%s", name);
-    p->act = act;
-    for (int i = 0; i < MF_PART_COUNT; i++) p->part[i] = act;
-    p->weights = act;
-    p->opmath = act == MF_F64 ? MF_F64 : MF_F32;
-    p->compute = p->opmath;
-    return MF_OK;
-}

@@ -177,19 +177,42 @@ double mf_sigmoid(double x);
 
 /* ---- precision policies ------------------------------------------------ */
 
-/* Which dtype each part of the model computes and stores in. */
+/* Which dtype each part of the model computes in (CroVA's precision modes,
+ * crova-paper-code.md §3, plus `router`). A part computing in a wider dtype
+ * than the residual stream takes its inputs exactly and casts its outputs
+ * back to the stream's dtype (the head's logits stay in its dtype).
+ *
+ * | policy            | stream | weights | attn | norm | mlp (router, experts, shared) | router | head | layers in fp32 |
+ * | fp64              | f64    | f64     | f64  | f64  | f64                           | f64    | f64  |                |
+ * | fp32              | f32    | f32     | f32  | f32  | f32                           | f32    | f32  |                |
+ * | bf16 / fp16       | bf16   | bf16    | bf16 | bf16 | bf16                          | bf16   | bf16 |                |
+ * | layercast         | f32    | bf16    | f32  | f32  | f32                           | f32    | f32  |                |
+ * | selective:P+Q...  | bf16   | bf16    | f32 if chosen, else bf16                                    | firstN, lastN, blocks |
+ * | nomlp             | f32    | bf16    | f32  | f32  | bf16                          | bf16   | f32  |                |
+ * `router` (ours) puts only the router's product in fp32: its logits, the
+ * softmax and top-k see fp32 values, and the weights stay fp32 as transformers
+ * keeps them in the logits' dtype. */
 typedef enum mf_part { MF_PART_ATTN, MF_PART_NORM, MF_PART_MLP, MF_PART_ROUTER, MF_PART_HEAD, MF_PART_COUNT } mf_part;
+
+typedef enum mf_block_range { MF_BLOCKS_NONE, MF_BLOCKS_FIRST, MF_BLOCKS_LAST, MF_BLOCKS_ALL } mf_block_range;
 
 typedef struct mf_precision {
     char name[64];
-    mf_dtype act;                  /* residual stream and activations */
-    mf_dtype part[MF_PART_COUNT];
+    mf_dtype act;                  /* the residual stream between parts */
+    mf_dtype part[MF_PART_COUNT];  /* what each part computes in */
     mf_dtype weights;              /* weights are rounded to this when loaded */
     mf_dtype opmath;               /* what PyTorch computes elementwise ops in: F32, or F64 for the reference */
     mf_dtype compute;              /* matrix kernels' compute type */
+    mf_block_range blocks;         /* decoder layers computed entirely in fp32 */
+    int blocks_n;                  /* N of firstN / lastN */
 } mf_precision;
 
-/* "fp64", "fp32", "bf16", "fp16". Returns MF_EINVAL with a message otherwise. */
+/* fp64, fp32, bf16, fp16, layercast, nomlp, selective:<parts> with parts attn,
+ * norm, mlp, router, head, firstN, lastN, blocks joined by '+'. */
 int mf_precision_parse(mf_precision *p, const char *name, mf_error *err);
+/* Whether decoder layer l of n_layers runs entirely in fp32. */
+bool mf_precision_layer_fp32(const mf_precision *p, int l, int n_layers);
+/* The widest dtype a part computes in anywhere (what a trace must store to keep its values exact). */
+mf_dtype mf_precision_widest(const mf_precision *p, mf_part part);
 
 #endif

@@ -1,7 +1,10 @@
 /* The CPU forward pass, read top to bottom like a transformers modeling
- * file. Activations are held in double; ra() rounds to the activation dtype
- * (a no-op in fp64 runs) and ro() to PyTorch's fp32 opmath (also a no-op in
- * fp64), placed exactly where transformers rounds. */
+ * file. Activations are held in double. Each part (norm, attention, MLP,
+ * router, head) computes in its own dtype D under the precision policy:
+ * rd(D, x) rounds to it (a no-op in fp64 runs) and ro() to PyTorch's fp32
+ * opmath (also a no-op in fp64), placed exactly where transformers rounds.
+ * A part's output is cast back to the residual stream's dtype, as CroVA's
+ * selective hooks do; the head's logits keep the head's dtype. */
 #include "mf_runtime.h"
 #include "mf_router.h"
 #include "mf_experts.h"
@@ -14,19 +17,30 @@ typedef struct fwd {
     const mf_model *m;
     const mf_config *c;
     const mf_run_opts *o;
-    mf_dtype A;    /* activation dtype */
+    mf_dtype R;    /* residual stream dtype */
     mf_dtype O;    /* opmath dtype */
-    mf_mm mm;      /* matrix products: compute type, output rounded to A */
+    mf_mm mm;      /* matrix products: compute type, threads, numerics */
     int T;
     double *cos_t, *sin_t;
 } fwd;
 
-static inline double ra(const fwd *f, double x) { return mf_round_to(f->A, x); }
+static inline double rd(mf_dtype D, double x) { return mf_round_to(D, x); }
 static inline double ro(const fwd *f, double x) { return mf_round_to(f->O, x); }
+
+/* Products inside a part computing in D: operands hold D values, results are rounded to D. */
+static mf_mm mm_in(const fwd *f, mf_dtype D) {
+    mf_mm m = f->mm;
+    m.in = m.out = D;
+    return m;
+}
+
+static void cast(mf_dtype D, double *x, size_t n) {
+    for (size_t i = 0; i < n; i++) x[i] = rd(D, x[i]);
+}
 
 /* RMSNorm over rows of n values (row stride ld), Llama cast points:
  * y32 = x32 * rsqrt(mean(x32^2) + eps); out = w * y32.to(input dtype). */
-static void rmsnorm(const fwd *f, double *x, int rows, int n, size_t ld, const double *w) {
+static void rmsnorm(const fwd *f, mf_dtype D, double *x, int rows, int n, size_t ld, const double *w) {
     const double eps = ro(f, f->c->rms_eps);
 #pragma omp parallel for num_threads(f->o->threads) if (f->o->threads > 1 && (size_t)rows * n >= 16384)
     for (int r = 0; r < rows; r++) {
@@ -35,17 +49,20 @@ static void rmsnorm(const fwd *f, double *x, int rows, int n, size_t ld, const d
         for (int i = 0; i < n; i++) ss += v[i] * v[i];
         double var = ro(f, ss / n);
         double inv = f->O == MF_F64 ? 1.0 / sqrt(var + eps) : (double)(1.0f / sqrtf((float)(var + eps)));
-        for (int i = 0; i < n; i++) v[i] = ra(f, w[i] * ra(f, ro(f, v[i] * inv)));
+        for (int i = 0; i < n; i++) v[i] = rd(D, w[i] * rd(D, ro(f, v[i] * inv)));
     }
 }
 
-static void rmsnorm_into(const fwd *f, const double *x, int rows, int n, const double *w, double *out) {
-    memcpy(out, x, (size_t)rows * n * sizeof(double));
-    rmsnorm(f, out, rows, n, (size_t)n, w);
+/* A norm module: inputs cast to its dtype D, output cast to the stream dtype S. */
+static void norm_module(const fwd *f, mf_dtype D, mf_dtype S, const double *x, int rows, int n, const double *w,
+                        double *out) {
+    for (size_t i = 0; i < (size_t)rows * n; i++) out[i] = rd(D, x[i]);
+    rmsnorm(f, D, out, rows, n, (size_t)n, w);
+    cast(S, out, (size_t)rows * n);
 }
 
 /* q' = q*cos + rotate_half(q)*sin, three roundings, on `heads` heads of a row. */
-static void rope(const fwd *f, double *x, int heads, size_t row_stride) {
+static void rope(const fwd *f, mf_dtype D, double *x, int heads, size_t row_stride) {
     const int hd = f->c->head_dim, half = hd / 2;
 #pragma omp parallel for num_threads(f->o->threads) if (f->o->threads > 1 && (size_t)f->T * heads * hd >= 16384)
     for (int t = 0; t < f->T; t++) {
@@ -55,16 +72,16 @@ static void rope(const fwd *f, double *x, int heads, size_t row_stride) {
             double *v = x + (size_t)t * row_stride + (size_t)h * hd;
             for (int i = 0; i < hd; i++) {
                 double rot = i < half ? -v[i + half] : v[i - half];
-                tmp[i] = ra(f, ra(f, v[i] * cs[i]) + ra(f, rot * sn[i]));
+                tmp[i] = rd(D, rd(D, v[i] * cs[i]) + rd(D, rot * sn[i]));
             }
             memcpy(v, tmp, sizeof tmp);
         }
     }
 }
 
-/* Eager attention: S = (Q K^T) * scale, causal (and sliding) mask, softmax in
- * fp32 opmath, P V; each step rounded to the activation dtype. */
-static void attention(const fwd *f, const mf_layer *L, int layer, const double *x, double *out) {
+/* Eager attention computing in D: S = (Q K^T) * scale, causal (and sliding)
+ * mask, softmax in fp32 opmath, P V; each step rounded to D. x holds D values. */
+static void attention(const fwd *f, mf_dtype D, const mf_layer *L, int layer, const double *x, double *out) {
     const mf_config *c = f->c;
     const int T = f->T, H = c->hidden, hd = c->head_dim, nh = c->n_heads, nkv = c->n_kv_heads;
     const int nq = nh * hd, nk = nkv * hd, group = nh / nkv;
@@ -72,15 +89,16 @@ static void attention(const fwd *f, const mf_layer *L, int layer, const double *
     double *k = mf_xmalloc((size_t)T * nk * sizeof(double));
     double *v = mf_xmalloc((size_t)T * nk * sizeof(double));
     double *ctx = mf_xmalloc((size_t)T * nq * sizeof(double));
-    mf_linear_apply(&f->mm, &L->q, x, T, q);
-    mf_linear_apply(&f->mm, &L->k, x, T, k);
-    mf_linear_apply(&f->mm, &L->v, x, T, v);
+    const mf_mm mm = mm_in(f, D);
+    mf_linear_apply(&mm, &L->q, x, T, q);
+    mf_linear_apply(&mm, &L->k, x, T, k);
+    mf_linear_apply(&mm, &L->v, x, T, v);
     if (c->qk_norm == MF_QK_NORM_FULL) {
-        rmsnorm(f, q, T, nq, (size_t)nq, L->q_norm);
-        rmsnorm(f, k, T, nk, (size_t)nk, L->k_norm);
+        rmsnorm(f, D, q, T, nq, (size_t)nq, L->q_norm);
+        rmsnorm(f, D, k, T, nk, (size_t)nk, L->k_norm);
     }
-    if (c->clip_qkv > 0) {   /* clamp of an activation-dtype tensor: the bound is rounded to it */
-        const double cl = ra(f, c->clip_qkv);
+    if (c->clip_qkv > 0) {   /* clamp of a D tensor: the bound is rounded to D */
+        const double cl = rd(D, c->clip_qkv);
         for (size_t i = 0; i < (size_t)T * nq; i++) q[i] = fmin(fmax(q[i], -cl), cl);
         for (size_t i = 0; i < (size_t)T * nk; i++) {
             k[i] = fmin(fmax(k[i], -cl), cl);
@@ -88,14 +106,14 @@ static void attention(const fwd *f, const mf_layer *L, int layer, const double *
         }
     }
     if (c->qk_norm == MF_QK_NORM_PER_HEAD) {
-        rmsnorm(f, q, T * nh, hd, (size_t)hd, L->q_norm);
-        rmsnorm(f, k, T * nkv, hd, (size_t)hd, L->k_norm);
+        rmsnorm(f, D, q, T * nh, hd, (size_t)hd, L->q_norm);
+        rmsnorm(f, D, k, T * nkv, hd, (size_t)hd, L->k_norm);
     }
-    rope(f, q, nh, (size_t)nq);
-    rope(f, k, nkv, (size_t)nk);
+    rope(f, D, q, nh, (size_t)nq);
+    rope(f, D, k, nkv, (size_t)nk);
     const double scale = ro(f, pow((double)hd, -0.5));   /* head_dim ** -0.5, a Python float */
     const int window = c->layer_sliding[layer] ? c->sliding_window : 0;
-    mf_mm mm1 = f->mm;
+    mf_mm mm1 = mm;
     mm1.threads = 1;   /* heads run in parallel instead */
 #pragma omp parallel for schedule(dynamic) num_threads(f->o->threads) if (f->o->threads > 1 && nh > 1)
     for (int h = 0; h < nh; h++) {
@@ -110,7 +128,7 @@ static void attention(const fwd *f, const mf_layer *L, int layer, const double *
             int j0 = window > 0 && i - window + 1 > 0 ? i - window + 1 : 0;   /* sees itself + window-1 before */
             double mx = -INFINITY;
             for (int j = j0; j <= i; j++) {
-                row[j] = ra(f, ro(f, row[j] * scale));
+                row[j] = rd(D, ro(f, row[j] * scale));
                 mx = row[j] > mx ? row[j] : mx;
             }
             for (int j = 0; j < j0; j++) row[j] = 0;
@@ -126,7 +144,7 @@ static void attention(const fwd *f, const mf_layer *L, int layer, const double *
                     row[j] = e;
                     sum += e;
                 }
-                for (int j = j0; j <= i; j++) row[j] = ra(f, (float)row[j] / sum);
+                for (int j = j0; j <= i; j++) row[j] = rd(D, (float)row[j] / sum);
             }
         }
         mf_matmul_packed(&mm1, s, T, (size_t)T, &vp, ctx + (size_t)h * hd, (size_t)nq, MF_TRI_K);
@@ -134,7 +152,7 @@ static void attention(const fwd *f, const mf_layer *L, int layer, const double *
         mf_pack_free(&kp);
         mf_pack_free(&vp);
     }
-    mf_linear_apply(&f->mm, &L->o, ctx, T, out);
+    mf_linear_apply(&mm, &L->o, ctx, T, out);
     (void)H;
     free(q);
     free(k);
@@ -142,25 +160,28 @@ static void attention(const fwd *f, const mf_layer *L, int layer, const double *
     free(ctx);
 }
 
-static void dense_mlp(const fwd *f, const mf_layer *L, const double *x, double *out) {
+static void dense_mlp(const fwd *f, mf_dtype D, const mf_layer *L, const double *x, double *out) {
     mf_ffn ffn = {&L->mlp_gate, &L->mlp_up, &L->mlp_down, f->c->act};
-    mf_ffn_apply(&f->mm, &ffn, f->A, x, f->T, out);
+    const mf_mm mm = mm_in(f, D);
+    mf_ffn_apply(&mm, &ffn, D, x, f->T, out);
 }
 
-/* The sparse MoE block: router, canonical top-k, experts grouped per expert,
- * grouped_mm combine, and Qwen2-MoE's sigmoid-gated shared expert. Records
- * the router's logits, choices and weights at slot `mi` of the result. */
-static void moe(const fwd *f, const mf_layer *L, const double *x, double *out, mf_seq_result *r, int mi) {
+/* The sparse MoE block computing in D, its router in DR: router, canonical
+ * top-k, experts grouped per expert, grouped_mm combine, and Qwen2-MoE's
+ * sigmoid-gated shared expert. Records the router's logits, choices and
+ * weights at slot `mi` of the result. x holds D values. */
+static void moe(const fwd *f, mf_dtype D, mf_dtype DR, const mf_layer *L, const double *x, double *out,
+                mf_seq_result *r, int mi) {
     const mf_config *c = f->c;
     const int T = f->T, H = c->hidden, E = c->n_experts, K = c->top_k;
     double *logits = r->router + (size_t)mi * T * E;
-    mf_mm mr = f->mm;
-    mr.out = f->o->prec.part[MF_PART_ROUTER];
+    const mf_mm mm = mm_in(f, D), mr = mm_in(f, DR);
     mf_linear_apply(&mr, &L->router, x, T, logits);
     /* transformers v5: Mixtral keeps the top-k weights in fp32; OLMoE and the
-     * Qwen MoEs cast them back to the activation dtype. */
-    const bool fp32_weights = c->route_rule == MF_ROUTE_SOFTMAX_TOPK_RENORM;
-    mf_route_spec spec = {MF_ROUTE_KIND_SOFTMAX_TOPK, E, K, c->norm_topk_prob, f->O, fp32_weights ? f->O : f->A};
+     * Qwen MoEs cast them to the router logits' dtype. A product y * w of two
+     * dtypes is computed in the wider one (fp32 opmath). */
+    const mf_dtype wdt = c->route_rule == MF_ROUTE_SOFTMAX_TOPK_RENORM ? f->O : DR;
+    mf_route_spec spec = {MF_ROUTE_KIND_SOFTMAX_TOPK, E, K, c->norm_topk_prob, f->O, wdt};
     uint16_t *ids = r->topk_ids + (size_t)mi * T * K;
     double *w = r->topk_w + (size_t)mi * T * K;
     double *probs = mf_xmalloc((size_t)E * sizeof(double));
@@ -179,9 +200,9 @@ static void moe(const fwd *f, const mf_layer *L, const double *x, double *out, m
         for (int i = 0; i < n; i++)
             memcpy(xe + (size_t)i * H, x + (size_t)d.token[d.offset[e] + i] * H, (size_t)H * sizeof(double));
         mf_ffn ffn = {&L->exp_gate[e], &L->exp_up[e], &L->exp_down[e], c->act};
-        mf_ffn_apply(&f->mm, &ffn, f->A, xe, n, y + (size_t)d.offset[e] * H);
+        mf_ffn_apply(&mm, &ffn, D, xe, n, y + (size_t)d.offset[e] * H);
     }
-    mf_combine_spec cs = {fp32_weights ? f->O : f->A, f->O, f->A};
+    mf_combine_spec cs = {wdt == D ? D : f->O, f->O, D};
     mf_combine(&cs, &d, y, H, w, out);
     free(xe);
     free(y);
@@ -190,13 +211,13 @@ static void moe(const fwd *f, const mf_layer *L, const double *x, double *out, m
         double *s = mf_xmalloc((size_t)T * H * sizeof(double));
         double *g = r->shared_gate + (size_t)mi * T;
         mf_ffn ffn = {&L->sh_gate, &L->sh_up, &L->sh_down, c->act};
-        mf_ffn_apply(&f->mm, &ffn, f->A, x, T, s);
-        mf_linear_apply(&f->mm, &L->sh_router, x, T, g);
+        mf_ffn_apply(&mm, &ffn, D, x, T, s);
+        mf_linear_apply(&mm, &L->sh_router, x, T, g);
         for (int t = 0; t < T; t++) {
-            g[t] = ra(f, mf_sigmoid(g[t]));
+            g[t] = rd(D, mf_sigmoid(g[t]));
             for (int h = 0; h < H; h++) {
                 size_t i = (size_t)t * H + h;
-                out[i] = ra(f, out[i] + ra(f, g[t] * s[i]));
+                out[i] = rd(D, out[i] + rd(D, g[t] * s[i]));
             }
         }
         free(s);
@@ -229,7 +250,8 @@ int mf_forward_cpu(const mf_model *m, const mf_run_opts *o, const int32_t *token
     for (int t = 0; t < T; t++)
         if (tokens[t] < 0 || tokens[t] >= V)
             return mf_fail(err, MF_EINVAL, "position %d: token id %d outside the vocabulary [0, %d)", t, tokens[t], V);
-    fwd f = {m, c, o, o->prec.act, o->prec.opmath, {o->prec.compute, o->prec.act, o->threads, o->numerics, o->prec.act}, T, NULL, NULL};
+    const mf_precision *P = &o->prec;
+    fwd f = {m, c, o, P->act, P->opmath, {P->compute, P->act, o->threads, o->numerics, P->act}, T, NULL, NULL};
     r->T = T;
     r->n_moe = c->n_moe_layers;
     r->k = c->top_k;
@@ -245,41 +267,50 @@ int mf_forward_cpu(const mf_model *m, const mf_run_opts *o, const int32_t *token
     }
     r->logits = mf_xmalloc((size_t)T * V * sizeof(double));
 
-    /* RoPE tables, cast to the activation dtype as transformers does. */
+    /* RoPE tables, cast to the model's dtype as the rotary module does (parts
+     * computing in fp32 take these values as they are) */
     f.cos_t = mf_xmalloc((size_t)T * c->head_dim * sizeof(double));
     f.sin_t = mf_xmalloc((size_t)T * c->head_dim * sizeof(double));
-    mf_rope_tables(c, &o->prec, T, f.cos_t, f.sin_t);
-    for (size_t i = 0; i < (size_t)T * c->head_dim; i++) {
-        f.cos_t[i] = ra(&f, f.cos_t[i]);
-        f.sin_t[i] = ra(&f, f.sin_t[i]);
-    }
+    mf_rope_tables(c, P, T, f.cos_t, f.sin_t);
+    cast(f.R, f.cos_t, (size_t)T * c->head_dim);
+    cast(f.R, f.sin_t, (size_t)T * c->head_dim);
 
-    double *h = mf_xmalloc((size_t)T * H * sizeof(double));
-    double *x = mf_xmalloc((size_t)T * H * sizeof(double));
-    double *y = mf_xmalloc((size_t)T * H * sizeof(double));
+    const size_t TH = (size_t)T * H;
+    double *h = mf_xmalloc(TH * sizeof(double));
+    double *x = mf_xmalloc(TH * sizeof(double));
+    double *y = mf_xmalloc(TH * sizeof(double));
     for (int t = 0; t < T; t++)   /* embedding gather, no scaling */
         for (int i = 0; i < H; i++)
-            h[(size_t)t * H + i] = ra(&f, mf_round_to(m->weight_round, mf_load_as_f64(m->embed->data, m->embed->dtype,
-                                                                                     (size_t)tokens[t] * H + i)));
+            h[(size_t)t * H + i] = rd(f.R, mf_round_to(m->weight_round, mf_load_as_f64(m->embed->data, m->embed->dtype,
+                                                                                      (size_t)tokens[t] * H + i)));
     int mi = 0;
     for (int l = 0; l < c->n_layers; l++) {
         const mf_layer *L = &m->layers[l];
-        rmsnorm_into(&f, h, T, H, L->attn_norm, x);
-        attention(&f, L, l, x, y);
-        for (size_t i = 0; i < (size_t)T * H; i++) h[i] = ra(&f, h[i] + y[i]);
-        rmsnorm_into(&f, h, T, H, L->ffn_norm, x);
+        /* a layer in a fp32 block range computes everything, residual adds too, in fp32 */
+        const bool blk = mf_precision_layer_fp32(P, l, c->n_layers);
+        const mf_dtype S = blk ? MF_F32 : f.R;
+        const mf_dtype DN = blk ? MF_F32 : P->part[MF_PART_NORM], DA = blk ? MF_F32 : P->part[MF_PART_ATTN];
+        const mf_dtype DM = blk ? MF_F32 : P->part[MF_PART_MLP], DR = blk ? MF_F32 : P->part[MF_PART_ROUTER];
+        norm_module(&f, DN, S, h, T, H, L->attn_norm, x);
+        cast(DA, x, TH);
+        attention(&f, DA, L, l, x, y);
+        for (size_t i = 0; i < TH; i++) h[i] = rd(S, h[i] + rd(S, y[i]));
+        norm_module(&f, DN, S, h, T, H, L->ffn_norm, x);
+        cast(DM, x, TH);
         if (L->is_moe) {
-            if (r->router_in) memcpy(r->router_in + (size_t)mi * T * H, x, (size_t)T * H * sizeof(double));
-            moe(&f, L, x, y, r, mi++);
+            if (r->router_in) memcpy(r->router_in + (size_t)mi * TH, x, TH * sizeof(double));
+            moe(&f, DM, DM == MF_F32 ? MF_F32 : DR, L, x, y, r, mi++);
         } else {
-            dense_mlp(&f, L, x, y);
+            dense_mlp(&f, DM, L, x, y);
         }
-        for (size_t i = 0; i < (size_t)T * H; i++) h[i] = ra(&f, h[i] + y[i]);
+        for (size_t i = 0; i < TH; i++) h[i] = rd(S, h[i] + rd(S, y[i]));
+        cast(f.R, h, TH);   /* the layer's output, back in the stream's dtype */
     }
-    rmsnorm(&f, h, T, H, (size_t)H, m->final_norm);
-    mf_mm mh = f.mm;
-    mh.out = o->prec.part[MF_PART_HEAD];
-    mf_linear_apply(&mh, &m->head, h, T, r->logits);
+    norm_module(&f, P->part[MF_PART_NORM], f.R, h, T, H, m->final_norm, x);
+    const mf_dtype DH = P->part[MF_PART_HEAD];
+    cast(DH, x, TH);
+    const mf_mm mh = mm_in(&f, DH);
+    mf_linear_apply(&mh, &m->head, x, T, r->logits);
     free(h);
     free(x);
     free(y);
