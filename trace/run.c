@@ -235,7 +235,20 @@ static int create_run_dir(const char *dir, const mf_run_info *info, mf_error *er
         if (rc) return rc;
     }
     snprintf(tmp, sizeof tmp, "%s.tmp.%ld", dir, (long)getpid());
-    if (mkdir(tmp, 0777) != 0) return mf_fail(err, MF_EIO, "%s: cannot create run directory: %s", dir, strerror(errno));
+    int made = mkdir(tmp, 0777);
+    if (made != 0 && errno == EEXIST) {
+        /* the remains of a writer killed here with our pid (pids repeat, as
+         * in a restarted container): no live process but us owns this name */
+        DIR *d = opendir(tmp);
+        struct dirent *e;
+        while (d && (e = readdir(d)))
+            if (strcmp(e->d_name, ".") && strcmp(e->d_name, "..") && mf_path_join(path, sizeof path, tmp, e->d_name))
+                unlink(path);
+        if (d) closedir(d);
+        rmdir(tmp);
+        made = mkdir(tmp, 0777);
+    }
+    if (made != 0) return mf_fail(err, MF_EIO, "%s: cannot create run directory: %s", dir, strerror(errno));
     json_t *man = build_manifest(info);
     char *text = json_dumps(man, JSON_INDENT(1) | JSON_PRESERVE_ORDER);
     json_decref(man);
@@ -413,11 +426,12 @@ int mf_run_writer_add(mf_run_writer *w, const mf_prompt *p, const mf_seq_result 
         mf_st_writer_add(w->pending, name, MF_U16, 3, shape, r->topk_ids);
         add_tensor(w->pending, p->id, "topk_w", prec->opmath, 3, shape, r->topk_w);
         shape[2] = r->E;
-        add_tensor(w->pending, p->id, "router", prec->part[MF_PART_ROUTER], 3, shape, r->router);
-        if (r->shared_gate) add_tensor(w->pending, p->id, "shared_gate", prec->act, 2, shape, r->shared_gate);
+        add_tensor(w->pending, p->id, "router", mf_precision_widest(prec, MF_PART_ROUTER), 3, shape, r->router);
+        if (r->shared_gate)
+            add_tensor(w->pending, p->id, "shared_gate", mf_precision_widest(prec, MF_PART_MLP), 2, shape, r->shared_gate);
         if (r->router_in && w->info.record == MF_RECORD_FULL) {
             shape[2] = r->H;
-            add_tensor(w->pending, p->id, "router_in", prec->act, 3, shape, r->router_in);
+            add_tensor(w->pending, p->id, "router_in", mf_precision_widest(prec, MF_PART_MLP), 3, shape, r->router_in);
         }
     }
     if (w->info.record == MF_RECORD_LOGITS || w->info.record == MF_RECORD_FULL) {
