@@ -9,6 +9,7 @@
 #include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
+#include <lzma.h>
 
 int mf_mmap_open(mf_mmap *m, const char *path, mf_error *err) {
     m->data = NULL;
@@ -64,8 +65,48 @@ int mf_read_file(const char *path, char **out, size_t *len, mf_error *err) {
         return mf_fail(err, MF_EIO, "%s: read error", path);
     }
     buf[n] = 0;
+    static const uint8_t xz_magic[6] = {0xfd, '7', 'z', 'X', 'Z', 0};
+    if (n >= 6 && memcmp(buf, xz_magic, 6) == 0) {   /* an .xz file: hand back its content */
+        char *plain;
+        size_t plen;
+        int rc = mf_xz_decode(buf, n, &plain, &plen);
+        free(buf);
+        if (rc) return mf_fail(err, MF_EFORMAT, "%s: damaged xz data", path);
+        buf = plain;
+        n = plen;
+    }
     *out = buf;
     if (len) *len = n;
+    return MF_OK;
+}
+
+int mf_xz_decode(const void *in, size_t n, char **out, size_t *out_len) {
+    lzma_stream st = LZMA_STREAM_INIT;
+    if (lzma_stream_decoder(&st, UINT64_MAX, LZMA_CONCATENATED) != LZMA_OK) return MF_EFORMAT;
+    size_t cap = n * 4 + 4096, len = 0;
+    char *buf = mf_xmalloc(cap);
+    st.next_in = in;
+    st.avail_in = n;
+    lzma_ret r;
+    do {
+        if (cap - len < 4096) {
+            cap *= 2;
+            buf = realloc(buf, cap);
+            if (!buf) abort();
+        }
+        st.next_out = (uint8_t *)buf + len;
+        st.avail_out = cap - len - 1;
+        r = lzma_code(&st, LZMA_FINISH);
+        len = cap - 1 - st.avail_out;
+    } while (r == LZMA_OK);
+    lzma_end(&st);
+    if (r != LZMA_STREAM_END) {
+        free(buf);
+        return MF_EFORMAT;
+    }
+    buf[len] = 0;
+    *out = buf;
+    *out_len = len;
     return MF_OK;
 }
 

@@ -121,8 +121,11 @@ typedef struct mf_mmap {
 int mf_mmap_open(mf_mmap *m, const char *path, mf_error *err);
 void mf_mmap_close(mf_mmap *m);
 
-/* Reads a whole file into a malloc'ed, NUL-terminated buffer. */
+/* Reads a whole file into a malloc'ed, NUL-terminated buffer; an xz-compressed
+ * file is decompressed. */
 int mf_read_file(const char *path, char **out, size_t *len, mf_error *err);
+/* Decompresses xz data into a malloc'ed, NUL-terminated buffer. */
+int mf_xz_decode(const void *in, size_t n, char **out, size_t *out_len);
 
 /* Crash-safe file replacement: data goes to "<path>.tmp.<pid>", is flushed
  * with fsync, renamed over path, and the directory is fsync'ed. A reader sees

@@ -361,20 +361,23 @@ void mf_emu_gemm_fast(const mf_kschedule *s, int M, int N, int K, const uint64_t
     x.Kp = x.steps * I->k;
     x.panels = (N + LANES - 1) / LANES;
     const int min_e = fmt_min_exp(I->a_fmt), Kp = x.Kp;
+    /* a zero's exponent: -126 (MMA-Sim), or far below anything when zero
+     * products are left out of the largest exponent (the H200) */
+    const int zero_e = I->kind == MF_MMA_NV_FUSED && I->zero_products_excluded ? -1000000 : -126;
     /* decode both operands once: values (exact doubles) and exponents */
     x.bv = calloc((size_t)x.panels * Kp * LANES, sizeof(double));
     x.be = malloc((size_t)x.panels * Kp * LANES * sizeof(int32_t));
     x.av = calloc((size_t)M * Kp, sizeof(double));
     x.ae = malloc((size_t)M * Kp * sizeof(int32_t));
     x.a_finite = malloc((size_t)M * sizeof(bool));
-    for (size_t i = 0; i < (size_t)x.panels * Kp * LANES; i++) x.be[i] = -126;
+    for (size_t i = 0; i < (size_t)x.panels * Kp * LANES; i++) x.be[i] = zero_e;
     for (int kk = 0; kk < K; kk++)
         for (int j = 0; j < N; j++) {
             double v = fmt_value(I->b_fmt, B[(size_t)kk * N + j]);
             x.b_finite &= isfinite(v);
             size_t at = ((size_t)(j / LANES) * Kp + kk) * LANES + (size_t)(j % LANES);
             x.bv[at] = isfinite(v) ? v : 0.0;
-            x.be[at] = isfinite(v) ? conv_exp(v, min_e) : -126;
+            x.be[at] = v == 0 ? zero_e : isfinite(v) ? conv_exp(v, min_e) : -126;
         }
     for (int i = 0; i < M; i++) {
         x.a_finite[i] = true;
@@ -382,7 +385,7 @@ void mf_emu_gemm_fast(const mf_kschedule *s, int M, int N, int K, const uint64_t
             double v = kk < K ? fmt_value(I->a_fmt, A[(size_t)i * K + kk]) : 0.0;
             x.a_finite[i] &= isfinite(v);
             x.av[(size_t)i * Kp + kk] = isfinite(v) ? v : 0.0;
-            x.ae[(size_t)i * Kp + kk] = isfinite(v) ? conv_exp(v, min_e) : -126;
+            x.ae[(size_t)i * Kp + kk] = v == 0 ? zero_e : isfinite(v) ? conv_exp(v, min_e) : -126;
         }
     }
     /* panel groups outermost: a group of B panels stays in cache while every row of A passes */

@@ -79,6 +79,10 @@ typedef struct mf_mma_instr {
     int group;       /* AMD: products per group */
     bool interleave; /* AMD fp8: each group reduced as even and odd halves */
     bool flush;      /* AMD CDNA2: subnormal inputs, partial sums and results flushed to zero */
+    /* NVIDIA: products with a zero factor take no part in the largest
+     * exponent (measured on an H200; MMA-Sim instead gives a zero the
+     * exponent -126). Off by default: the MMA-Sim model. */
+    bool zero_products_excluded;
 } mf_mma_instr;
 
 /* Instruction names as PTX and AMD spell them: "mma.m16n8k16.f32.bf16.bf16.f32",

@@ -147,7 +147,8 @@ static uint32_t round_rz_f32(int64_t S, int scale, int frac) {
 static uint16_t round_rne_f16(int64_t S, int scale) {
     if (S == 0) return 0;
     double v = ldexp((double)S, scale);   /* exact: |S| < 2^53 here */
-    return mf_f64_to_f16(v);
+    uint16_t h = mf_f64_to_f16(v);
+    return (h & 0x7fff) ? h : 0;   /* a sum that rounds to zero is +0, whatever its sign */
 }
 
 /* ---- NVIDIA: fused dot-add ---------------------------------------------- */
@@ -191,6 +192,7 @@ static uint64_t nv_fused(const mf_mma_instr *I, const num *pa, const num *pb, in
     const int F = I->frac_bits;
     int E = c.e;
     for (int i = 0; i < k; i++) {
+        if (I->zero_products_excluded && (pa[i].cls == CLS_ZERO || pb[i].cls == CLS_ZERO)) continue;
         int e = pa[i].e + pb[i].e;
         E = e > E ? e : E;
     }
@@ -358,7 +360,8 @@ int mf_mma_lookup(mf_mma_instr *I, const char *arch, const char *name, mf_error 
         if (frac < 0) return mf_fail(err, MF_EUNSUPPORTED, "%s: unknown NVIDIA architecture \"%s\"", name, arch);
         char *tok[8];
         int nt = 0;
-        for (char *p = strtok(buf, "."); p && nt < 8; p = strtok(NULL, ".")) tok[nt++] = p;
+        char *save = NULL;
+        for (char *p = strtok_r(buf, ".", &save); p && nt < 8; p = strtok_r(NULL, ".", &save)) tok[nt++] = p;
         /* mma.mMnNkK.D.A.B.C   wgmma.mMnNkK.D.A.B */
         if (nt != (wg ? 5 : 6) || sscanf(tok[1], "m%dn%dk%d", &I->m, &I->n, &I->k) != 3)
             return mf_fail(err, MF_EINVAL, "%s: not an instruction name of the form %s", name,
@@ -395,7 +398,8 @@ int mf_mma_lookup(mf_mma_instr *I, const char *arch, const char *name, mf_error 
             return mf_fail(err, MF_EUNSUPPORTED, "%s: unknown AMD architecture \"%s\"", name, arch);
         char *tok[8];
         int nt = 0;
-        for (char *p = strtok(buf + 5, "_"); p && nt < 8; p = strtok(NULL, "_")) tok[nt++] = p;
+        char *save = NULL;
+        for (char *p = strtok_r(buf + 5, "_", &save); p && nt < 8; p = strtok_r(NULL, "_", &save)) tok[nt++] = p;
         mf_fmt d;
         const char *shape = NULL, *at = NULL, *bt = NULL;
         char shape_buf[32] = "", type_buf[16] = "";

@@ -6,7 +6,9 @@
  *                     the schedule; ARCH volta, ampere, hopper, cdna2, cdna3.
  * bf16 and fp16 operands go through the instruction for their type; fp32
  * operands go through a plain fp32 fma chain on every architecture (cuBLAS
- * SGEMM without TF32 on CUDA cores, rocBLAS's f32 MFMA, which is an fma chain). */
+ * SGEMM without TF32 on CUDA cores, rocBLAS's f32 MFMA, which is an fma chain).
+ * emu:hopper follows the H200 where it differs from MMA-Sim: products with a
+ * zero factor do not count for the largest exponent. */
 #include "mf_numerics.h"
 
 #include <stdlib.h>
@@ -80,6 +82,8 @@ int mf_numerics_parse(mf_numerics *n, const char *spec, mf_error *err) {
         n->has[t] = names[t] != NULL;
         if (!names[t]) continue;
         if (mf_mma_lookup(&sched[t]->instr, archs[a].arch, names[t], err)) return mf_fail_wrap(err, "numerics \"%s\"", spec);
+        /* Hopper as the H200 computes (measured: tools/mma_probe.cu, tests/fixtures/mma) */
+        sched[t]->instr.zero_products_excluded = a == 2;
         sched[t]->acc = acc;
         sched[t]->split = split;
         sched[t]->reduce = red;

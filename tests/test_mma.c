@@ -7,6 +7,7 @@
 #include <string.h>
 
 #include "mf_numerics.h"
+#include "testutil.h"
 
 static uint64_t f32b(float f) {
     uint32_t u;
@@ -147,8 +148,9 @@ static uint64_t random_operand(mf_rng *r, mf_fmt f, int style) {
     return f == MF_FMT_BF16 ? mf_f64_to_bf16(v) : mf_f64_to_f16(v);
 }
 
-static void fast_vs_reference(const char *arch, const char *name, int acc, int split, mf_reduce red) {
+static void fast_vs_reference_z(const char *arch, const char *name, int acc, int split, mf_reduce red, bool hw_zero) {
     mf_kschedule s = {lookup(arch, name), acc, split, red};
+    s.instr.zero_products_excluded = hw_zero;
     const int M = 9, N = 13, K = s.instr.k * 8;
     const mf_fmt f = s.instr.a_fmt;
     uint64_t *A = malloc(8 * M * K), *B = malloc(8 * K * N), *C0 = malloc(8 * M * N), *R = malloc(8 * M * N),
@@ -157,7 +159,7 @@ static void fast_vs_reference(const char *arch, const char *name, int acc, int s
         if (style == 4 && f == MF_FMT_F16) continue;
         mf_rng r;
         mf_rng_seed(&r, (uint64_t)(style * 1000 + acc * 10 + split));
-        for (int i = 0; i < M * K; i++) A[i] = random_operand(&r, f, style);
+        for (int i = 0; i < M * K; i++) A[i] = (style == 2 && i % 3 == 0) ? 0 : random_operand(&r, f, style);
         for (int i = 0; i < K * N; i++) B[i] = random_operand(&r, f, style % 4);
         for (int i = 0; i < M * N; i++) {
             double c = mf_rng_normal(&r);
@@ -178,7 +180,12 @@ static void fast_vs_reference(const char *arch, const char *name, int acc, int s
     free(A); free(B); free(C0); free(R); free(G);
 }
 
+static void fast_vs_reference(const char *arch, const char *name, int acc, int split, mf_reduce red) {
+    fast_vs_reference_z(arch, name, acc, split, red, false);
+}
+
 Test(emu_gemm, fast_path_equals_reference) {
+    fast_vs_reference_z("Hopper", "mma.m16n8k16.f32.bf16.bf16.f32", 1, 1, MF_REDUCE_SEQ, true);   /* the H200's zero rule */
     fast_vs_reference("Hopper", "mma.m16n8k16.f32.bf16.bf16.f32", 1, 1, MF_REDUCE_SEQ);
     fast_vs_reference("Hopper", "wgmma.m64n8k16.f32.f16.f16", 1, 1, MF_REDUCE_SEQ);
     fast_vs_reference("Ampere", "mma.m16n8k16.f32.bf16.bf16.f32", 1, 1, MF_REDUCE_SEQ);
@@ -187,4 +194,86 @@ Test(emu_gemm, fast_path_equals_reference) {
     fast_vs_reference("CDNA3", "mfma_f32_32x32x8_f16", 1, 1, MF_REDUCE_SEQ);
     fast_vs_reference("Hopper", "mma.m16n8k16.f32.bf16.bf16.f32", 3, 2, MF_REDUCE_TREE);
     fast_vs_reference("CDNA3", "mfma_f32_32x32x8_bf16", 2, 4, MF_REDUCE_SEQ);
+}
+
+/* ---- vectors from MMA-Sim and from the H200 ------------------------------ */
+
+#include <jansson.h>
+
+static uint64_t hex(json_t *v) { return strtoull(json_string_value(v), NULL, 16); }
+
+/* Runs every case of a JSON-lines file (xz or plain) through the models;
+ * returns the number of elements checked. */
+static size_t check_vectors(const char *path) {
+    char *text;
+    size_t len;
+    mf_error err = {0};
+    cr_assert_eq(mf_read_file(path, &text, &len, &err), MF_OK, "%s", err.msg);
+    size_t elements = 0;
+    int line = 0;
+    char *save = NULL;
+    for (char *p = strtok_r(text, "\n", &save); p; p = strtok_r(NULL, "\n", &save)) {
+        line++;
+        json_t *o = json_loads(p, 0, NULL);
+        cr_assert(o, "%s:%d: not JSON", path, line);
+        mf_mma_instr I;
+        const char *arch = json_string_value(json_object_get(o, "arch")), *name = json_string_value(json_object_get(o, "instr"));
+        cr_assert_eq(mf_mma_lookup(&I, arch, name, &err), MF_OK, "%s:%d: %s", path, line, err.msg);
+        const char *src = json_string_value(json_object_get(o, "source"));
+        I.zero_products_excluded = src && strstr(src, "h200");
+        const size_t na = (size_t)I.m * I.k, nb = (size_t)I.k * I.n, nc = (size_t)I.m * I.n;
+        uint64_t *A = malloc(8 * na), *B = malloc(8 * nb), *C = malloc(8 * nc), *D = malloc(8 * nc);
+        for (size_t i = 0; i < na; i++) A[i] = hex(json_array_get(json_object_get(o, "A"), i));
+        for (size_t i = 0; i < nb; i++) B[i] = hex(json_array_get(json_object_get(o, "B"), i));
+        for (size_t i = 0; i < nc; i++) C[i] = hex(json_array_get(json_object_get(o, "C"), i));
+        mf_mma_tile(&I, A, B, C, D);
+        json_t *want = json_object_get(o, "D");
+        for (size_t i = 0; i < nc; i++)
+            cr_assert_eq(D[i], hex(json_array_get(want, i)), "%s:%d (%s %s %s): element %zu: %llx, expected %s", path, line,
+                         arch, name, json_string_value(json_object_get(o, "style")), i, (unsigned long long)D[i],
+                         json_string_value(json_array_get(want, i)));
+        elements += nc;
+        free(A); free(B); free(C); free(D);
+        json_decref(o);
+    }
+    free(text);
+    cr_log_info("%s: %d cases, %zu elements bit-exact", path, line, elements);
+    return elements;
+}
+
+Test(mma_vectors, mmasim_every_architecture) {
+    size_t n = 0;
+    n += check_vectors(fixture("mma/mmasim_Volta.jsonl.xz"));
+    n += check_vectors(fixture("mma/mmasim_Ampere.jsonl.xz"));
+    n += check_vectors(fixture("mma/mmasim_Hopper.jsonl.xz"));
+    n += check_vectors(fixture("mma/mmasim_CDNA3.jsonl.xz"));
+    cr_assert_eq(n, 2560 + 12800 + 125440 + 168960);
+}
+
+Test(mma_vectors, h200_hardware, .timeout = 300) {
+    size_t n = check_vectors(fixture("mma/h200_mma_m16n8k16_bf16.jsonl.xz"));
+    n += check_vectors(fixture("mma/h200_mma_m16n8k16_f16.jsonl.xz"));
+    n += check_vectors(fixture("mma/h200_wgmma_m64n8k16_bf16.jsonl.xz"));
+    cr_assert_eq(n, 136192 + 136192 + 544768);
+}
+
+/* The project's shared sample (36 MMA-Sim cases), when the checkout has it beside it. */
+Test(mma_vectors, shared_sample_when_present) {
+    const char *p = fixture("../../../shared/data/mma_sample_vectors.jsonl");
+    FILE *fp = fopen(p, "r");
+    if (!fp) cr_skip_test("no shared/ beside this checkout");
+    fclose(fp);
+    cr_assert_eq(check_vectors(p), 12032);
+}
+
+/* The zero rule the H200 shows: a = {0, x}, b = {2^100, 1} with
+ * x = 2^-60 * (1 + 2^-7). MMA-Sim gives the zero product the exponent
+ * -126 + 100 = -26, so x is truncated to 25 bits below 2^-26: to nothing.
+ * The H200 leaves the zero product out; x alone is exact. */
+Test(mma, zero_products_and_the_largest_exponent) {
+    mf_mma_instr h = lookup("Hopper", "mma.m16n8k16.f32.bf16.bf16.f32");
+    uint64_t a[16] = {0x0000, 0x2181}, b[16] = {0x7180, 0x3f80};
+    cr_assert_eq((uint32_t)mf_mma_dot(&h, a, b, 1, 0), 0u, "MMA-Sim's convention");
+    h.zero_products_excluded = true;
+    cr_assert_eq((uint32_t)mf_mma_dot(&h, a, b, 1, 0), f32b(0x1p-60f * (1.0f + 0x1p-7f)), "the H200");
 }
