@@ -26,3 +26,7 @@ for prec in fp32 bf16 fp64; do
   med=$(sed -n "$(( (repeats + 1) / 2 ))p" <<<"$sorted")
   echo "| $prec | $threads | 2048 | $med | $(head -n1 <<<"$sorted") | $(tail -n1 <<<"$sorted") |"
 done
+
+echo
+echo "Matrix products, multiply-adds per second (bf16 operands, fp32 accumulation; 256x256x1024):"
+for t in 1 2; do "$build/moeflip_bench_gemm" "$t"; echo; done

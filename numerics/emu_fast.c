@@ -25,9 +25,9 @@
  * format's minimum for subnormals, -126 for zeros. */
 static int conv_exp(double v, int min_exp) {
     if (v == 0) return -126;
-    int e;
-    frexp(v, &e);
-    e -= 1;
+    uint64_t u;
+    memcpy(&u, &v, 8);
+    int e = (int)((u >> 52) & 0x7ff) - 1023;   /* v is a normal double: bf16/f16/fp32 values are */
     return e < min_exp ? min_exp : e;
 }
 
@@ -371,14 +371,18 @@ void mf_emu_gemm_fast(const mf_kschedule *s, int M, int N, int K, const uint64_t
     x.ae = malloc((size_t)M * Kp * sizeof(int32_t));
     x.a_finite = malloc((size_t)M * sizeof(bool));
     for (size_t i = 0; i < (size_t)x.panels * Kp * LANES; i++) x.be[i] = zero_e;
+    bool b_finite = true;
+#pragma omp parallel for num_threads(threads) reduction(&& : b_finite) if (threads > 1 && (size_t)K * N > 16384)
     for (int kk = 0; kk < K; kk++)
         for (int j = 0; j < N; j++) {
             double v = fmt_value(I->b_fmt, B[(size_t)kk * N + j]);
-            x.b_finite &= isfinite(v);
+            b_finite = b_finite && isfinite(v);
             size_t at = ((size_t)(j / LANES) * Kp + kk) * LANES + (size_t)(j % LANES);
             x.bv[at] = isfinite(v) ? v : 0.0;
             x.be[at] = v == 0 ? zero_e : isfinite(v) ? conv_exp(v, min_e) : -126;
         }
+    x.b_finite = b_finite;
+#pragma omp parallel for num_threads(threads) if (threads > 1 && (size_t)M * Kp > 16384)
     for (int i = 0; i < M; i++) {
         x.a_finite[i] = true;
         for (int kk = 0; kk < Kp; kk++) {
