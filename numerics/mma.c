@@ -111,7 +111,7 @@ static float bits_f32(uint32_t u) {
 /* A signed integer times a power of two: shifts with truncation toward zero
  * (trunc) or toward minus infinity (floor). */
 static int64_t shift_trunc(int64_t v, int sh) {
-    if (sh >= 0) return v << sh;   /* callers keep this within 63 bits */
+    if (sh >= 0) return v * ((int64_t)1 << sh);   /* callers keep this within 63 bits */
     if (sh <= -63) return 0;
     uint64_t mag = v < 0 ? (uint64_t)(-v) : (uint64_t)v;
     mag >>= -sh;
@@ -119,7 +119,7 @@ static int64_t shift_trunc(int64_t v, int sh) {
 }
 
 static int64_t shift_floor(int64_t v, int sh) {
-    if (sh >= 0) return v << sh;
+    if (sh >= 0) return v * ((int64_t)1 << sh);
     if (sh <= -63) return v < 0 ? -1 : 0;
     return v >> -sh;   /* arithmetic shift: floor */
 }
