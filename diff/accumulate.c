@@ -1,0 +1,417 @@
+/* Accumulating a diff: alignment, per-sequence sums, per-slot flips. */
+#include "mf_diff.h"
+#include "mf_router.h"
+
+#include <jansson.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+void mf_diff_acc_init(mf_diff_acc *a, int L, int E, int K, int V, const int *layers) {
+    memset(a, 0, sizeof *a);
+    a->L = L;
+    a->E = E;
+    a->K = K;
+    a->V = V;
+    a->layers = mf_xcalloc((size_t)L + 1, sizeof(int));
+    memcpy(a->layers, layers, (size_t)L * sizeof(int));
+    a->flips = mf_xcalloc((size_t)L + 1, sizeof(int64_t));
+    a->primary = mf_xcalloc((size_t)L + 1, sizeof(int64_t));
+    a->inherited = mf_xcalloc((size_t)L + 1, sizeof(int64_t));
+    a->ties = mf_xcalloc((size_t)L + 1, sizeof(int64_t));
+    a->margin_slots = mf_xcalloc((size_t)L * MF_MARGIN_BINS + 1, sizeof(int64_t));
+    a->margin_flips = mf_xcalloc((size_t)L * MF_MARGIN_BINS + 1, sizeof(int64_t));
+    a->dropped = mf_xcalloc((size_t)L * E + 1, sizeof(int64_t));
+    a->added = mf_xcalloc((size_t)L * E + 1, sizeof(int64_t));
+    a->transitions = mf_xcalloc((size_t)E * E + 1, sizeof(int64_t));
+}
+
+static void case_free(mf_case *c) {
+    free(c->id);
+    free(c->layer_slots);
+    free(c->layer_set_equal);
+    free(c->layer_ord_equal);
+}
+
+void mf_diff_acc_free(mf_diff_acc *a) {
+    for (size_t i = 0; i < a->n_cases; i++) case_free(&a->cases[i]);
+    for (size_t i = 0; i < a->n_pos; i++) free(a->pos[i].seq);
+    free(a->cases);
+    free(a->pos);
+    free(a->layers);
+    free(a->flips);
+    free(a->primary);
+    free(a->inherited);
+    free(a->ties);
+    free(a->margin_slots);
+    free(a->margin_flips);
+    free(a->dropped);
+    free(a->added);
+    free(a->transitions);
+    memset(a, 0, sizeof *a);
+}
+
+static mf_case *new_case(mf_diff_acc *a, const char *id) {
+    if (a->n_cases == a->cap_cases) {
+        a->cap_cases = a->cap_cases ? 2 * a->cap_cases : 16;
+        a->cases = realloc(a->cases, a->cap_cases * sizeof *a->cases);
+        if (!a->cases) abort();
+    }
+    mf_case *c = &a->cases[a->n_cases++];
+    memset(c, 0, sizeof *c);
+    c->id = mf_xstrdup(id);
+    c->equal_bits = -1;
+    c->layer_slots = mf_xcalloc((size_t)a->L + 1, sizeof(int64_t));
+    c->layer_set_equal = mf_xcalloc((size_t)a->L + 1, sizeof(int64_t));
+    c->layer_ord_equal = mf_xcalloc((size_t)a->L + 1, sizeof(int64_t));
+    return c;
+}
+
+static mf_position *new_pos(mf_diff_acc *a) {
+    if (a->n_pos == a->cap_pos) {
+        a->cap_pos = a->cap_pos ? 2 * a->cap_pos : 256;
+        a->pos = realloc(a->pos, a->cap_pos * sizeof *a->pos);
+        if (!a->pos) abort();
+    }
+    mf_position *p = &a->pos[a->n_pos++];
+    memset(p, 0, sizeof *p);
+    return p;
+}
+
+/* ---- alignment ------------------------------------------------------------ */
+
+static char *manifest_field(mf_run *r, const char *obj, const char *key) {
+    json_t *m = json_loads(r->manifest_text, 0, NULL);
+    json_t *o = obj ? json_object_get(m, obj) : m;
+    const char *s = json_string_value(json_object_get(o, key));
+    char *out = mf_xstrdup(s ? s : "");
+    json_decref(m);
+    return out;
+}
+
+static int find_seq(mf_run *r, const char *id) {
+    for (size_t i = 0; i < r->n_seqs; i++)
+        if (!strcmp(r->seqs[i].id, id)) return (int)i;
+    return -1;
+}
+
+int mf_diff_align(mf_run *ref, mf_run *tgt, mf_error *err) {
+    static const char *keys[] = {"architecture", "config_digest", "weights_digest"};
+    for (int k = 0; k < 3; k++) {
+        char *a = manifest_field(ref, "model", keys[k]), *b = manifest_field(tgt, "model", keys[k]);
+        int same = !strcmp(a, b);
+        if (!same)
+            mf_fail(err, MF_EMISMATCH, "%s and %s are runs of different models (%s %s vs %s)", ref->dir, tgt->dir,
+                    keys[k], a, b);
+        free(a);
+        free(b);
+        if (!same) return MF_EMISMATCH;
+    }
+    for (size_t i = 0; i < ref->n_seqs; i++) {
+        const char *id = ref->seqs[i].id;
+        int j = find_seq(tgt, id);
+        if (j < 0) return mf_fail(err, MF_EMISMATCH, "sequence %s is in %s but not in %s", id, ref->dir, tgt->dir);
+        const mf_st_tensor *ta, *tb;
+        int rc;
+        if ((rc = mf_run_tensor(ref, i, "tokens", &ta, err)) || (rc = mf_run_tensor(tgt, (size_t)j, "tokens", &tb, err)))
+            return rc;
+        if (!ta || !tb) return mf_fail(err, MF_EFORMAT, "sequence %s: no tokens", id);
+        int64_t na = mf_st_numel(ta), nb = mf_st_numel(tb);
+        for (int64_t t = 0; t < na && t < nb; t++) {
+            int32_t x, y;
+            memcpy(&x, ta->data + 4 * t, 4);
+            memcpy(&y, tb->data + 4 * t, 4);
+            if (x != y)
+                return mf_fail(err, MF_EMISMATCH, "sequence %s, position %lld: token %d in %s, %d in %s", id,
+                               (long long)t, x, ref->dir, y, tgt->dir);
+        }
+        if (na != nb)
+            return mf_fail(err, MF_EMISMATCH, "sequence %s: %lld tokens in %s, %lld in %s", id, (long long)na, ref->dir,
+                           (long long)nb, tgt->dir);
+    }
+    for (size_t j = 0; j < tgt->n_seqs; j++)
+        if (find_seq(ref, tgt->seqs[j].id) < 0)
+            return mf_fail(err, MF_EMISMATCH, "sequence %s is in %s but not in %s", tgt->seqs[j].id, tgt->dir, ref->dir);
+    return MF_OK;
+}
+
+/* ---- per sequence ----------------------------------------------------------- */
+
+static int margin_bin(double m) {
+    if (!(m > 0)) return 0;
+    int b = (int)floor((log10(m) + 6.0) * 4.0) + 1;
+    return b < 1 ? 1 : b > MF_MARGIN_BINS - 1 ? MF_MARGIN_BINS - 1 : b;
+}
+
+static double get(const mf_st_tensor *t, size_t i) { return mf_load_as_f64(t->data, t->dtype, i); }
+
+static uint16_t get_u16(const mf_st_tensor *t, size_t i) {
+    uint16_t v;
+    memcpy(&v, t->data + 2 * i, 2);
+    return v;
+}
+
+typedef struct seq_view {
+    const mf_st_tensor *tokens, *ids, *w, *router, *shared, *logits;
+} seq_view;
+
+static int view(mf_run *r, size_t s, seq_view *v, mf_error *err) {
+    int rc;
+    memset(v, 0, sizeof *v);
+    if ((rc = mf_run_tensor(r, s, "tokens", &v->tokens, err)) || (rc = mf_run_tensor(r, s, "topk_ids", &v->ids, err)) ||
+        (rc = mf_run_tensor(r, s, "topk_w", &v->w, err)) || (rc = mf_run_tensor(r, s, "router", &v->router, err)) ||
+        (rc = mf_run_tensor(r, s, "shared_gate", &v->shared, err)) || (rc = mf_run_tensor(r, s, "logits", &v->logits, err)))
+        return rc;
+    return MF_OK;
+}
+
+/* CroVA's logit statistics for one position (computed in double from the
+ * stored values; CroVA sums fp32 blocks, which agrees to ~1e-7 relative). */
+static void logit_stats(const mf_st_tensor *A, const mf_st_tensor *B, size_t off, int V, double *sq, double *psq,
+                        double *kl, int *top1, int *ord5, int *set5, int64_t *eqbits) {
+    double ma = -INFINITY, mb = -INFINITY, s = 0;
+    int am = 0, bm = 0;
+    double *a = mf_xmalloc(sizeof(double) * (size_t)V * 2), *b = a + V;
+    for (int v = 0; v < V; v++) {
+        a[v] = (float)get(A, off + (size_t)v);
+        b[v] = (float)get(B, off + (size_t)v);
+        if (a[v] > ma) { ma = a[v]; am = v; }
+        if (b[v] > mb) { mb = b[v]; bm = v; }
+        s += (b[v] - a[v]) * (b[v] - a[v]);
+    }
+    double za = 0, zb = 0;
+    for (int v = 0; v < V; v++) {
+        za += exp(a[v] - ma);
+        zb += exp(b[v] - mb);
+    }
+    const double la = ma + log(za), lb = mb + log(zb);
+    double ps = 0, k = 0;
+    for (int v = 0; v < V; v++) {
+        double lpa = a[v] - la, lpb = b[v] - lb, pa = exp(lpa), pb = exp(lpb);
+        ps += (pb - pa) * (pb - pa);
+        k += pa * (lpa - lpb);
+    }
+    uint16_t ta[5], tb[5];
+    int n5 = V < 5 ? V : 5;
+    mf_topk(a, V, n5, ta);
+    mf_topk(b, V, n5, tb);
+    int ord = 1, set = 1;
+    for (int i = 0; i < n5; i++) {
+        ord &= ta[i] == tb[i];
+        int found = 0;
+        for (int j = 0; j < n5; j++) found |= ta[i] == tb[j];
+        set &= found;
+    }
+    if (eqbits && A->dtype == MF_BF16 && B->dtype == MF_BF16)
+        for (int v = 0; v < V; v++) *eqbits += get_u16(A, off + (size_t)v) == get_u16(B, off + (size_t)v);
+    *sq = s;
+    *psq = ps;
+    *kl = k;
+    *top1 = am == bm;
+    *ord5 = ord;
+    *set5 = set;
+    free(a);
+}
+
+static int add_sequence(mf_diff_acc *a, mf_run *ref, size_t si, mf_run *tgt, size_t ti, mf_error *err) {
+    seq_view R, T;
+    int rc;
+    if ((rc = view(ref, si, &R, err)) || (rc = view(tgt, ti, &T, err))) return rc;
+    const char *id = ref->seqs[si].id;
+    const int n = (int)mf_st_numel(R.tokens), L = a->L, E = a->E, K = a->K, V = a->V;
+    mf_case *c = new_case(a, id);
+    c->positions = n;
+    c->vocab = V;
+    c->has_logits = R.logits && T.logits;
+    const bool routing = L > 0 && R.ids && T.ids && R.router && T.router;
+    if (L > 0 && !routing) return mf_fail(err, MF_EFORMAT, "sequence %s: routing tensors missing", id);
+    if (c->has_logits && R.logits->dtype == MF_BF16 && T.logits->dtype == MF_BF16) c->equal_bits = 0;
+    int *flipped_at = mf_xcalloc((size_t)n + 1, sizeof(int));   /* flipped slots per position */
+    int *first_flip = mf_xmalloc(((size_t)n + 1) * sizeof(int));
+    for (int t = 0; t < n; t++) first_flip[t] = -1;
+    bool *all_equal = mf_xmalloc((size_t)n + 1);
+    for (int t = 0; t < n; t++) all_equal[t] = true;
+    int earliest_before = n;   /* smallest flipped position in any earlier layer */
+    double *probs = mf_xmalloc(sizeof(double) * ((size_t)E + 1));
+    uint16_t *rk = mf_xmalloc(sizeof(uint16_t) * ((size_t)E + 1));
+    for (int l = 0; l < L; l++) {
+        int earliest_here = n;
+        for (int t = 0; t < n; t++) {
+            const size_t slot = (size_t)l * n + t;
+            const size_t ko = slot * (size_t)K, eo = slot * (size_t)E;
+            uint16_t A[K], B[K];
+            for (int i = 0; i < K; i++) {
+                A[i] = get_u16(R.ids, ko + i);
+                B[i] = get_u16(T.ids, ko + i);
+            }
+            bool ord = true;
+            int overlap = 0;
+            for (int i = 0; i < K; i++) {
+                ord &= A[i] == B[i];
+                for (int j = 0; j < K; j++) overlap += A[i] == B[j];
+            }
+            const bool set = overlap == K;
+            c->router_slots++;
+            c->router_set_equal += set;
+            c->router_ord_equal += ord;
+            c->layer_slots[l]++;
+            c->layer_set_equal[l] += set;
+            c->layer_ord_equal[l] += ord;
+            c->overlap += overlap;
+            for (int e = 0; e < E; e++) {
+                double d = get(R.router, eo + e) - get(T.router, eo + e);
+                c->router_logit_sq_err += d * d;
+            }
+            c->router_logit_count += E;
+            /* the reference's margin: k-th minus (k+1)-th score, logit and probability units */
+            double ref_row[E];
+            for (int e = 0; e < E; e++) ref_row[e] = get(R.router, eo + e);
+            double margin = INFINITY;
+            bool tie = false;
+            if (K < E) {
+                mf_topk(ref_row, E, K + 1, rk);
+                margin = ref_row[rk[K - 1]] - ref_row[rk[K]];
+                tie = margin == 0;
+            }
+            (void)probs;
+            c->ties += tie;
+            a->ties[l] += tie;
+            const int bin = margin_bin(margin);
+            a->margin_slots[(size_t)l * MF_MARGIN_BINS + bin]++;
+            /* gate weights, aligned by expert id: experts in only one run count with 0 in the other */
+            if (R.w && T.w) {
+                for (int i = 0; i < K; i++) {
+                    double wa = get(R.w, ko + i), wb = 0;
+                    for (int j = 0; j < K; j++)
+                        if (B[j] == A[i]) wb = get(T.w, ko + j);
+                    c->gate_sq_err += (wa - wb) * (wa - wb);
+                    c->gate_count++;
+                }
+                for (int j = 0; j < K; j++) {
+                    bool in_a = false;
+                    for (int i = 0; i < K; i++) in_a |= A[i] == B[j];
+                    if (!in_a) {
+                        double wb = get(T.w, ko + j);
+                        c->gate_sq_err += wb * wb;
+                        c->gate_count++;
+                    }
+                }
+            }
+            if (R.shared && T.shared) {
+                double d = get(R.shared, slot) - get(T.shared, slot);
+                c->shared_sq_err += d * d;
+                c->shared_count++;
+            }
+            if (set) continue;
+            /* a flip: dropped = A \ B, added = B \ A */
+            all_equal[t] = false;
+            c->flipped++;
+            a->flips[l]++;
+            a->margin_flips[(size_t)l * MF_MARGIN_BINS + bin]++;
+            flipped_at[t]++;
+            if (first_flip[t] < 0) first_flip[t] = a->layers[l];
+            if (t < earliest_here) earliest_here = t;
+            const bool inherited = earliest_before <= t;
+            c->inherited += inherited;
+            c->primary += !inherited;
+            a->inherited[l] += inherited;
+            a->primary[l] += !inherited;
+            int drop[K], add[K], nd = 0, na = 0;
+            for (int i = 0; i < K; i++) {
+                bool in_b = false, in_a = false;
+                for (int j = 0; j < K; j++) {
+                    in_b |= A[i] == B[j];
+                    in_a |= B[i] == A[j];
+                }
+                if (!in_b) drop[nd++] = A[i];
+                if (!in_a) add[na++] = B[i];
+            }
+            for (int i = 0; i < nd; i++) a->dropped[(size_t)l * E + drop[i]]++;
+            for (int i = 0; i < na; i++) a->added[(size_t)l * E + add[i]]++;
+            /* pair the dropped and added experts in rank order: which expert took which one's place */
+            for (int i = 0; i < nd && i < na; i++) a->transitions[(size_t)drop[i] * E + add[i]]++;
+        }
+        if (earliest_here < earliest_before) earliest_before = earliest_here;
+    }
+    for (int t = 0; t < n; t++) {
+        mf_position *p = new_pos(a);
+        p->seq = mf_xstrdup(id);
+        p->pos = t;
+        int32_t tok;
+        memcpy(&tok, R.tokens->data + 4 * (size_t)t, 4);
+        p->token = tok;
+        p->first_flip_layer = first_flip[t];
+        p->flipped_slots = flipped_at[t];
+        p->kl = p->sq_err = NAN;
+        p->top1 = -1;
+        c->router_positions_all_layers_equal += L > 0 && all_equal[t];
+        const int cls = flipped_at[t] >= 2 ? 2 : flipped_at[t];
+        c->cond_positions[cls]++;
+        if (c->has_logits) {
+            double sq, psq, kl;
+            int top1, ord5, set5;
+            logit_stats(R.logits, T.logits, (size_t)t * V, V, &sq, &psq, &kl, &top1, &ord5, &set5,
+                        c->equal_bits >= 0 ? &c->equal_bits : NULL);
+            c->sq_err += sq;
+            c->prob_sq_err += psq;
+            c->kl += kl;
+            c->top1 += top1;
+            c->ord5 += ord5;
+            c->set5 += set5;
+            c->cond_kl[cls] += kl;
+            c->cond_top1[cls] += top1;
+            p->kl = kl;
+            p->sq_err = sq;
+            p->top1 = top1;
+        }
+    }
+    free(flipped_at);
+    free(first_flip);
+    free(all_equal);
+    free(probs);
+    free(rk);
+    return MF_OK;
+}
+
+int mf_diff_acc_add_runs(mf_diff_acc *a, mf_run *ref, mf_run *tgt, mf_error *err) {
+    int rc = mf_diff_align(ref, tgt, err);
+    if (rc) return rc;
+    for (size_t i = 0; i < ref->n_seqs; i++)
+        if ((rc = add_sequence(a, ref, i, tgt, (size_t)find_seq(tgt, ref->seqs[i].id), err))) return rc;
+    return MF_OK;
+}
+
+int mf_diff_merge(mf_diff_acc *dst, mf_diff_acc *src, mf_error *err) {
+    if (dst->L != src->L || dst->E != src->E || dst->K != src->K || dst->V != src->V)
+        return mf_fail(err, MF_EMISMATCH, "cannot merge diffs of different models");
+    for (size_t i = 0; i < src->n_cases; i++) {
+        mf_case *c = new_case(dst, src->cases[i].id);
+        char *id = c->id;
+        int64_t *ls = c->layer_slots, *le = c->layer_set_equal, *lo = c->layer_ord_equal;
+        *c = src->cases[i];
+        free(id);
+        free(ls);
+        free(le);
+        free(lo);
+    }
+    src->n_cases = 0;
+    for (size_t i = 0; i < src->n_pos; i++) *new_pos(dst) = src->pos[i];
+    src->n_pos = 0;
+    const size_t L = (size_t)dst->L, E = (size_t)dst->E;
+    for (size_t l = 0; l < L; l++) {
+        dst->flips[l] += src->flips[l];
+        dst->primary[l] += src->primary[l];
+        dst->inherited[l] += src->inherited[l];
+        dst->ties[l] += src->ties[l];
+    }
+    for (size_t i = 0; i < L * MF_MARGIN_BINS; i++) {
+        dst->margin_slots[i] += src->margin_slots[i];
+        dst->margin_flips[i] += src->margin_flips[i];
+    }
+    for (size_t i = 0; i < L * E; i++) {
+        dst->dropped[i] += src->dropped[i];
+        dst->added[i] += src->added[i];
+    }
+    for (size_t i = 0; i < E * E; i++) dst->transitions[i] += src->transitions[i];
+    return MF_OK;
+}

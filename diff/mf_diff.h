@@ -1,0 +1,94 @@
+/* moeflip diff: compare a reference run with target runs of the same model on
+ * the same tokens. CroVA's metrics (same definitions, ratio-of-sums pooling,
+ * case-level bootstrap), and what CroVA lacks: flips per layer and expert,
+ * margins, primary vs inherited flips, the router's noise scale per layer,
+ * error conditional on flips, and the excess over a repeat's noise floor.
+ *
+ * Everything is accumulated per sequence ("case") into sums and counts, so
+ * accumulators of disjoint sets of sequences merge exactly (mf_diff_merge):
+ * pooled values are always computed from the cases in sequence-id order. */
+#ifndef MF_DIFF_H
+#define MF_DIFF_H
+
+#include "mf_core.h"
+#include "mf_trace.h"
+
+#define MF_MARGIN_BINS 34   /* bin 0: exact ties; 1..32: 4 per decade from 1e-6 to 1e2; 33: above */
+
+/* Per-sequence sums (CroVA's case_stats, plus ours). */
+typedef struct mf_case {
+    char *id;
+    int64_t positions, vocab;
+    bool has_logits;
+    double sq_err, prob_sq_err, kl;
+    int64_t top1, ord5, set5;
+    int64_t equal_bits;                 /* -1 when the two runs did not both store bf16 logits */
+    int64_t router_slots, router_set_equal, router_ord_equal, router_positions_all_layers_equal;
+    double router_logit_sq_err;
+    int64_t router_logit_count;
+    /* ours */
+    int64_t flipped, primary, inherited, ties;
+    int64_t overlap;                    /* sum over slots of |A intersect B| */
+    double gate_sq_err;
+    int64_t gate_count;
+    double shared_sq_err;
+    int64_t shared_count;
+    int64_t cond_positions[3], cond_top1[3];   /* positions with 0, 1, >= 2 flipped slots */
+    double cond_kl[3];
+    int64_t *layer_slots, *layer_set_equal, *layer_ord_equal;   /* [L] */
+} mf_case;
+
+/* One position's record (for --positions and the Spearman correlation). */
+typedef struct mf_position {
+    int case_index;          /* into the accumulator's cases, before sorting: resolved by id */
+    char *seq;
+    int pos, token;
+    int first_flip_layer;    /* model layer index, -1 when none flipped */
+    int flipped_slots;
+    double kl, sq_err;       /* NaN when the runs have no full logits */
+    int top1;                /* 1 agree, 0 differ, -1 unknown */
+} mf_position;
+
+typedef struct mf_diff_acc {
+    int L, E, K, V;
+    int *layers;                      /* [L] model layer index of each MoE layer */
+    mf_case *cases;
+    size_t n_cases, cap_cases;
+    mf_position *pos;
+    size_t n_pos, cap_pos;
+    int64_t *flips, *primary, *inherited, *ties;   /* [L] */
+    int64_t *margin_slots, *margin_flips;          /* [L][MF_MARGIN_BINS] by reference margin (logit units) */
+    int64_t *dropped, *added;                      /* [L][E] */
+    int64_t *transitions;                          /* [E][E]: dropped expert -> added expert, same slot */
+} mf_diff_acc;
+
+void mf_diff_acc_init(mf_diff_acc *a, int L, int E, int K, int V, const int *layers);
+void mf_diff_acc_free(mf_diff_acc *a);
+/* Adds every sequence of the two runs (aligned: same ids and tokens, checked). */
+int mf_diff_acc_add_runs(mf_diff_acc *a, mf_run *ref, mf_run *tgt, mf_error *err);
+/* Merges src into dst (both over the same model); src is left empty. */
+int mf_diff_merge(mf_diff_acc *dst, mf_diff_acc *src, mf_error *err);
+
+/* Checks that two runs can be compared: same model and the same token
+ * sequences; the message names the first mismatching sequence and position. */
+int mf_diff_align(mf_run *ref, mf_run *tgt, mf_error *err);
+
+typedef struct mf_diff_opts {
+    int bootstrap;          /* resamples (0: no intervals) */
+    uint64_t seed;
+} mf_diff_opts;
+
+/* Writes diff.json for the reference and targets (accs[i] = target i vs the
+ * reference); floor (may be NULL) is a repeat of the reference configuration. */
+int mf_diff_write_json(const char *path, mf_run *ref, mf_run **targets, mf_diff_acc **accs, int n_targets,
+                       mf_diff_acc *floor_acc, mf_run *floor_run, const mf_diff_opts *o, mf_error *err);
+/* The one-screen summary. */
+void mf_diff_print_summary(FILE *out, mf_run *ref, mf_run **targets, mf_diff_acc **accs, int n_targets,
+                           const mf_diff_opts *o);
+/* One row per (target, sequence, position). */
+int mf_diff_write_positions(const char *path, mf_diff_acc **accs, int n_targets, mf_error *err);
+
+/* Pooled CroVA metric by name over all cases ("raw_logit_mse", ..., "router_logit_mse"); NaN when undefined. */
+double mf_diff_metric(const mf_diff_acc *a, const char *name);
+
+#endif

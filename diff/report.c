@@ -1,0 +1,578 @@
+/* Pooled metrics, bootstrap intervals, the router noise fit, and the
+ * outputs of a diff: diff.json, the summary, the positions CSV. */
+#include "mf_diff.h"
+
+#include <jansson.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* ---- metrics as ratios of sums over cases ---------------------------------- */
+
+typedef enum {
+    M_RAW_LOGIT_MSE, M_PROB_MSE, M_FORWARD_KL, M_TOP1, M_ORD5, M_SET5, M_EQUAL_BITS,
+    M_ROUTER_SET, M_ROUTER_ORD, M_ROUTER_POS_ALL, M_ROUTER_LOGIT_MSE,
+    /* ours */
+    M_FLIPPED, M_PRIMARY, M_INHERITED, M_TIES, M_OVERLAP, M_GATE_MSE, M_SHARED_MSE,
+    M_KL_0, M_KL_1, M_KL_2, M_TOP1_0, M_TOP1_1, M_TOP1_2,
+    M_COUNT
+} metric_id;
+
+static const struct {
+    const char *name;
+    double scale;
+    bool logits;   /* needs full logits on both sides */
+} metrics[M_COUNT] = {
+    [M_RAW_LOGIT_MSE] = {"raw_logit_mse", 1, true},
+    [M_PROB_MSE] = {"prob_mse", 1, true},
+    [M_FORWARD_KL] = {"forward_kl", 1, true},
+    [M_TOP1] = {"top1_pct", 100, true},
+    [M_ORD5] = {"ord5_pct", 100, true},
+    [M_SET5] = {"set5_pct", 100, true},
+    [M_EQUAL_BITS] = {"equal_bits_pct", 100, true},
+    [M_ROUTER_SET] = {"router_set_equal_pct", 100, false},
+    [M_ROUTER_ORD] = {"router_ord_equal_pct", 100, false},
+    [M_ROUTER_POS_ALL] = {"router_positions_all_layers_equal_pct", 100, false},
+    [M_ROUTER_LOGIT_MSE] = {"router_logit_mse", 1, false},
+    [M_FLIPPED] = {"flipped_slots_pct", 100, false},
+    [M_PRIMARY] = {"primary_flips_pct", 100, false},
+    [M_INHERITED] = {"inherited_flips_pct", 100, false},
+    [M_TIES] = {"tie_slots_pct", 100, false},
+    [M_OVERLAP] = {"expert_overlap_pct", 100, false},
+    [M_GATE_MSE] = {"gate_weight_mse", 1, false},
+    [M_SHARED_MSE] = {"shared_gate_mse", 1, false},
+    [M_KL_0] = {"forward_kl_given_0_flips", 1, true},
+    [M_KL_1] = {"forward_kl_given_1_flip", 1, true},
+    [M_KL_2] = {"forward_kl_given_2plus_flips", 1, true},
+    [M_TOP1_0] = {"top1_pct_given_0_flips", 100, true},
+    [M_TOP1_1] = {"top1_pct_given_1_flip", 100, true},
+    [M_TOP1_2] = {"top1_pct_given_2plus_flips", 100, true},
+};
+
+/* numerator and denominator of metric m for one case */
+static void num_den(const mf_case *c, int m, int K, double *num, double *den) {
+    const double pv = (double)c->positions * (double)c->vocab, pos = (double)c->positions;
+    *num = *den = 0;
+    if (metrics[m].logits && !c->has_logits) return;
+    switch (m) {
+    case M_RAW_LOGIT_MSE: *num = c->sq_err; *den = pv; break;
+    case M_PROB_MSE: *num = c->prob_sq_err; *den = pv; break;
+    case M_FORWARD_KL: *num = c->kl; *den = pos; break;
+    case M_TOP1: *num = (double)c->top1; *den = pos; break;
+    case M_ORD5: *num = (double)c->ord5; *den = pos; break;
+    case M_SET5: *num = (double)c->set5; *den = pos; break;
+    case M_EQUAL_BITS:
+        if (c->equal_bits >= 0) {
+            *num = (double)c->equal_bits;
+            *den = pv;
+        }
+        break;
+    case M_ROUTER_SET: *num = (double)c->router_set_equal; *den = (double)c->router_slots; break;
+    case M_ROUTER_ORD: *num = (double)c->router_ord_equal; *den = (double)c->router_slots; break;
+    case M_ROUTER_POS_ALL:
+        if (c->router_slots) {
+            *num = (double)c->router_positions_all_layers_equal;
+            *den = pos;
+        }
+        break;
+    case M_ROUTER_LOGIT_MSE: *num = c->router_logit_sq_err; *den = (double)c->router_logit_count; break;
+    case M_FLIPPED: *num = (double)c->flipped; *den = (double)c->router_slots; break;
+    case M_PRIMARY: *num = (double)c->primary; *den = (double)c->flipped; break;
+    case M_INHERITED: *num = (double)c->inherited; *den = (double)c->flipped; break;
+    case M_TIES: *num = (double)c->ties; *den = (double)c->router_slots; break;
+    case M_OVERLAP: *num = (double)c->overlap; *den = (double)c->router_slots * K; break;
+    case M_GATE_MSE: *num = c->gate_sq_err; *den = (double)c->gate_count; break;
+    case M_SHARED_MSE: *num = c->shared_sq_err; *den = (double)c->shared_count; break;
+    case M_KL_0: case M_KL_1: case M_KL_2:
+        *num = c->cond_kl[m - M_KL_0];
+        *den = (double)c->cond_positions[m - M_KL_0];
+        break;
+    case M_TOP1_0: case M_TOP1_1: case M_TOP1_2:
+        *num = (double)c->cond_top1[m - M_TOP1_0];
+        *den = (double)c->cond_positions[m - M_TOP1_0];
+        break;
+    }
+}
+
+static int cmp_case(const void *a, const void *b) { return strcmp(((const mf_case *)a)->id, ((const mf_case *)b)->id); }
+
+/* Cases in id order: pooled values do not depend on how the cases were gathered. */
+static void sort_cases(mf_diff_acc *a) { qsort(a->cases, a->n_cases, sizeof *a->cases, cmp_case); }
+
+/* Pooled ratio over cases idx[0..n) (all cases when idx is NULL). */
+static double pooled(const mf_diff_acc *a, int m, const int *idx, size_t n) {
+    double num = 0, den = 0;
+    for (size_t i = 0; i < n; i++) {
+        double x, y;
+        num_den(&a->cases[idx ? (size_t)idx[i] : i], m, a->K, &x, &y);
+        num += x;
+        den += y;
+    }
+    return den > 0 ? metrics[m].scale * num / den : NAN;
+}
+
+static int metric_index(const char *name) {
+    for (int m = 0; m < M_COUNT; m++)
+        if (!strcmp(metrics[m].name, name)) return m;
+    return -1;
+}
+
+double mf_diff_metric(const mf_diff_acc *a, const char *name) {
+    int m = metric_index(name);
+    if (m < 0) return NAN;
+    mf_diff_acc *w = (mf_diff_acc *)a;
+    sort_cases(w);
+    return pooled(a, m, NULL, a->n_cases);
+}
+
+/* ---- bootstrap --------------------------------------------------------------- */
+
+/* The resampling plan: B draws of n case indices, with replacement, from one
+ * seeded generator; the same plan for every metric and every target (paired). */
+static int *bootstrap_plan(size_t n, int B, uint64_t seed) {
+    int *idx = mf_xmalloc(sizeof(int) * (size_t)B * (n ? n : 1));
+    mf_rng r;
+    mf_rng_seed(&r, seed);
+    for (size_t i = 0; i < (size_t)B * n; i++) idx[i] = (int)(mf_rng_uniform(&r) * (double)n);
+    return idx;
+}
+
+static int cmp_double(const void *a, const void *b) {
+    double x = *(const double *)a, y = *(const double *)b;
+    return x < y ? -1 : x > y;
+}
+
+/* numpy's default percentile: linear interpolation between order statistics */
+static double percentile(double *v, int n, double p) {
+    qsort(v, (size_t)n, sizeof *v, cmp_double);
+    double h = (n - 1) * p / 100.0;
+    int lo = (int)floor(h);
+    if (lo >= n - 1) return v[n - 1];
+    return v[lo] + (h - lo) * (v[lo + 1] - v[lo]);
+}
+
+/* CI of f(b) over the plan, where f takes the draw's index row; NaN draws are
+ * dropped (a draw can miss every case that defines a metric). */
+static void ci_of(double (*f)(const void *, const int *, size_t), const void *ctx, const int *plan, size_t n, int B,
+                  double ci[2]) {
+    ci[0] = ci[1] = NAN;
+    if (!plan || !B || !n) return;
+    double *v = mf_xmalloc(sizeof(double) * (size_t)B);
+    int k = 0;
+    for (int b = 0; b < B; b++) {
+        double x = f(ctx, plan + (size_t)b * n, n);
+        if (!isnan(x)) v[k++] = x;
+    }
+    if (k) {
+        ci[0] = percentile(v, k, 2.5);
+        ci[1] = percentile(v, k, 97.5);
+    }
+    free(v);
+}
+
+typedef struct mctx {
+    const mf_diff_acc *a, *base;   /* base: paired comparison (a - base) */
+    int m;
+    int layer;                     /* per-layer agreement */
+    bool ord;
+} mctx;
+
+static double f_metric(const void *p, const int *idx, size_t n) {
+    const mctx *c = p;
+    double v = pooled(c->a, c->m, idx, n);
+    return c->base ? v - pooled(c->base, c->m, idx, n) : v;
+}
+
+static double f_layer(const void *p, const int *idx, size_t n) {
+    const mctx *c = p;
+    double num = 0, den = 0;
+    for (size_t i = 0; i < n; i++) {
+        const mf_case *k = &c->a->cases[idx[i]];
+        num += (double)(c->ord ? k->layer_ord_equal[c->layer] : k->layer_set_equal[c->layer]);
+        den += (double)k->layer_slots[c->layer];
+    }
+    return den > 0 ? 100 * num / den : NAN;
+}
+
+static json_t *num_or_null(double x) { return isfinite(x) ? json_real(x) : json_null(); }
+
+static json_t *value_ci(double v, const double ci[2]) {
+    json_t *o = json_object();
+    json_object_set_new(o, "value", num_or_null(v));
+    json_t *c = json_array();
+    json_array_append_new(c, num_or_null(ci[0]));
+    json_array_append_new(c, num_or_null(ci[1]));
+    json_object_set_new(o, "ci95", c);
+    return o;
+}
+
+/* ---- router noise scale: P(flip | margin) = Phi(-margin / sigma) ------------- */
+
+static double bin_center(int b) {
+    if (b == 0) return 0;
+    if (b >= MF_MARGIN_BINS - 1) return 300;
+    return pow(10, (b - 0.5) / 4.0 - 6.0);
+}
+
+static double phi(double x) { return 0.5 * erfc(-x / sqrt(2.0)); }
+
+static double nll(const int64_t *slots, const int64_t *flips, double sigma) {
+    double s = 0;
+    for (int b = 0; b < MF_MARGIN_BINS; b++) {
+        if (!slots[b]) continue;
+        double p = phi(-bin_center(b) / sigma);
+        p = p < 1e-300 ? 1e-300 : p > 1 - 1e-16 ? 1 - 1e-16 : p;
+        s -= (double)flips[b] * log(p) + (double)(slots[b] - flips[b]) * log(1 - p);
+    }
+    return s;
+}
+
+/* Maximum likelihood over log sigma by golden-section search; NaN without flips. */
+static double fit_sigma(const int64_t *slots, const int64_t *flips) {
+    int64_t nf = 0;
+    for (int b = 1; b < MF_MARGIN_BINS; b++) nf += flips[b];
+    if (!nf) return NAN;
+    double lo = log(1e-9), hi = log(1e3);
+    const double g = (sqrt(5.0) - 1) / 2;
+    double x1 = hi - g * (hi - lo), x2 = lo + g * (hi - lo);
+    double f1 = nll(slots, flips, exp(x1)), f2 = nll(slots, flips, exp(x2));
+    for (int i = 0; i < 200 && hi - lo > 1e-9; i++) {
+        if (f1 < f2) {
+            hi = x2;
+            x2 = x1;
+            f2 = f1;
+            x1 = hi - g * (hi - lo);
+            f1 = nll(slots, flips, exp(x1));
+        } else {
+            lo = x1;
+            x1 = x2;
+            f1 = f2;
+            x2 = lo + g * (hi - lo);
+            f2 = nll(slots, flips, exp(x2));
+        }
+    }
+    return exp((lo + hi) / 2);
+}
+
+/* ---- Spearman correlation of flipped slots with KL over positions --------- */
+
+static void ranks(const double *v, int n, double *r) {
+    int *o = mf_xmalloc(sizeof(int) * (size_t)(n ? n : 1));
+    for (int i = 0; i < n; i++) o[i] = i;
+    for (int i = 1; i < n; i++) {   /* insertion sort by value (n is the number of positions) */
+        int x = o[i], j = i - 1;
+        while (j >= 0 && v[o[j]] > v[x]) {
+            o[j + 1] = o[j];
+            j--;
+        }
+        o[j + 1] = x;
+    }
+    for (int i = 0; i < n;) {
+        int j = i;
+        while (j + 1 < n && v[o[j + 1]] == v[o[i]]) j++;
+        for (int k = i; k <= j; k++) r[o[k]] = (i + j) / 2.0 + 1;   /* ties share the average rank */
+        i = j + 1;
+    }
+    free(o);
+}
+
+static double spearman(const mf_diff_acc *a) {
+    int n = 0;
+    for (size_t i = 0; i < a->n_pos; i++) n += !isnan(a->pos[i].kl);
+    if (n < 3) return NAN;
+    double *x = mf_xmalloc(sizeof(double) * (size_t)n * 4), *y = x + n, *rx = y + n, *ry = rx + n;
+    int k = 0;
+    for (size_t i = 0; i < a->n_pos; i++)
+        if (!isnan(a->pos[i].kl)) {
+            x[k] = a->pos[i].flipped_slots;
+            y[k++] = a->pos[i].kl;
+        }
+    ranks(x, n, rx);
+    ranks(y, n, ry);
+    double mx = 0, my = 0;
+    for (int i = 0; i < n; i++) {
+        mx += rx[i];
+        my += ry[i];
+    }
+    mx /= n;
+    my /= n;
+    double sxy = 0, sxx = 0, syy = 0;
+    for (int i = 0; i < n; i++) {
+        sxy += (rx[i] - mx) * (ry[i] - my);
+        sxx += (rx[i] - mx) * (rx[i] - mx);
+        syy += (ry[i] - my) * (ry[i] - my);
+    }
+    free(x);
+    return sxx > 0 && syy > 0 ? sxy / sqrt(sxx * syy) : NAN;
+}
+
+/* ---- diff.json --------------------------------------------------------------- */
+
+static json_t *run_info(mf_run *r) {
+    json_t *m = json_loads(r->manifest_text, 0, NULL), *o = json_object();
+    json_object_set_new(o, "run", json_string(r->dir));
+    json_object_set(o, "numerics", json_object_get(m, "numerics"));
+    json_object_set(o, "precision", json_object_get(json_object_get(m, "precision"), "name"));
+    json_object_set(o, "device", json_object_get(json_object_get(m, "device"), "kind"));
+    json_object_set(o, "device_name", json_object_get(json_object_get(m, "device"), "name"));
+    json_object_set(o, "model", json_object_get(m, "model"));
+    json_object_set(o, "tool", json_object_get(m, "tool"));
+    json_decref(m);
+    return o;
+}
+
+static json_t *metrics_json(const mf_diff_acc *a, const mf_diff_acc *base, const int *plan, int B) {
+    json_t *o = json_object();
+    for (int m = 0; m < M_COUNT; m++) {
+        mctx c = {a, base, m, 0, false};
+        double ci[2], v = pooled(a, m, NULL, a->n_cases);
+        if (base) v -= pooled(base, m, NULL, base->n_cases);
+        if (isnan(v)) continue;   /* undefined for these runs (no logits, no bf16 logits, no shared expert) */
+        ci_of(f_metric, &c, plan, a->n_cases, B, ci);
+        json_object_set_new(o, metrics[m].name, value_ci(v, ci));
+    }
+    return o;
+}
+
+/* CroVA's paired_bootstrap: relative change of error sums, and count differences. */
+static json_t *crova_paired(const mf_diff_acc *a, const mf_diff_acc *b, const int *plan, int B) {
+    json_t *o = json_object();
+    static const struct { const char *key; int m; } rel[] = {{"sq_err", M_RAW_LOGIT_MSE}, {"kl", M_FORWARD_KL},
+                                                             {"prob_sq_err", M_PROB_MSE}};
+    const size_t n = a->n_cases;
+    for (int r = 0; r < 3; r++) {
+        double sx = 0, sy = 0, d;
+        for (size_t i = 0; i < n; i++) {
+            num_den(&a->cases[i], rel[r].m, a->K, &d, &(double){0});
+            sx += d;
+            num_den(&b->cases[i], rel[r].m, b->K, &d, &(double){0});
+            sy += d;
+        }
+        if (!(sx > 0)) continue;
+        double v = 100 * (sy / sx - 1), ci[2] = {NAN, NAN};
+        if (plan && B) {
+            double *draws = mf_xmalloc(sizeof(double) * (size_t)B);
+            for (int k = 0; k < B; k++) {
+                double x = 0, y = 0;
+                for (size_t i = 0; i < n; i++) {
+                    size_t j = (size_t)plan[(size_t)k * n + i];
+                    num_den(&a->cases[j], rel[r].m, a->K, &d, &(double){0});
+                    x += d;
+                    num_den(&b->cases[j], rel[r].m, b->K, &d, &(double){0});
+                    y += d;
+                }
+                draws[k] = x > 0 ? 100 * (y / x - 1) : NAN;
+            }
+            ci[0] = percentile(draws, B, 2.5);
+            ci[1] = percentile(draws, B, 97.5);
+            free(draws);
+        }
+        char key[64];
+        snprintf(key, sizeof key, "%s_rel_change_pct", rel[r].key);
+        json_object_set_new(o, key, value_ci(v, ci));
+    }
+    static const struct { const char *key; int m; } cnt[] = {{"top1", M_TOP1}, {"ord5", M_ORD5}, {"set5", M_SET5},
+                                                             {"equal_bits", M_EQUAL_BITS}, {"router_set_equal", M_ROUTER_SET}};
+    for (int r = 0; r < 5; r++) {
+        double s = 0, d, e, den = 0;
+        for (size_t i = 0; i < n; i++) {
+            num_den(&a->cases[i], cnt[r].m, a->K, &d, &e);
+            den += e;
+            s -= d;
+            num_den(&b->cases[i], cnt[r].m, b->K, &d, &e);
+            s += d;
+        }
+        if (!(den > 0)) continue;
+        double ci[2] = {NAN, NAN};
+        if (plan && B) {
+            double *draws = mf_xmalloc(sizeof(double) * (size_t)B);
+            for (int k = 0; k < B; k++) {
+                double x = 0;
+                for (size_t i = 0; i < n; i++) {
+                    size_t j = (size_t)plan[(size_t)k * n + i];
+                    num_den(&b->cases[j], cnt[r].m, b->K, &d, &e);
+                    x += d;
+                    num_den(&a->cases[j], cnt[r].m, a->K, &d, &e);
+                    x -= d;
+                }
+                draws[k] = x;
+            }
+            ci[0] = percentile(draws, B, 2.5);
+            ci[1] = percentile(draws, B, 97.5);
+            free(draws);
+        }
+        char key[64];
+        snprintf(key, sizeof key, "%s_diff", cnt[r].key);
+        json_object_set_new(o, key, value_ci(s, ci));
+    }
+    return o;
+}
+
+static json_t *target_json(mf_run *run, mf_diff_acc *a, mf_diff_acc *first, mf_diff_acc *floor_acc,
+                           const int *plan, int B) {
+    json_t *t = run_info(run);
+    const int L = a->L, E = a->E;
+    json_object_set_new(t, "metrics", metrics_json(a, NULL, plan, B));
+    if (first && first != a) {
+        json_t *p = json_object();
+        json_object_set_new(p, "difference", metrics_json(a, first, plan, B));
+        json_object_set_new(p, "crova", crova_paired(first, a, plan, B));
+        json_object_set_new(t, "paired_vs_first_target", p);
+    }
+    json_t *layers = json_array(), *experts = json_array();
+    for (int l = 0; l < L; l++) {
+        json_t *o = json_object();
+        json_object_set_new(o, "layer", json_integer(a->layers[l]));
+        int64_t slots = 0, se = 0, so = 0;
+        for (size_t i = 0; i < a->n_cases; i++) {
+            slots += a->cases[i].layer_slots[l];
+            se += a->cases[i].layer_set_equal[l];
+            so += a->cases[i].layer_ord_equal[l];
+        }
+        json_object_set_new(o, "slots", json_integer(slots));
+        double ci[2];
+        mctx cs = {a, NULL, 0, l, false}, co = {a, NULL, 0, l, true};
+        ci_of(f_layer, &cs, plan, a->n_cases, B, ci);
+        json_object_set_new(o, "set_equal_pct", value_ci(slots ? 100.0 * se / slots : NAN, ci));
+        ci_of(f_layer, &co, plan, a->n_cases, B, ci);
+        json_object_set_new(o, "ord_equal_pct", value_ci(slots ? 100.0 * so / slots : NAN, ci));
+        json_object_set_new(o, "flips", json_integer(a->flips[l]));
+        json_object_set_new(o, "primary", json_integer(a->primary[l]));
+        json_object_set_new(o, "inherited", json_integer(a->inherited[l]));
+        json_object_set_new(o, "ties", json_integer(a->ties[l]));
+        const int64_t *ms = a->margin_slots + (size_t)l * MF_MARGIN_BINS, *mfl = a->margin_flips + (size_t)l * MF_MARGIN_BINS;
+        json_object_set_new(o, "sigma", num_or_null(fit_sigma(ms, mfl)));
+        json_t *bins = json_array();
+        for (int b = 0; b < MF_MARGIN_BINS; b++) {
+            if (!ms[b]) continue;
+            json_t *bo = json_object();
+            json_object_set_new(bo, "margin_lo", json_real(b == 0 ? 0 : b >= MF_MARGIN_BINS - 1 ? 100 : pow(10, (b - 1) / 4.0 - 6)));
+            json_object_set_new(bo, "margin_hi", b >= MF_MARGIN_BINS - 1 ? json_null() : json_real(b == 0 ? 0 : pow(10, b / 4.0 - 6)));
+            json_object_set_new(bo, "slots", json_integer(ms[b]));
+            json_object_set_new(bo, "flips", json_integer(mfl[b]));
+            json_array_append_new(bins, bo);
+        }
+        json_object_set_new(o, "margin_bins", bins);
+        json_array_append_new(layers, o);
+        json_t *x = json_object(), *dr = json_array(), *ad = json_array();
+        json_object_set_new(x, "layer", json_integer(a->layers[l]));
+        for (int e = 0; e < E; e++) {
+            json_array_append_new(dr, json_integer(a->dropped[(size_t)l * E + e]));
+            json_array_append_new(ad, json_integer(a->added[(size_t)l * E + e]));
+        }
+        json_object_set_new(x, "dropped", dr);
+        json_object_set_new(x, "added", ad);
+        json_array_append_new(experts, x);
+    }
+    json_object_set_new(t, "layers", layers);
+    json_object_set_new(t, "experts", experts);
+    json_t *fl = json_object(), *tr = json_array();
+    int64_t flips = 0, prim = 0, inh = 0, ties = 0;
+    for (int l = 0; l < L; l++) {
+        flips += a->flips[l];
+        prim += a->primary[l];
+        inh += a->inherited[l];
+        ties += a->ties[l];
+    }
+    json_object_set_new(fl, "flipped_slots", json_integer(flips));
+    json_object_set_new(fl, "primary", json_integer(prim));
+    json_object_set_new(fl, "inherited", json_integer(inh));
+    json_object_set_new(fl, "tie_slots", json_integer(ties));
+    for (int i = 0; i < E; i++)
+        for (int j = 0; j < E; j++) {
+            int64_t n = a->transitions[(size_t)i * E + j];
+            if (!n) continue;
+            json_t *o = json_object();
+            json_object_set_new(o, "dropped", json_integer(i));
+            json_object_set_new(o, "added", json_integer(j));
+            json_object_set_new(o, "count", json_integer(n));
+            json_array_append_new(tr, o);
+        }
+    json_object_set_new(fl, "transitions", tr);
+    json_object_set_new(fl, "spearman_flipped_slots_vs_kl", num_or_null(spearman(a)));
+    json_object_set_new(t, "flips", fl);
+    if (floor_acc && floor_acc != a) json_object_set_new(t, "floor", json_pack("{s:o}", "excess", metrics_json(a, floor_acc, plan, B)));
+    return t;
+}
+
+int mf_diff_write_json(const char *path, mf_run *ref, mf_run **targets, mf_diff_acc **accs, int n_targets,
+                       mf_diff_acc *floor_acc, mf_run *floor_run, const mf_diff_opts *o, mf_error *err) {
+    for (int i = 0; i < n_targets; i++) sort_cases(accs[i]);
+    if (floor_acc) sort_cases(floor_acc);
+    const size_t n = n_targets ? accs[0]->n_cases : 0;
+    int *plan = o->bootstrap > 0 && n ? bootstrap_plan(n, o->bootstrap, o->seed) : NULL;
+    json_t *root = json_object();
+    json_object_set_new(root, "format", json_string("moeflip-diff"));
+    json_object_set_new(root, "format_version", json_integer(1));
+    json_object_set_new(root, "tool", json_string("moeflip " MF_VERSION));
+    json_object_set_new(root, "reference", run_info(ref));
+    json_object_set_new(root, "bootstrap", json_pack("{s:i,s:I,s:s,s:s}", "resamples", o->bootstrap, "seed",
+                                                     (json_int_t)o->seed, "unit", "sequence",
+                                                     "interval", "percentile 2.5 / 97.5, linear interpolation"));
+    json_object_set_new(root, "sequences", json_integer((json_int_t)n));
+    json_t *ts = json_array();
+    for (int i = 0; i < n_targets; i++)
+        json_array_append_new(ts, target_json(targets[i], accs[i], accs[0], floor_acc, plan, o->bootstrap));
+    json_object_set_new(root, "targets", ts);
+    if (floor_acc) {
+        json_t *f = run_info(floor_run);
+        json_object_set_new(f, "metrics", metrics_json(floor_acc, NULL, plan, o->bootstrap));
+        json_object_set_new(root, "floor", f);
+    }
+    free(plan);
+    char *text = json_dumps(root, JSON_INDENT(1) | JSON_PRESERVE_ORDER | JSON_REAL_PRECISION(17));
+    json_decref(root);
+    int rc = mf_write_file_atomic(path, text, strlen(text), err);
+    free(text);
+    return rc;
+}
+
+void mf_diff_print_summary(FILE *out, mf_run *ref, mf_run **targets, mf_diff_acc **accs, int n_targets,
+                           const mf_diff_opts *o) {
+    (void)o;
+    fprintf(out, "reference  %s (%s, %s)\n", ref->dir, ref->precision, ref->record);
+    for (int i = 0; i < n_targets; i++) {
+        mf_diff_acc *a = accs[i];
+        sort_cases(a);
+        fprintf(out, "\ntarget %d   %s (%s)   %zu sequences\n", i + 1, targets[i]->dir, targets[i]->precision, a->n_cases);
+        static const int show[] = {M_FORWARD_KL, M_TOP1, M_RAW_LOGIT_MSE, M_ROUTER_SET, M_ROUTER_POS_ALL, M_FLIPPED,
+                                   M_PRIMARY, M_KL_0, M_KL_1, M_KL_2};
+        for (size_t s = 0; s < sizeof show / sizeof show[0]; s++) {
+            double v = pooled(a, show[s], NULL, a->n_cases);
+            if (!isnan(v)) fprintf(out, "  %-40s %.6g\n", metrics[show[s]].name, v);
+        }
+        if (a->L) {
+            fprintf(out, "  %-8s %8s %8s %8s %10s\n", "layer", "flips", "primary", "ties", "sigma");
+            for (int l = 0; l < a->L; l++)
+                fprintf(out, "  %-8d %8lld %8lld %8lld %10.3g\n", a->layers[l], (long long)a->flips[l],
+                        (long long)a->primary[l], (long long)a->ties[l],
+                        fit_sigma(a->margin_slots + (size_t)l * MF_MARGIN_BINS, a->margin_flips + (size_t)l * MF_MARGIN_BINS));
+        }
+    }
+}
+
+static int cmp_pos(const void *a, const void *b) {
+    const mf_position *x = a, *y = b;
+    int c = strcmp(x->seq, y->seq);
+    return c ? c : (x->pos > y->pos) - (x->pos < y->pos);
+}
+
+int mf_diff_write_positions(const char *path, mf_diff_acc **accs, int n_targets, mf_error *err) {
+    mf_atomic_file af;
+    int rc = mf_atomic_open(&af, path, err);
+    if (rc) return rc;
+    fputs("target,seq,pos,token,first_flip_layer,flipped_slots,kl,sq_err,top1\n", af.fp);
+    for (int i = 0; i < n_targets; i++) {
+        mf_diff_acc *a = accs[i];
+        qsort(a->pos, a->n_pos, sizeof *a->pos, cmp_pos);
+        for (size_t k = 0; k < a->n_pos; k++) {
+            const mf_position *p = &a->pos[k];
+            fprintf(af.fp, "%d,%s,%d,%d,%d,%d,", i + 1, p->seq, p->pos, p->token, p->first_flip_layer, p->flipped_slots);
+            if (isnan(p->kl)) fputs(",,", af.fp);
+            else fprintf(af.fp, "%.17g,%.17g,", p->kl, p->sq_err);
+            if (p->top1 >= 0) fprintf(af.fp, "%d", p->top1);
+            fputc('\n', af.fp);
+        }
+    }
+    return mf_atomic_commit(&af, err);
+}
