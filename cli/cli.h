@@ -13,6 +13,7 @@ int cmd_export(int argc, char **argv);
 int cmd_synth(int argc, char **argv);
 int cmd_mma(int argc, char **argv);
 int cmd_diff(int argc, char **argv);
+int cmd_import(int argc, char **argv);
 
 /* Prints "moeflip: <message>" and returns 1. */
 int cli_fail(const mf_error *err);

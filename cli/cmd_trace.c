@@ -102,7 +102,7 @@ int cmd_trace(int argc, char **argv) {
     int status = 1;
     if (mf_runtime_load(&model, model_dir, &prec, &err)) goto done;
     mf_run_info info = {model_dir, model, &prec, "cpu", numerics.name, (int)threads,
-                        record, input, &prompts, (int)shard_seqs};
+                        record, input, &prompts, (int)shard_seqs, NULL, NULL, NULL};
     if (mf_run_create(&w, out, &info, resume, &err)) goto done;
     mf_run_opts ro = {prec, (int)threads, record == MF_RECORD_FULL, &numerics};
     uint64_t total_tokens = 0, done_tokens = 0;

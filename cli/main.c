@@ -15,6 +15,7 @@ static const struct {
     {"export", cmd_export, "print a run as JSON lines or CSV"},
     {"synth", cmd_synth, "write a random-weight checkpoint of an architecture"},
     {"diff", cmd_diff, "compare runs: output error, expert flips, their relation, with confidence intervals"},
+    {"import", cmd_import, "read another tool's capture (CroVA) as a run"},
     {"mma", cmd_mma, "run the bit-accurate GPU matrix-instruction models on test vectors"},
 };
 

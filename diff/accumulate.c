@@ -374,9 +374,13 @@ static int add_sequence(mf_diff_acc *a, mf_run *ref, size_t si, mf_run *tgt, siz
 }
 
 int mf_diff_acc_add_runs(mf_diff_acc *a, mf_run *ref, mf_run *tgt, mf_error *err) {
+    return mf_diff_acc_add_range(a, ref, tgt, 0, ref->n_seqs, err);
+}
+
+int mf_diff_acc_add_range(mf_diff_acc *a, mf_run *ref, mf_run *tgt, size_t first, size_t count, mf_error *err) {
     int rc = mf_diff_align(ref, tgt, err);
     if (rc) return rc;
-    for (size_t i = 0; i < ref->n_seqs; i++)
+    for (size_t i = first; i < first + count && i < ref->n_seqs; i++)
         if ((rc = add_sequence(a, ref, i, tgt, (size_t)find_seq(tgt, ref->seqs[i].id), err))) return rc;
     return MF_OK;
 }

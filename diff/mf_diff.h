@@ -66,6 +66,8 @@ void mf_diff_acc_init(mf_diff_acc *a, int L, int E, int K, int V, const int *lay
 void mf_diff_acc_free(mf_diff_acc *a);
 /* Adds every sequence of the two runs (aligned: same ids and tokens, checked). */
 int mf_diff_acc_add_runs(mf_diff_acc *a, mf_run *ref, mf_run *tgt, mf_error *err);
+/* Adds the reference's sequences first .. first+count-1 (a shard of the work). */
+int mf_diff_acc_add_range(mf_diff_acc *a, mf_run *ref, mf_run *tgt, size_t first, size_t count, mf_error *err);
 /* Merges src into dst (both over the same model); src is left empty. */
 int mf_diff_merge(mf_diff_acc *dst, mf_diff_acc *src, mf_error *err);
 

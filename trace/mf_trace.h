@@ -62,6 +62,10 @@ typedef struct mf_run_info {
     const char *input_path;
     const mf_prompts *prompts;
     int shard_seqs;           /* sequences per shard (0: by size and time) */
+    /* imports: no model is loaded; these name it instead */
+    const mf_config *cfg;
+    const char *weights_digest;
+    const char *imported_from;  /* e.g. "crova DIR"; experts are then derived, not dispatched */
 } mf_run_info;
 
 typedef struct mf_run_writer mf_run_writer;
@@ -111,6 +115,15 @@ void mf_run_close(mf_run *r);
 /* Tensor <seq-id>/<field> of sequence i, or NULL with *err set to why: a
  * missing field is not an error (rc MF_OK, *t NULL). */
 int mf_run_tensor(mf_run *r, size_t seq, const char *field, const mf_st_tensor **t, mf_error *err);
+
+/* ---- import -------------------------------------------------------------- */
+
+/* CroVA's capture layout: DIR/logits/<case>.safetensors with `logits` [m, V],
+ * `response` [m] and optionally `router_logits` [L, m, E]. The model's
+ * config.json (in model_dir) gives k and the routing rule; the experts and
+ * their weights are derived from the recorded router logits (canonical
+ * top-k of the raw logits, as CroVA's metrics do) and the manifest says so. */
+int mf_import_crova(const char *src_dir, const char *model_dir, const char *out_dir, mf_error *err);
 
 /* ---- export (DESIGN.md §8) ---------------------------------------------- */
 

@@ -98,7 +98,7 @@ static void cpu_name(char *out, size_t cap) {
 
 static json_t *build_manifest(const mf_run_info *in) {
     const mf_model *m = in->model;
-    const mf_config *c = &m->cfg;
+    const mf_config *c = m ? &m->cfg : in->cfg;
     json_t *man = json_object();
     json_object_set_new(man, "format", json_string(FORMAT_NAME));
     json_object_set_new(man, "format_version", json_integer(FORMAT_VERSION));
@@ -112,8 +112,8 @@ static json_t *build_manifest(const mf_run_info *in) {
     json_object_set_new(model, "dir", json_string(in->model_dir));
     json_object_set_new(model, "architecture", json_string(c->model_type));
     json_object_set_new(model, "config_digest", json_string(c->digest));
-    json_object_set_new(model, "weights_digest", json_string(m->ckpt->weights_digest));
-    json_object_set_new(model, "parameters", json_integer((json_int_t)m->n_params));
+    json_object_set_new(model, "weights_digest", json_string(m ? m->ckpt->weights_digest : in->weights_digest));
+    json_object_set_new(model, "parameters", json_integer(m ? (json_int_t)m->n_params : 0));
     json_object_set_new(model, "n_layers", json_integer(c->n_layers));
     json_object_set_new(model, "hidden", json_integer(c->hidden));
     json_object_set_new(model, "vocab", json_integer(c->vocab));
@@ -130,9 +130,9 @@ static json_t *build_manifest(const mf_run_info *in) {
     char name[256];
     cpu_name(name, sizeof name);
     json_object_set_new(dev, "kind", json_string(in->device));
-    json_object_set_new(dev, "name", json_string(name));
+    json_object_set_new(dev, "name", json_string(m ? name : "unknown (imported)"));
     json_object_set_new(dev, "threads", json_integer(in->threads));
-    json_object_set_new(dev, "kernel", json_string(mf_gemm_kernel_name()));
+    json_object_set_new(dev, "kernel", json_string(m ? mf_gemm_kernel_name() : "unknown"));
     json_object_set_new(man, "device", dev);
 
     json_object_set_new(man, "numerics", json_string(in->numerics));
@@ -151,6 +151,8 @@ static json_t *build_manifest(const mf_run_info *in) {
                                                         : "softmax_topk"));
     json_object_set_new(router, "norm_topk_prob", json_boolean(c->norm_topk_prob));
     json_object_set_new(router, "tie_break", json_string("larger score first; equal scores: lower expert index"));
+    json_object_set_new(router, "experts", json_string(in->imported_from ? "derived from the recorded router logits"
+                                                                        : "as dispatched"));
     json_object_set_new(man, "router", router);
 
     json_object_set_new(man, "record", json_string(mf_record_name(in->record)));
@@ -159,6 +161,7 @@ static json_t *build_manifest(const mf_run_info *in) {
     json_object_set_new(input, "digest", json_string(in->prompts->digest));
     json_object_set_new(input, "n_sequences", json_integer((json_int_t)in->prompts->n));
     json_object_set_new(man, "input", input);
+    if (in->imported_from) json_object_set_new(man, "imported_from", json_string(in->imported_from));
     json_object_set_new(man, "sequences", json_array());
     json_object_set_new(man, "shards", json_array());
     json_object_set_new(man, "complete", json_false());

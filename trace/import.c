@@ -1,0 +1,159 @@
+/* Importing others' captures as runs. CroVA (crova-project/crova) stores, per
+ * case, logits/<case>.safetensors with logits [m, V], response [m] and, for
+ * MoE models, router_logits [L, m, E]; it never records the experts that ran,
+ * so they are derived here from the scores, canonically, and the manifest says
+ * they were derived. */
+#include "mf_trace.h"
+#include "mf_router.h"
+
+#include <dirent.h>
+#include <stdlib.h>
+#include <string.h>
+
+static int cmp_str(const void *a, const void *b) { return strcmp(*(char *const *)a, *(char *const *)b); }
+
+static int list_cases(const char *dir, char ***names, size_t *n, mf_error *err) {
+    DIR *d = opendir(dir);
+    if (!d) return mf_fail(err, MF_EIO, "%s: no CroVA capture here (expected a logits/ directory)", dir);
+    size_t cap = 16;
+    *names = mf_xmalloc(cap * sizeof **names);
+    *n = 0;
+    struct dirent *e;
+    while ((e = readdir(d))) {
+        size_t L = strlen(e->d_name);
+        if (L <= 12 || strcmp(e->d_name + L - 12, ".safetensors")) continue;
+        if (*n == cap) *names = realloc(*names, (cap *= 2) * sizeof **names);
+        if (!*names) abort();
+        (*names)[(*n)++] = mf_xstrdup(e->d_name);
+    }
+    closedir(d);
+    qsort(*names, *n, sizeof **names, cmp_str);
+    if (!*n) return mf_fail(err, MF_EINVAL, "%s: no .safetensors cases", dir);
+    return MF_OK;
+}
+
+int mf_import_crova(const char *src_dir, const char *model_dir, const char *out_dir, mf_error *err) {
+    char path[8300], logits_dir[4096];
+    mf_config cfg;
+    if (!mf_path_join(path, sizeof path, model_dir, "config.json")) return mf_fail(err, MF_EINVAL, "path too long");
+    int rc = mf_config_load(&cfg, path, err);
+    if (rc) return rc;
+    char wdigest[33] = "unknown";
+    mf_checkpoint *ck = NULL;
+    if (mf_checkpoint_open(&ck, model_dir, NULL) == MF_OK) {   /* weights are optional: the config names the model */
+        memcpy(wdigest, ck->weights_digest, sizeof wdigest);
+        mf_checkpoint_close(ck);
+    }
+    snprintf(logits_dir, sizeof logits_dir, "%s/logits", src_dir);
+    char **names = NULL;
+    size_t n = 0;
+    if ((rc = list_cases(logits_dir, &names, &n, err))) {
+        for (size_t i = 0; i < n; i++) free(names[i]);
+        free(names);
+        return rc;
+    }
+    mf_st_file **files = mf_xcalloc(n, sizeof *files);
+    mf_prompts prompts = {mf_xcalloc(n, sizeof(mf_prompt)), n, ""};
+    mf_digest_state *ds = mf_digest_new();
+    mf_dtype logit_dtype = MF_DTYPE_INVALID, router_dtype = MF_DTYPE_INVALID;
+    const int L = cfg.n_moe_layers, E = cfg.n_experts, K = cfg.top_k, V = cfg.vocab;
+    for (size_t i = 0; i < n && !rc; i++) {
+        snprintf(path, sizeof path, "%s/%s", logits_dir, names[i]);
+        if ((rc = mf_st_open(&files[i], path, err))) break;
+        const mf_st_tensor *lg = mf_st_find(files[i], "logits"), *rs = mf_st_find(files[i], "response"),
+                           *rl = mf_st_find(files[i], "router_logits");
+        if (!lg || !rs || lg->ndim != 2 || rs->ndim != 1 || lg->shape[0] != rs->shape[0] || !mf_dtype_is_float(lg->dtype)) {
+            rc = mf_fail(err, MF_EFORMAT, "%s: needs logits [m, V] and response [m]", path);
+            break;
+        }
+        if (lg->shape[1] != V) {
+            rc = mf_fail(err, MF_EFORMAT, "%s: logits have %lld columns, the model's vocabulary is %d", path,
+                         (long long)lg->shape[1], V);
+            break;
+        }
+        if (L > 0 && (!rl || rl->ndim != 3 || rl->shape[0] != L || rl->shape[1] != lg->shape[0] || rl->shape[2] != E)) {
+            rc = mf_fail(err, MF_EFORMAT, "%s: needs router_logits [%d, %lld, %d] for this model", path, L,
+                         (long long)lg->shape[0], E);
+            break;
+        }
+        if (rs->dtype != MF_I64 && rs->dtype != MF_I32) {
+            rc = mf_fail(err, MF_EFORMAT, "%s: response must be I64 or I32", path);
+            break;
+        }
+        logit_dtype = lg->dtype;
+        if (rl) router_dtype = rl->dtype;
+        mf_prompt *p = &prompts.seq[i];
+        names[i][strlen(names[i]) - 12] = 0;   /* case id: the file name */
+        p->id = mf_xstrdup(names[i]);
+        p->T = (int)rs->shape[0];
+        p->tokens = mf_xmalloc(sizeof(int32_t) * (size_t)(p->T ? p->T : 1));
+        for (int t = 0; t < p->T; t++) {
+            int64_t v = 0;
+            if (rs->dtype == MF_I64) memcpy(&v, rs->data + 8 * (size_t)t, 8);
+            else {
+                int32_t w;
+                memcpy(&w, rs->data + 4 * (size_t)t, 4);
+                v = w;
+            }
+            p->tokens[t] = (int32_t)v;
+        }
+        mf_digest_update(ds, p->id, strlen(p->id) + 1);
+        mf_digest_update(ds, p->tokens, sizeof(int32_t) * (size_t)p->T);
+    }
+    mf_digest_final(ds, prompts.digest);
+    mf_run_writer *w = NULL;
+    if (!rc) {
+        /* the precision the capture was made in, as far as the stored dtypes tell */
+        mf_precision prec;
+        mf_precision_parse(&prec, logit_dtype == MF_BF16 ? "bf16" : logit_dtype == MF_F16 ? "fp16" : "fp32", NULL);
+        prec.part[MF_PART_HEAD] = logit_dtype;
+        if (router_dtype != MF_DTYPE_INVALID) prec.part[MF_PART_ROUTER] = router_dtype;
+        char from[4200];
+        snprintf(from, sizeof from, "crova %s", src_dir);
+        mf_run_info info = {model_dir, NULL, &prec, "imported", "unknown", 0, MF_RECORD_LOGITS, src_dir, &prompts, 0,
+                            &cfg, wdigest, from};
+        rc = mf_run_create(&w, out_dir, &info, false, err);
+        for (size_t i = 0; i < n && !rc; i++) {
+            const mf_st_tensor *lg = mf_st_find(files[i], "logits"), *rl = mf_st_find(files[i], "router_logits");
+            const int T = prompts.seq[i].T;
+            mf_seq_result r = {T, L, K, E, V, cfg.hidden, NULL, NULL, NULL, NULL, NULL, NULL};
+            r.logits = mf_xmalloc(sizeof(double) * (size_t)T * V + 1);
+            for (size_t j = 0; j < (size_t)T * V; j++) r.logits[j] = mf_load_as_f64(lg->data, lg->dtype, j);
+            if (L > 0) {
+                r.router = mf_xmalloc(sizeof(double) * (size_t)L * T * E);
+                r.topk_ids = mf_xmalloc(sizeof(uint16_t) * (size_t)L * T * K);
+                r.topk_w = mf_xmalloc(sizeof(double) * (size_t)L * T * K);
+                double *probs = mf_xmalloc(sizeof(double) * (size_t)E);
+                for (size_t j = 0; j < (size_t)L * T * E; j++) r.router[j] = mf_load_as_f64(rl->data, rl->dtype, j);
+                mf_route_spec spec = {MF_ROUTE_KIND_SOFTMAX_TOPK, E, K, cfg.norm_topk_prob, MF_F32, MF_F32};
+                for (size_t s = 0; s < (size_t)L * T; s++) {
+                    /* experts: canonical top-k of the raw logits (CroVA's rule); weights from the fp32 softmax */
+                    mf_topk(r.router + s * E, E, K, r.topk_ids + s * K);
+                    uint16_t ids[K];
+                    double w8[K];
+                    mf_route_out ro = {ids, w8, 0, 0, false};
+                    mf_route(&spec, r.router + s * E, probs, &ro);
+                    for (int k = 0; k < K; k++) {
+                        double wk = 0;
+                        for (int q = 0; q < K; q++)
+                            if (ids[q] == r.topk_ids[s * K + k]) wk = w8[q];
+                        r.topk_w[s * K + k] = wk;
+                    }
+                }
+                free(probs);
+            }
+            rc = mf_run_writer_add(w, &prompts.seq[i], &r, err);
+            mf_seq_result_free(&r);
+        }
+        if (!rc) rc = mf_run_writer_close(w, err);
+    }
+    mf_run_writer_free(w);
+    for (size_t i = 0; i < n; i++) {
+        mf_st_close(files[i]);
+        free(names[i]);
+    }
+    free(files);
+    free(names);
+    mf_prompts_free(&prompts);
+    return rc;
+}
