@@ -1,0 +1,319 @@
+/* moeflip diff against independent values:
+ *  - Hugging Face's float64, bf16-CPU and bf16-CUDA captures of three MoE
+ *    models, in CroVA's capture layout, with the metrics computed by
+ *    tools/make_crova_fixtures.py with CroVA's formulas (tests/fixtures/crova);
+ *  - runs built here by hand with known flips, ties and errors;
+ *  - merging diffs of shards gives the single-pass result exactly. */
+#include <criterion/criterion.h>
+#include <jansson.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "mf_diff.h"
+#include "testutil.h"
+
+static mf_run *import(const char *model, const char *capture) {
+    char src[4200], out[4200];
+    snprintf(src, sizeof src, "%s/%s", fixture("crova"), model);
+    strcat(src, "/");
+    strcat(src, capture);
+    snprintf(out, sizeof out, "%s/%s", temp_dir(), capture);
+    mf_error err = {0};
+    char mdir[4200];
+    snprintf(mdir, sizeof mdir, "%s%s", fixture("hf/"), model);
+    cr_assert_eq(mf_import_crova(src, mdir, out, &err), MF_OK, "%s", err.msg);
+    mf_run *r;
+    cr_assert_eq(mf_run_open(&r, out, &err), MF_OK, "%s", err.msg);
+    return r;
+}
+
+static mf_diff_acc *diff_of(mf_run *ref, mf_run *tgt) {
+    mf_diff_acc *a = calloc(1, sizeof *a);
+    mf_diff_acc_init(a, ref->n_moe, ref->n_experts, ref->top_k, ref->vocab, ref->moe_layers);
+    mf_error err = {0};
+    cr_assert_eq(mf_diff_acc_add_runs(a, ref, tgt, &err), MF_OK, "%s", err.msg);
+    return a;
+}
+
+static double jnum(json_t *o, const char *k) {
+    json_t *v = json_object_get(o, k);
+    cr_assert(v, "expected.json lacks %s", k);
+    return json_number_value(v);
+}
+
+/* Every count exactly; the error sums against the float64 recomputation of
+ * the same formulas (CroVA itself sums in fp32: within 1% for KL there). */
+static void check_pair(const char *model, const char *ref_cap, const char *tgt_cap) {
+    char path[4200], key[128];
+    snprintf(path, sizeof path, "%s/%s/expected.json", fixture("crova"), model);
+    json_t *e = json_load_file(path, 0, NULL);
+    cr_assert(e, "%s", path);
+    snprintf(key, sizeof key, "%s_vs_%s", ref_cap, tgt_cap);
+    json_t *p = json_object_get(json_object_get(e, "pairs"), key), *sum = json_object_get(p, "summary"),
+           *f64 = json_object_get(json_object_get(p, "float64_check"), "pooled");
+    cr_assert(p && sum && f64, "%s: no pair %s", path, key);
+    mf_run *r = import(model, ref_cap), *t = import(model, tgt_cap);
+    mf_diff_acc *a = diff_of(r, t);
+    static const char *exact[] = {"top1_pct", "ord5_pct", "set5_pct", "router_set_equal_pct", "router_ord_equal_pct",
+                                  "router_positions_all_layers_equal_pct"};
+    for (size_t i = 0; i < sizeof exact / sizeof exact[0]; i++)
+        cr_expect_float_eq(mf_diff_metric(a, exact[i]), jnum(sum, exact[i]), 1e-12, "%s %s: %s = %.17g, CroVA %.17g", model,
+                           key, exact[i], mf_diff_metric(a, exact[i]), jnum(sum, exact[i]));
+    static const char *sums[] = {"raw_logit_mse", "prob_mse", "forward_kl"};
+    for (int i = 0; i < 3; i++) {
+        double ours = mf_diff_metric(a, sums[i]), ref64 = jnum(f64, sums[i]), crova = jnum(sum, sums[i]);
+        cr_expect_leq(fabs(ours - ref64), 1e-9 * fabs(ref64), "%s %s: %s = %.17g, float64 formula %.17g", model, key, sums[i],
+                      ours, ref64);
+        /* CroVA sums in fp32; its KL (1e-5 .. 1e-7 per position here) loses digits to cancellation */
+        const double tol = i == 2 ? 0.2 : 1e-2;
+        cr_expect_leq(fabs(ours - crova), tol * fabs(crova), "%s %s: %s = %.17g, CroVA (fp32) %.17g", model, key, sums[i],
+                      ours, crova);
+    }
+    cr_expect_leq(fabs(mf_diff_metric(a, "router_logit_mse") - jnum(sum, "router_logit_mse")),
+                  1e-6 * jnum(sum, "router_logit_mse"));
+    json_t *eb = json_object_get(sum, "equal_bits_pct");
+    if (eb && json_is_number(eb))
+        cr_expect_float_eq(mf_diff_metric(a, "equal_bits_pct"), json_number_value(eb), 1e-12, "equal_bits_pct");
+    else
+        cr_expect(isnan(mf_diff_metric(a, "equal_bits_pct")), "equal_bits_pct only when both sides stored bf16");
+    mf_diff_acc_free(a);
+    free(a);
+    mf_run_close(r);
+    mf_run_close(t);
+    json_decref(e);
+}
+
+Test(diff_crova, olmoe) {
+    check_pair("olmoe", "fp64", "bf16cpu");
+    check_pair("olmoe", "fp64", "bf16cuda");
+    check_pair("olmoe", "bf16cpu", "bf16cuda");
+}
+
+Test(diff_crova, qwen2_moe) {
+    check_pair("qwen2_moe", "fp64", "bf16cpu");
+    check_pair("qwen2_moe", "fp64", "bf16cuda");
+    check_pair("qwen2_moe", "bf16cpu", "bf16cuda");
+}
+
+Test(diff_crova, qwen3_moe) {
+    check_pair("qwen3_moe", "fp64", "bf16cpu");
+    check_pair("qwen3_moe", "fp64", "bf16cuda");
+    check_pair("qwen3_moe", "bf16cpu", "bf16cuda");
+}
+
+/* The paired comparison of two targets, as CroVA's paired_bootstrap reports it. */
+Test(diff_crova, paired_point_values) {
+    mf_run *r = import("olmoe", "fp64"), *a = import("olmoe", "bf16cpu"), *b = import("olmoe", "bf16cuda");
+    mf_diff_acc *da = diff_of(r, a), *db = diff_of(r, b);
+    mf_run *targets[2] = {a, b};
+    mf_diff_acc *accs[2] = {da, db};
+    char out[4200];
+    snprintf(out, sizeof out, "%s/d.json", temp_dir());
+    mf_diff_opts o = {200, 7};
+    mf_error err = {0};
+    cr_assert_eq(mf_diff_write_json(out, r, targets, accs, 2, NULL, NULL, &o, &err), MF_OK, "%s", err.msg);
+    json_t *d = json_load_file(out, 0, NULL);
+    json_t *crova = json_object_get(json_object_get(json_array_get(json_object_get(d, "targets"), 1), "paired_vs_first_target"), "crova");
+    cr_assert(crova);
+    char path[4200];
+    snprintf(path, sizeof path, "%s/olmoe/expected.json", fixture("crova"));
+    json_t *e = json_load_file(path, 0, NULL), *pt = json_object_get(json_object_get(e, "paired_bootstrap"), "point");
+    static const char *counts[] = {"top1_diff", "ord5_diff", "set5_diff", "router_set_equal_diff"};
+    for (int i = 0; i < 4; i++)
+        cr_expect_float_eq(json_number_value(json_object_get(json_object_get(crova, counts[i]), "value")), jnum(pt, counts[i]),
+                           1e-12, "%s", counts[i]);
+    cr_expect_float_eq(json_number_value(json_object_get(json_object_get(crova, "sq_err_rel_change_pct"), "value")),
+                       jnum(pt, "sq_err_rel_change_pct"), 1e-4);
+    /* with an interval around the point */
+    json_t *sq = json_object_get(crova, "sq_err_rel_change_pct"), *ci = json_object_get(sq, "ci95");
+    double v = json_number_value(json_object_get(sq, "value"));
+    cr_expect(json_number_value(json_array_get(ci, 0)) <= v + 1e-9 && v <= json_number_value(json_array_get(ci, 1)) + 1e-9);
+    json_decref(e);
+    json_decref(d);
+    mf_diff_acc_free(da);
+    mf_diff_acc_free(db);
+    free(da);
+    free(db);
+    mf_run_close(r);
+    mf_run_close(a);
+    mf_run_close(b);
+}
+
+/* ---- hand-built runs ---------------------------------------------------------- */
+
+/* Two runs of the olmoe fixture's shape (3 MoE layers, 16 experts, top-4, vocab
+ * 384) with one 4-token sequence whose routing and logits are set by hand. */
+typedef struct hand {
+    uint16_t ids[3][4][4];
+    double router[3][4][16];
+    double logits[4][384];
+} hand;
+
+static void write_run(const char *dir, const hand *h) {
+    mf_config cfg;
+    mf_error err = {0};
+    char cpath[4200];
+    snprintf(cpath, sizeof cpath, "%s/config.json", fixture("hf/olmoe"));
+    cr_assert_eq(mf_config_load(&cfg, cpath, &err), MF_OK);
+    int32_t tokens[4] = {5, 6, 7, 8};
+    mf_prompt p = {"x", tokens, 4};
+    mf_prompts ps = {&p, 1, "0"};
+    mf_precision prec;
+    mf_precision_parse(&prec, "fp32", &err);
+    mf_run_info info = {"hand", NULL, &prec, "cpu", "native", 1, MF_RECORD_LOGITS, "hand", &ps, 0, &cfg, "w", "hand"};
+    mf_run_writer *w;
+    cr_assert_eq(mf_run_create(&w, dir, &info, false, &err), MF_OK, "%s", err.msg);
+    mf_seq_result r = {4, 3, 4, 16, 384, 64, NULL, NULL, NULL, NULL, NULL, NULL};
+    r.topk_ids = (uint16_t *)h->ids;
+    r.router = (double *)h->router;
+    r.logits = (double *)h->logits;
+    double wts[3 * 4 * 4];
+    for (int i = 0; i < 48; i++) wts[i] = 0.25;
+    r.topk_w = wts;
+    cr_assert_eq(mf_run_writer_add(w, &p, &r, &err), MF_OK, "%s", err.msg);
+    cr_assert_eq(mf_run_writer_close(w, &err), MF_OK);
+    mf_run_writer_free(w);
+}
+
+static void base(hand *h) {
+    memset(h, 0, sizeof *h);
+    for (int l = 0; l < 3; l++)
+        for (int t = 0; t < 4; t++) {
+            for (int e = 0; e < 16; e++) h->router[l][t][e] = -e;   /* experts 0..3 lead, margin 1 */
+            for (int k = 0; k < 4; k++) h->ids[l][t][k] = (uint16_t)k;
+        }
+}
+
+Test(diff_hand, flips_ties_and_errors) {
+    hand R, T;
+    base(&R);
+    base(&T);
+    /* layer 0, position 1: expert 3 dropped, 9 added (a primary flip) */
+    T.ids[0][1][3] = 9;
+    /* layer 1, position 2: 2 dropped, 5 added: inherited (layer 0 flipped at position 1 <= 2) */
+    T.ids[1][2][2] = 5;
+    /* layer 2, position 0: 0 dropped, 7 added: primary (no earlier layer flipped at position 0) */
+    T.ids[2][0][0] = 7;
+    /* layer 1, position 0: same set, other order */
+    T.ids[1][0][0] = 1;
+    T.ids[1][0][1] = 0;
+    /* an exact tie in the reference at layer 2, position 3: k-th (3) and (k+1)-th (4) equal */
+    R.router[2][3][4] = R.router[2][3][3];
+    /* a router logit error of 0.5 at one entry */
+    T.router[0][0][0] = 0.5;
+    /* logits: position 2, target bumps token 5 by ln 2 over a uniform reference */
+    T.logits[2][5] = log(2.0);
+    const char *d = temp_dir();
+    char rp[4200], tp[4200];
+    snprintf(rp, sizeof rp, "%s/r", d);
+    snprintf(tp, sizeof tp, "%s/t", d);
+    write_run(rp, &R);
+    write_run(tp, &T);
+    mf_run *r, *t;
+    mf_error err = {0};
+    cr_assert_eq(mf_run_open(&r, rp, &err), MF_OK);
+    cr_assert_eq(mf_run_open(&t, tp, &err), MF_OK);
+    mf_diff_acc *a = diff_of(r, t);
+    /* 12 slots, 3 flipped */
+    cr_assert_float_eq(mf_diff_metric(a, "router_set_equal_pct"), 100.0 * 9 / 12, 1e-12);
+    cr_assert_float_eq(mf_diff_metric(a, "router_ord_equal_pct"), 100.0 * 8 / 12, 1e-12);
+    cr_assert_float_eq(mf_diff_metric(a, "router_positions_all_layers_equal_pct"), 100.0 * 1 / 4, 1e-12, "only position 3");
+    /* 0.5 at layer 0 and the tie edit's 1.0 at layer 2 */
+    cr_assert_float_eq(mf_diff_metric(a, "router_logit_mse"), (0.25 + 1.0) / (12 * 16), 1e-15);
+    cr_assert_float_eq(mf_diff_metric(a, "primary_flips_pct"), 100.0 * 2 / 3, 1e-12);
+    cr_assert_float_eq(mf_diff_metric(a, "tie_slots_pct"), 100.0 / 12, 1e-12);
+    cr_assert_float_eq(mf_diff_metric(a, "expert_overlap_pct"), 100.0 * (12 * 4 - 3) / 48, 1e-12);
+    cr_assert_eq(a->primary[0], 1);
+    cr_assert_eq(a->inherited[1], 1);
+    cr_assert_eq(a->primary[2], 1);
+    cr_assert_eq(a->dropped[0 * 16 + 3], 1);
+    cr_assert_eq(a->added[0 * 16 + 9], 1);
+    cr_assert_eq(a->transitions[2 * 16 + 5], 1, "2 -> 5 at layer 1");
+    cr_assert_eq(a->ties[2], 1);
+    /* logits: one position differs at one token by x = ln 2 as stored (fp32) */
+    const double x = (double)(float)log(2.0), V = 384, Z = 383 + exp(x);
+    cr_assert_float_eq(mf_diff_metric(a, "raw_logit_mse"), x * x / (4 * V), 1e-15);
+    /* KL(uniform || p_t) with p_t(5) = e^x / Z, the others 1 / Z */
+    const double kl = -log(384.0) - x / 384 + log(Z);
+    cr_assert_float_eq(mf_diff_metric(a, "forward_kl"), kl / 4, 1e-15);
+    const double psq = (exp(x) / Z - 1.0 / 384) * (exp(x) / Z - 1.0 / 384) + 383 * (1 / Z - 1.0 / 384) * (1 / Z - 1.0 / 384);
+    cr_assert_float_eq(mf_diff_metric(a, "prob_mse"), psq / (4 * V), 1e-18);
+    cr_assert_float_eq(mf_diff_metric(a, "top1_pct"), 75.0, 1e-12, "position 2's argmax moves from 0 to 5");
+    cr_assert_float_eq(mf_diff_metric(a, "set5_pct"), 75.0, 1e-12);
+    /* error given flips: position 2 has one flipped slot (layer 1) and all the KL */
+    cr_assert_float_eq(mf_diff_metric(a, "forward_kl_given_1_flip"), kl / 3, 1e-15, "positions 0, 1, 2 have one flip each");
+    cr_assert_float_eq(mf_diff_metric(a, "forward_kl_given_0_flips"), 0.0, 1e-18);
+    mf_diff_acc_free(a);
+    free(a);
+    mf_run_close(r);
+    mf_run_close(t);
+}
+
+Test(diff_hand, alignment_names_the_first_mismatch) {
+    char err_buf[2048];
+    const char *d = temp_dir();
+    char a[4200], b[4200], in2[4200];
+    snprintf(a, sizeof a, "%s/a", d);
+    snprintf(b, sizeof b, "%s/b", d);
+    cr_assert_eq(run_moeflip(err_buf, sizeof err_buf, "trace --model %s --input %s --out %s -q", fixture("hf/olmoe"),
+                             fixture("hf/olmoe/tokens.jsonl"), a), 0, "%s", err_buf);
+    snprintf(in2, sizeof in2, "%s/t.jsonl", d);
+    /* the same prompts, but the last token of s2 changed */
+    mf_prompts ps;
+    mf_error e = {0};
+    cr_assert_eq(mf_prompts_load(&ps, fixture("hf/olmoe/tokens.jsonl"), 384, &e), MF_OK);
+    FILE *fp = fopen(in2, "w");
+    for (size_t i = 0; i < ps.n; i++) {
+        fprintf(fp, "{\"id\": \"%s\", \"tokens\": [", ps.seq[i].id);
+        for (int t = 0; t < ps.seq[i].T; t++) {
+            int tok = ps.seq[i].tokens[t];
+            if (i == 2 && t == ps.seq[i].T - 1) tok = (tok + 1) % 384;
+            fprintf(fp, t ? ", %d" : "%d", tok);
+        }
+        fputs("]}\n", fp);
+    }
+    fclose(fp);
+    mf_prompts_free(&ps);
+    cr_assert_eq(run_moeflip(err_buf, sizeof err_buf, "trace --model %s --input %s --out %s -q", fixture("hf/olmoe"), in2, b),
+                 0, "%s", err_buf);
+    char out[4300];
+    snprintf(out, sizeof out, "%s/d.json", d);
+    cr_assert_eq(run_moeflip(err_buf, sizeof err_buf, "diff %s %s -o %s -q", a, b, out), 1);
+    cr_assert(strstr(err_buf, "sequence s2, position 33"), "%s", err_buf);
+}
+
+/* Diffing shards apart and merging gives the single-pass diff.json exactly. */
+Test(diff_merge, shards_merge_to_the_single_pass_result) {
+    mf_run *r = import("qwen2_moe", "fp64"), *t = import("qwen2_moe", "bf16cuda");
+    mf_diff_acc *all = diff_of(r, t), *p1 = calloc(1, sizeof *p1), *p2 = calloc(1, sizeof *p2);
+    mf_diff_acc_init(p1, r->n_moe, r->n_experts, r->top_k, r->vocab, r->moe_layers);
+    mf_diff_acc_init(p2, r->n_moe, r->n_experts, r->top_k, r->vocab, r->moe_layers);
+    mf_error err = {0};
+    /* shards in the opposite order from the run's */
+    cr_assert_eq(mf_diff_acc_add_range(p2, r, t, 2, 1, &err), MF_OK);
+    cr_assert_eq(mf_diff_acc_add_range(p1, r, t, 0, 2, &err), MF_OK);
+    cr_assert_eq(mf_diff_merge(p2, p1, &err), MF_OK);
+    char a[4200], b[4200];
+    snprintf(a, sizeof a, "%s/all.json", temp_dir());
+    snprintf(b, sizeof b, "%s/merged.json", temp_dir());
+    mf_diff_opts o = {500, 3};
+    mf_run *targets[1] = {t};
+    cr_assert_eq(mf_diff_write_json(a, r, targets, &all, 1, NULL, NULL, &o, &err), MF_OK);
+    cr_assert_eq(mf_diff_write_json(b, r, targets, &p2, 1, NULL, NULL, &o, &err), MF_OK);
+    char *x, *y;
+    size_t nx, ny;
+    mf_read_file(a, &x, &nx, &err);
+    mf_read_file(b, &y, &ny, &err);
+    cr_assert(nx > 1000 && nx == ny && memcmp(x, y, nx) == 0, "merged diff differs from the single pass");
+    free(x);
+    free(y);
+    mf_diff_acc_free(all);
+    mf_diff_acc_free(p1);
+    mf_diff_acc_free(p2);
+    free(all);
+    free(p1);
+    free(p2);
+    mf_run_close(r);
+    mf_run_close(t);
+}
