@@ -137,13 +137,51 @@ int mf_diff_align(mf_run *ref, mf_run *tgt, mf_error *err) {
 
 /* ---- per sequence ----------------------------------------------------------- */
 
+/* Bin b (1..32) holds margins in [10^((b-1)/4 - 6), 10^(b/4 - 6)); bin 0 ties
+ * (and anything not positive); bin 33 everything from 100 up. */
+static double bin_edges[MF_MARGIN_BINS - 1];
+
+static void init_edges(void) {
+    if (bin_edges[0] != 0) return;
+    for (int b = 0; b < MF_MARGIN_BINS - 1; b++) bin_edges[b] = pow(10.0, b / 4.0 - 6.0);
+}
+
 static int margin_bin(double m) {
     if (!(m > 0)) return 0;
-    int b = (int)floor((log10(m) + 6.0) * 4.0) + 1;
-    return b < 1 ? 1 : b > MF_MARGIN_BINS - 1 ? MF_MARGIN_BINS - 1 : b;
+    int lo = 0, hi = MF_MARGIN_BINS - 1;   /* the number of edges <= m */
+    while (lo < hi) {
+        int mid = (lo + hi) / 2;
+        if (bin_edges[mid] <= m) lo = mid + 1;
+        else hi = mid;
+    }
+    return lo < 1 ? 1 : lo;
 }
 
 static double get(const mf_st_tensor *t, size_t i) { return mf_load_as_f64(t->data, t->dtype, i); }
+
+/* n consecutive values from element off, converted once per row (the hot path). */
+static void load_row(const mf_st_tensor *t, size_t off, int n, double *out) {
+    const uint8_t *p = t->data;
+    switch (t->dtype) {
+    case MF_BF16:
+        for (int i = 0; i < n; i++) {
+            uint16_t h;
+            memcpy(&h, p + 2 * (off + (size_t)i), 2);
+            out[i] = mf_bf16_to_f32(h);
+        }
+        break;
+    case MF_F32:
+        for (int i = 0; i < n; i++) {
+            float f;
+            memcpy(&f, p + 4 * (off + (size_t)i), 4);
+            out[i] = f;
+        }
+        break;
+    case MF_F64: memcpy(out, p + 8 * off, sizeof(double) * (size_t)n); break;
+    default:
+        for (int i = 0; i < n; i++) out[i] = mf_load_as_f64(p, t->dtype, off + (size_t)i);
+    }
+}
 
 static uint16_t get_u16(const mf_st_tensor *t, size_t i) {
     uint16_t v;
@@ -214,6 +252,7 @@ static void logit_stats(const mf_st_tensor *A, const mf_st_tensor *B, size_t off
 }
 
 static int add_sequence(mf_diff_acc *a, mf_run *ref, size_t si, mf_run *tgt, size_t ti, mf_error *err) {
+    init_edges();
     seq_view R, T;
     int rc;
     if ((rc = view(ref, si, &R, err)) || (rc = view(tgt, ti, &T, err))) return rc;
@@ -232,8 +271,6 @@ static int add_sequence(mf_diff_acc *a, mf_run *ref, size_t si, mf_run *tgt, siz
     bool *all_equal = mf_xmalloc((size_t)n + 1);
     for (int t = 0; t < n; t++) all_equal[t] = true;
     int earliest_before = n;   /* smallest flipped position in any earlier layer */
-    double *probs = mf_xmalloc(sizeof(double) * ((size_t)E + 1));
-    uint16_t *rk = mf_xmalloc(sizeof(uint16_t) * ((size_t)E + 1));
     for (int l = 0; l < L; l++) {
         int earliest_here = n;
         for (int t = 0; t < n; t++) {
@@ -258,41 +295,51 @@ static int add_sequence(mf_diff_acc *a, mf_run *ref, size_t si, mf_run *tgt, siz
             c->layer_set_equal[l] += set;
             c->layer_ord_equal[l] += ord;
             c->overlap += overlap;
-            for (int e = 0; e < E; e++) {
-                double d = get(R.router, eo + e) - get(T.router, eo + e);
-                c->router_logit_sq_err += d * d;
-            }
+            double ref_row[E], tgt_row[E];
+            load_row(R.router, eo, E, ref_row);
+            load_row(T.router, eo, E, tgt_row);
+            double rsq = 0;
+            for (int e = 0; e < E; e++) rsq += (ref_row[e] - tgt_row[e]) * (ref_row[e] - tgt_row[e]);
+            c->router_logit_sq_err += rsq;
             c->router_logit_count += E;
-            /* the reference's margin: k-th minus (k+1)-th score, logit and probability units */
-            double ref_row[E];
-            for (int e = 0; e < E; e++) ref_row[e] = get(R.router, eo + e);
+            /* the reference's margin: k-th minus (k+1)-th score, the lowest
+             * score it dispatched against the highest it did not */
             double margin = INFINITY;
             bool tie = false;
             if (K < E) {
-                mf_topk(ref_row, E, K + 1, rk);
-                margin = ref_row[rk[K - 1]] - ref_row[rk[K]];
-                tie = margin == 0;
+                bool chosen[E];
+                memset(chosen, 0, sizeof chosen);
+                double kth = INFINITY, next = -INFINITY;
+                for (int i = 0; i < K; i++) {
+                    chosen[A[i]] = true;
+                    kth = ref_row[A[i]] < kth ? ref_row[A[i]] : kth;
+                }
+                for (int e = 0; e < E; e++)
+                    if (!chosen[e] && ref_row[e] > next) next = ref_row[e];
+                margin = kth - next;
+                tie = margin <= 0;   /* < 0 only when fp32 probabilities tied where the logits did not */
             }
-            (void)probs;
             c->ties += tie;
             a->ties[l] += tie;
             const int bin = margin_bin(margin);
             a->margin_slots[(size_t)l * MF_MARGIN_BINS + bin]++;
             /* gate weights, aligned by expert id: experts in only one run count with 0 in the other */
             if (R.w && T.w) {
+                double wr[K], wt[K];
+                load_row(R.w, ko, K, wr);
+                load_row(T.w, ko, K, wt);
                 for (int i = 0; i < K; i++) {
-                    double wa = get(R.w, ko + i), wb = 0;
+                    double wb = 0;
                     for (int j = 0; j < K; j++)
-                        if (B[j] == A[i]) wb = get(T.w, ko + j);
-                    c->gate_sq_err += (wa - wb) * (wa - wb);
+                        if (B[j] == A[i]) wb = wt[j];
+                    c->gate_sq_err += (wr[i] - wb) * (wr[i] - wb);
                     c->gate_count++;
                 }
                 for (int j = 0; j < K; j++) {
                     bool in_a = false;
                     for (int i = 0; i < K; i++) in_a |= A[i] == B[j];
                     if (!in_a) {
-                        double wb = get(T.w, ko + j);
-                        c->gate_sq_err += wb * wb;
+                        c->gate_sq_err += wt[j] * wt[j];
                         c->gate_count++;
                     }
                 }
@@ -368,8 +415,6 @@ static int add_sequence(mf_diff_acc *a, mf_run *ref, size_t si, mf_run *tgt, siz
     free(flipped_at);
     free(first_flip);
     free(all_equal);
-    free(probs);
-    free(rk);
     return MF_OK;
 }
 
