@@ -1,6 +1,9 @@
 /* Emulated GEMM: C[M, N] = A[M, K] . B[K, N] + C0 computed as a chain of one
  * matrix instruction over K, under a declared K-schedule:
- *  - split: K is cut into `split` contiguous ranges (split-K), each its own chain;
+ *  - split: K is cut into `split` contiguous ranges (split-K), each its own
+ *           chain: K is counted in tiles of `tile` elements (default: the
+ *           instruction's k), each range takes ceil(tiles / split) of them
+ *           and the last range the rest (cuBLAS's split-K layout on the H200);
  *  - acc:   within a range, k-steps go round-robin to `acc` independent
  *           accumulators (the first starts from C0 in range 0, the others from 0);
  *  - reduce: accumulators, then ranges, are combined with fp32 additions in
@@ -36,18 +39,30 @@ static float reduce(const float *v, int n, mf_reduce how) {
 }
 
 int mf_kschedule_check(const mf_kschedule *s, int K, mf_error *err) {
-    const int k = s->instr.k;
+    (void)K;
     if (s->acc < 1 || s->split < 1) return mf_fail(err, MF_EINVAL, "schedule: acc and split must be at least 1");
+    if (s->tile && s->tile % s->instr.k)
+        return mf_fail(err, MF_EINVAL, "schedule: tile %d is not a multiple of %s's k", s->tile, s->instr.name);
     if (s->instr.c_fmt != MF_FMT_F32) return mf_fail(err, MF_EUNSUPPORTED, "schedule: %s does not accumulate in fp32", s->instr.name);
-    int steps = (K + k - 1) / k;
-    if (steps % s->split) return mf_fail(err, MF_EINVAL, "schedule: %d k-steps of %s do not split %d ways", steps, s->instr.name, s->split);
     return MF_OK;
+}
+
+/* The k-steps [*first, *end) of range r: ranges of ceil(tiles / split) tiles. */
+static void range_steps(const mf_kschedule *s, int steps, int r, int *first, int *end) {
+    const int per_tile = s->tile ? s->tile / s->instr.k : 1;
+    const int tiles = (steps + per_tile - 1) / per_tile;
+    const int each = (tiles + s->split - 1) / s->split;
+    int t0 = r * each, t1 = (r + 1) * each;
+    if (t0 > tiles) t0 = tiles;
+    if (t1 > tiles) t1 = tiles;
+    *first = t0 * per_tile < steps ? t0 * per_tile : steps;
+    *end = t1 * per_tile < steps ? t1 * per_tile : steps;
 }
 
 void mf_emu_gemm_reference(const mf_kschedule *s, int M, int N, int K, const uint64_t *A, const uint64_t *B,
                            const uint64_t *C0, uint64_t *C, int threads) {
     const mf_mma_instr *I = &s->instr;
-    const int k = I->k, steps = (K + k - 1) / k, per_range = steps / s->split, nacc = s->acc;
+    const int k = I->k, steps = (K + k - 1) / k, nacc = s->acc;
     const int Kp = steps * k;
     (void)threads;
 #pragma omp parallel num_threads(threads) if (threads > 1 && (double)M * N * K > 65536)
@@ -63,8 +78,10 @@ void mf_emu_gemm_reference(const mf_kschedule *s, int M, int N, int K, const uin
                 for (int r = 0; r < s->split; r++) {
                     uint64_t acc[nacc];
                     for (int q = 0; q < nacc; q++) acc[q] = (r == 0 && q == 0) ? c0 : 0;
-                    for (int t = 0; t < per_range; t++) {
-                        int step = r * per_range + t;
+                    int first, end;
+                    range_steps(s, steps, r, &first, &end);
+                    for (int t = 0; t < end - first; t++) {
+                        int step = first + t;
                         uint64_t *dst = &acc[t % nacc];
                         *dst = mf_mma_dot(I, a + (size_t)step * k, b + (size_t)step * k, 1, *dst);
                     }
@@ -89,12 +106,18 @@ void mf_emu_gemm(const mf_kschedule *s, int M, int N, int K, const uint64_t *A, 
         mf_emu_gemm_reference(s, M, N, K, A, B, C0, C, threads);
         return;
     }
-    const int k = s->instr.k, steps = (K + k - 1) / k, per_range = steps / s->split, nacc = s->acc;
+    const int k = s->instr.k, steps = (K + k - 1) / k, nacc = s->acc;
     if (s->split == 1 && nacc == 1 && K % k == 0) {
         mf_emu_gemm_fast(s, M, N, K, A, B, C0, C, threads);
         return;
     }
-    const int nchains = s->split * nacc, maxsteps = (per_range + nacc - 1) / nacc;
+    int longest = 0;
+    for (int r = 0; r < s->split; r++) {
+        int first, end;
+        range_steps(s, steps, r, &first, &end);
+        if (end - first > longest) longest = end - first;
+    }
+    const int nchains = s->split * nacc, maxsteps = (longest + nacc - 1) / nacc;
     uint64_t *part = malloc(sizeof(uint64_t) * (size_t)nchains * M * N);
     uint64_t *a = malloc(sizeof(uint64_t) * (size_t)M * maxsteps * k), *b = malloc(sizeof(uint64_t) * (size_t)maxsteps * k * N);
     for (int r = 0; r < s->split; r++)
@@ -102,8 +125,10 @@ void mf_emu_gemm(const mf_kschedule *s, int M, int N, int K, const uint64_t *A, 
             int n = 0;
             memset(a, 0, sizeof(uint64_t) * (size_t)M * maxsteps * k);
             memset(b, 0, sizeof(uint64_t) * (size_t)maxsteps * k * N);
-            for (int t = q; t < per_range; t += nacc, n++) {
-                int step = r * per_range + t;
+            int first, end;
+            range_steps(s, steps, r, &first, &end);
+            for (int t = q; t < end - first; t += nacc, n++) {
+                int step = first + t;
                 for (int i = 0; i < M; i++)
                     for (int kk = 0; kk < k; kk++) {
                         int src = step * k + kk;

@@ -106,6 +106,7 @@ typedef struct mf_kschedule {
     mf_mma_instr instr;
     int acc;            /* independent accumulators, k-steps dealt round-robin */
     int split;          /* split-K factor: contiguous K ranges, each its own chain */
+    int tile;           /* split-K unit in K elements (0: the instruction's k); ranges of ceil(tiles / split) */
     mf_reduce reduce;   /* how accumulators, then ranges, are added (fp32) */
 } mf_kschedule;
 

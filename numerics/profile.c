@@ -1,7 +1,7 @@
 /* Numerics profiles: how every matrix product of a model is carried out.
  *   fp64              every product in double (the reference; goes with --precision fp64)
  *   native            the CPU's own fp32 fma chains (mf_gemm_f32)
- *   emu:ARCH[:INSTR][:acc=N][:split=N][:reduce=seq|tree]
+ *   emu:ARCH[:INSTR][:acc=N][:split=N][:tile=N][:reduce=seq|tree]
  *                     a vendor's matrix instruction, bit for bit, chained over K under
  *                     the schedule; ARCH volta, ampere, hopper, cdna2, cdna3.
  * bf16 and fp16 operands go through the instruction for their type; fp32
@@ -48,7 +48,7 @@ int mf_numerics_parse(mf_numerics *n, const char *spec, mf_error *err) {
     n->kind = MF_NUMERICS_EMU;
     snprintf(n->arch, sizeof n->arch, "%s", archs[a].key);
     const char *instr = NULL;
-    int acc = 1, split = 1;
+    int acc = 1, split = 1, tile = 0;
     mf_reduce red = MF_REDUCE_SEQ;
     for (char *tok = strtok_r(NULL, ":", &save); tok; tok = strtok_r(NULL, ":", &save)) {
         char *end;
@@ -58,6 +58,9 @@ int mf_numerics_parse(mf_numerics *n, const char *spec, mf_error *err) {
         } else if (!strncmp(tok, "split=", 6)) {
             split = (int)strtol(tok + 6, &end, 10);
             if (*end || split < 1 || split > 1024) return mf_fail(err, MF_EINVAL, "numerics \"%s\": split takes 1..1024", spec);
+        } else if (!strncmp(tok, "tile=", 5)) {
+            tile = (int)strtol(tok + 5, &end, 10);
+            if (*end || tile < 1 || tile > 1 << 20) return mf_fail(err, MF_EINVAL, "numerics \"%s\": tile takes a K width", spec);
         } else if (!strcmp(tok, "reduce=seq")) {
             red = MF_REDUCE_SEQ;
         } else if (!strcmp(tok, "reduce=tree")) {
@@ -86,13 +89,17 @@ int mf_numerics_parse(mf_numerics *n, const char *spec, mf_error *err) {
         sched[t]->instr.zero_products_excluded = a == 2;
         sched[t]->acc = acc;
         sched[t]->split = split;
+        sched[t]->tile = tile;
+        if (mf_kschedule_check(sched[t], 0, err)) return mf_fail_wrap(err, "numerics \"%s\"", spec);
         sched[t]->reduce = red;
         if (sched[t]->instr.c_fmt != MF_FMT_F32)
             return mf_fail(err, MF_EUNSUPPORTED, "numerics \"%s\": %s does not accumulate in fp32", spec, names[t]);
     }
     /* canonical name: everything spelled out, so the manifest says exactly what ran */
-    snprintf(n->name, sizeof n->name, "emu:%s:%s:acc=%d:split=%d:reduce=%s", archs[a].key,
-             instr ? instr : (names[0] ? names[0] : names[1]), acc, split, red == MF_REDUCE_TREE ? "tree" : "seq");
+    char tile_s[24] = "";
+    if (tile) snprintf(tile_s, sizeof tile_s, ":tile=%d", tile);
+    snprintf(n->name, sizeof n->name, "emu:%s:%s:acc=%d:split=%d%s:reduce=%s", archs[a].key,
+             instr ? instr : (names[0] ? names[0] : names[1]), acc, split, tile_s, red == MF_REDUCE_TREE ? "tree" : "seq");
     return MF_OK;
 }
 

@@ -95,7 +95,7 @@ Test(mma, instruction_table) {
 /* The emulated GEMM is the chain of the instruction over K: compare with
  * tiles run one after another, C carried through. */
 static void gemm_vs_tiles(const char *arch, const char *name, int acc) {
-    mf_kschedule s = {lookup(arch, name), acc, 1, MF_REDUCE_SEQ};
+    mf_kschedule s = {.instr = lookup(arch, name), .acc = acc, .split = 1, .reduce = MF_REDUCE_SEQ};
     const mf_mma_instr *I = &s.instr;
     const int M = I->m, N = I->n, steps = 6, K = I->k * steps;
     mf_rng r;
@@ -149,7 +149,7 @@ static uint64_t random_operand(mf_rng *r, mf_fmt f, int style) {
 }
 
 static void fast_vs_reference_z(const char *arch, const char *name, int acc, int split, mf_reduce red, bool hw_zero) {
-    mf_kschedule s = {lookup(arch, name), acc, split, red};
+    mf_kschedule s = {.instr = lookup(arch, name), .acc = acc, .split = split, .reduce = red};
     s.instr.zero_products_excluded = hw_zero;
     const int M = 9, N = 13, K = s.instr.k * 8;
     const mf_fmt f = s.instr.a_fmt;
@@ -276,4 +276,43 @@ Test(mma, zero_products_and_the_largest_exponent) {
     cr_assert_eq((uint32_t)mf_mma_dot(&h, a, b, 1, 0), 0u, "MMA-Sim's convention");
     h.zero_products_excluded = true;
     cr_assert_eq((uint32_t)mf_mma_dot(&h, a, b, 1, 0), f32b(0x1p-60f * (1.0f + 0x1p-7f)), "the H200");
+}
+
+/* cuBLAS on the H200 (tools/cublas_vs_emu.py, bench/README.md): split-K
+ * kernels are emu:hopper chains over contiguous ranges of 64-wide K tiles,
+ * ceil(tiles / S) each, added in order. A few rows and columns of four such
+ * products, with the GPU's outputs (tests/fixtures/cublas). */
+Test(emu_gemm, cublas_split_k_on_the_h200) {
+    char *text;
+    size_t len;
+    mf_error err = {0};
+    cr_assert_eq(mf_read_file(fixture("cublas/h200_splitk.jsonl.xz"), &text, &len, &err), MF_OK, "%s", err.msg);
+    int cases = 0;
+    char *save = NULL;
+    for (char *line = strtok_r(text, "\n", &save); line; line = strtok_r(NULL, "\n", &save), cases++) {
+        json_t *o = json_loads(line, 0, NULL);
+        cr_assert(o);
+        const int K = (int)json_integer_value(json_array_get(json_object_get(o, "shape"), 2));
+        const int R = (int)json_array_size(json_object_get(o, "rows")), Cn = (int)json_array_size(json_object_get(o, "cols"));
+        mf_numerics n;
+        cr_assert_eq(mf_numerics_parse(&n, json_string_value(json_object_get(o, "schedule")), &err), MF_OK, "%s", err.msg);
+        uint64_t *A = malloc(8 * (size_t)R * K), *B = malloc(8 * (size_t)K * Cn), *C = malloc(8 * (size_t)R * Cn);
+        for (int i = 0; i < R * K; i++) A[i] = hex(json_array_get(json_object_get(o, "A"), (size_t)i));
+        for (int i = 0; i < K * Cn; i++) B[i] = hex(json_array_get(json_object_get(o, "B"), (size_t)i));
+        mf_emu_gemm(&n.bf16, R, Cn, K, A, B, NULL, C, 2);
+        for (int i = 0; i < R * Cn; i++)
+            cr_assert_eq((uint32_t)C[i], (uint32_t)hex(json_array_get(json_object_get(o, "C"), (size_t)i)), "%s, %s: element %d",
+                         json_string_value(json_object_get(o, "call")), n.name, i);
+        /* and the plain chain does not produce these bits: the schedule matters */
+        mf_numerics plain;
+        mf_numerics_parse(&plain, "emu:hopper", &err);
+        mf_emu_gemm(&plain.bf16, R, Cn, K, A, B, NULL, C, 2);
+        int same = 0;
+        for (int i = 0; i < R * Cn; i++) same += (uint32_t)C[i] == (uint32_t)hex(json_array_get(json_object_get(o, "C"), (size_t)i));
+        cr_assert_lt(same, R * Cn);
+        free(A); free(B); free(C);
+        json_decref(o);
+    }
+    cr_assert_eq(cases, 4);
+    free(text);
 }
