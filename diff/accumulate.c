@@ -35,7 +35,6 @@ static void case_free(mf_case *c) {
 
 void mf_diff_acc_free(mf_diff_acc *a) {
     for (size_t i = 0; i < a->n_cases; i++) case_free(&a->cases[i]);
-    for (size_t i = 0; i < a->n_pos; i++) free(a->pos[i].seq);
     free(a->cases);
     free(a->pos);
     free(a->layers);
@@ -281,11 +280,12 @@ static int add_sequence(mf_diff_acc *a, mf_run *ref, size_t si, mf_run *tgt, siz
                 A[i] = get_u16(R.ids, ko + i);
                 B[i] = get_u16(T.ids, ko + i);
             }
-            bool ord = true;
-            int overlap = 0;
-            for (int i = 0; i < K; i++) {
-                ord &= A[i] == B[i];
-                for (int j = 0; j < K; j++) overlap += A[i] == B[j];
+            bool ord = memcmp(A, B, sizeof A) == 0;   /* the common case: identical choices */
+            int overlap = K;
+            if (!ord) {
+                overlap = 0;
+                for (int i = 0; i < K; i++)
+                    for (int j = 0; j < K; j++) overlap += A[i] == B[j];
             }
             const bool set = overlap == K;
             c->router_slots++;
@@ -307,15 +307,15 @@ static int add_sequence(mf_diff_acc *a, mf_run *ref, size_t si, mf_run *tgt, siz
             double margin = INFINITY;
             bool tie = false;
             if (K < E) {
-                bool chosen[E];
+                uint64_t chosen[(E + 63) / 64];
                 memset(chosen, 0, sizeof chosen);
                 double kth = INFINITY, next = -INFINITY;
                 for (int i = 0; i < K; i++) {
-                    chosen[A[i]] = true;
+                    chosen[A[i] >> 6] |= (uint64_t)1 << (A[i] & 63);
                     kth = ref_row[A[i]] < kth ? ref_row[A[i]] : kth;
                 }
                 for (int e = 0; e < E; e++)
-                    if (!chosen[e] && ref_row[e] > next) next = ref_row[e];
+                    if (ref_row[e] > next && !(chosen[e >> 6] >> (e & 63) & 1)) next = ref_row[e];
                 margin = kth - next;
                 tie = margin <= 0;   /* < 0 only when fp32 probabilities tied where the logits did not */
             }
@@ -382,7 +382,7 @@ static int add_sequence(mf_diff_acc *a, mf_run *ref, size_t si, mf_run *tgt, siz
     }
     for (int t = 0; t < n; t++) {
         mf_position *p = new_pos(a);
-        p->seq = mf_xstrdup(id);
+        p->seq = c->id;   /* owned by the case, which moves with it on merge */
         p->pos = t;
         int32_t tok;
         memcpy(&tok, R.tokens->data + 4 * (size_t)t, 4);

@@ -41,7 +41,7 @@ typedef struct mf_case {
 /* One position's record (for --positions and the Spearman correlation). */
 typedef struct mf_position {
     int case_index;          /* into the accumulator's cases, before sorting: resolved by id */
-    char *seq;
+    const char *seq;         /* the case's id */
     int pos, token;
     int first_flip_layer;    /* model layer index, -1 when none flipped */
     int flipped_slots;
