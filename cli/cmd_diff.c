@@ -8,8 +8,8 @@
 #include <string.h>
 
 static const char *help =
-    "usage: moeflip diff REF TARGET [TARGET...] [-o diff.json] [--positions FILE.csv] [--bootstrap N] [--seed S]\n"
-    "                    [--floor RUN]\n"
+    "usage: moeflip diff REF TARGET [TARGET...] [-o diff.json] [--positions FILE.csv] [--slots FILE.csv]\n"
+    "                    [--bootstrap N] [--seed S] [--floor RUN]\n"
     "\n"
     "Compares runs of the same model on the same tokens. Metrics (CroVA's definitions, pooled as ratios of sums\n"
     "over all positions of all sequences): raw_logit_mse, prob_mse, forward_kl (KL(P_ref || P_target), nats per\n"
@@ -22,6 +22,9 @@ static const char *help =
     "\n"
     "  -o FILE            diff.json   [diff.json]\n"
     "  --positions FILE   one CSV row per (target, sequence, position)\n"
+    "  --slots FILE       one CSV row per (target, sequence, layer, position): set/order equal, overlap,\n"
+    "                     dropped and added experts, the reference's margin (logit and probability units),\n"
+    "                     tie, gate-weight and shared-gate squared error\n"
     "  --bootstrap N      resamples   [10000; 0: no intervals]\n"
     "  --seed S           resampling seed   [20260820]\n"
     "  --floor RUN        a repeat of the reference configuration\n"
@@ -39,10 +42,11 @@ static char *config_key(mf_run *r) {
 }
 
 int cmd_diff(int argc, char **argv) {
-    const char *out = "diff.json", *positions = NULL, *floor_path = NULL;
+    const char *out = "diff.json", *positions = NULL, *floor_path = NULL, *slots = NULL;
     long boot = 10000, seed = 20260820;
     bool quiet = false;
     static const struct option opts[] = {{"output", required_argument, 0, 'o'}, {"positions", required_argument, 0, 'P'},
+                                         {"slots", required_argument, 0, 'L'},
                                          {"bootstrap", required_argument, 0, 'b'}, {"seed", required_argument, 0, 's'},
                                          {"floor", required_argument, 0, 'f'}, {"quiet", no_argument, 0, 'q'},
                                          {"help", no_argument, 0, 'h'}, {0, 0, 0, 0}};
@@ -53,6 +57,7 @@ int cmd_diff(int argc, char **argv) {
         switch (c) {
         case 'o': out = optarg; break;
         case 'P': positions = optarg; break;
+        case 'L': slots = optarg; break;
         case 'b':
             if (!cli_parse_int(optarg, 0, 10000000, &boot)) return cli_usage_error("diff", "--bootstrap takes a count");
             break;
@@ -79,6 +84,7 @@ int cmd_diff(int argc, char **argv) {
     for (int i = 0; i < nt; i++) {
         accs[i] = mf_xcalloc(1, sizeof(mf_diff_acc));
         mf_diff_acc_init(accs[i], ref->n_moe, ref->n_experts, ref->top_k, ref->vocab, ref->moe_layers);
+        accs[i]->keep_slots = slots != NULL;
         if (mf_diff_acc_add_runs(accs[i], ref, targets[i], &err)) goto done;
     }
     /* the noise floor: --floor, else the first target that repeats the reference's configuration */
@@ -102,6 +108,7 @@ int cmd_diff(int argc, char **argv) {
     mf_diff_opts o = {(int)boot, (uint64_t)seed};
     if (mf_diff_write_json(out, ref, targets, accs, nt, floor_acc, floor_run, &o, &err)) goto done;
     if (positions && mf_diff_write_positions(positions, accs, nt, &err)) goto done;
+    if (slots && mf_diff_write_slots(slots, accs, nt, &err)) goto done;
     if (!quiet) {
         mf_diff_print_summary(stdout, ref, targets, accs, nt, &o);
         printf("\nwrote %s%s%s\n", out, positions ? " and " : "", positions ? positions : "");

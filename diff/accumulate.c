@@ -47,6 +47,7 @@ void mf_diff_acc_free(mf_diff_acc *a) {
     free(a->dropped);
     free(a->added);
     free(a->transitions);
+    free(a->slots);
     memset(a, 0, sizeof *a);
 }
 
@@ -304,7 +305,7 @@ static int add_sequence(mf_diff_acc *a, mf_run *ref, size_t si, mf_run *tgt, siz
             c->router_logit_count += E;
             /* the reference's margin: k-th minus (k+1)-th score, the lowest
              * score it dispatched against the highest it did not */
-            double margin = INFINITY;
+            double margin = INFINITY, kth_score = NAN;
             bool tie = false;
             if (K < E) {
                 uint64_t chosen[(E + 63) / 64];
@@ -317,6 +318,7 @@ static int add_sequence(mf_diff_acc *a, mf_run *ref, size_t si, mf_run *tgt, siz
                 for (int e = 0; e < E; e++)
                     if (ref_row[e] > next && !(chosen[e >> 6] >> (e & 63) & 1)) next = ref_row[e];
                 margin = kth - next;
+                kth_score = kth;
                 tie = margin <= 0;   /* < 0 only when fp32 probabilities tied where the logits did not */
             }
             c->ties += tie;
@@ -324,6 +326,7 @@ static int add_sequence(mf_diff_acc *a, mf_run *ref, size_t si, mf_run *tgt, siz
             const int bin = margin_bin(margin);
             a->margin_slots[(size_t)l * MF_MARGIN_BINS + bin]++;
             /* gate weights, aligned by expert id: experts in only one run count with 0 in the other */
+            double slot_gate_sq = 0;
             if (R.w && T.w) {
                 double wr[K], wt[K];
                 load_row(R.w, ko, K, wr);
@@ -333,6 +336,7 @@ static int add_sequence(mf_diff_acc *a, mf_run *ref, size_t si, mf_run *tgt, siz
                     for (int j = 0; j < K; j++)
                         if (B[j] == A[i]) wb = wt[j];
                     c->gate_sq_err += (wr[i] - wb) * (wr[i] - wb);
+                    slot_gate_sq += (wr[i] - wb) * (wr[i] - wb);
                     c->gate_count++;
                 }
                 for (int j = 0; j < K; j++) {
@@ -340,15 +344,44 @@ static int add_sequence(mf_diff_acc *a, mf_run *ref, size_t si, mf_run *tgt, siz
                     for (int i = 0; i < K; i++) in_a |= A[i] == B[j];
                     if (!in_a) {
                         c->gate_sq_err += wt[j] * wt[j];
+                        slot_gate_sq += wt[j] * wt[j];
                         c->gate_count++;
                     }
                 }
             }
+            double shared_sq = NAN;
             if (R.shared && T.shared) {
                 double d = get(R.shared, slot) - get(T.shared, slot);
+                shared_sq = d * d;
                 c->shared_sq_err += d * d;
                 c->shared_count++;
             }
+            mf_slot *sl = NULL;
+            if (a->keep_slots) {
+                if (a->n_slots == a->cap_slots) {
+                    a->cap_slots = a->cap_slots ? 2 * a->cap_slots : 1024;
+                    a->slots = realloc(a->slots, a->cap_slots * sizeof *a->slots);
+                    if (!a->slots) abort();
+                }
+                sl = &a->slots[a->n_slots++];
+                memset(sl, 0, sizeof *sl);
+                sl->seq = c->id;
+                sl->layer = a->layers[l];
+                sl->pos = t;
+                sl->set_equal = set;
+                sl->order_equal = ord;
+                sl->tie = tie;
+                sl->overlap = overlap;
+                sl->margin_logit = margin;
+                sl->shared_sq_err = shared_sq;
+                sl->gate_sq_err = NAN;
+                /* the margin in probability units: softmax of the reference's scores */
+                double mx = -INFINITY, z = 0;
+                for (int e = 0; e < E; e++) mx = ref_row[e] > mx ? ref_row[e] : mx;
+                for (int e = 0; e < E; e++) z += exp(ref_row[e] - mx);
+                sl->margin_prob = isfinite(margin) ? (exp(kth_score - mx) - exp(kth_score - margin - mx)) / z : NAN;
+            }
+            if (sl && R.w && T.w) sl->gate_sq_err = slot_gate_sq;
             if (set) continue;
             /* a flip: dropped = A \ B, added = B \ A */
             all_equal[t] = false;
@@ -372,6 +405,10 @@ static int add_sequence(mf_diff_acc *a, mf_run *ref, size_t si, mf_run *tgt, siz
                 }
                 if (!in_b) drop[nd++] = A[i];
                 if (!in_a) add[na++] = B[i];
+            }
+            if (sl) {
+                for (int i = 0; i < nd && i < 8; i++) sl->dropped[sl->n_dropped++] = (uint16_t)drop[i];
+                for (int i = 0; i < na && i < 8; i++) sl->added[sl->n_added++] = (uint16_t)add[i];
             }
             for (int i = 0; i < nd; i++) a->dropped[(size_t)l * E + drop[i]]++;
             for (int i = 0; i < na; i++) a->added[(size_t)l * E + add[i]]++;
@@ -446,6 +483,14 @@ int mf_diff_merge(mf_diff_acc *dst, mf_diff_acc *src, mf_error *err) {
     src->n_cases = 0;
     for (size_t i = 0; i < src->n_pos; i++) *new_pos(dst) = src->pos[i];
     src->n_pos = 0;
+    if (src->n_slots) {
+        dst->slots = realloc(dst->slots, (dst->n_slots + src->n_slots) * sizeof *dst->slots);
+        if (!dst->slots) abort();
+        memcpy(dst->slots + dst->n_slots, src->slots, src->n_slots * sizeof *src->slots);
+        dst->n_slots += src->n_slots;
+        dst->cap_slots = dst->n_slots;
+        src->n_slots = 0;
+    }
     const size_t L = (size_t)dst->L, E = (size_t)dst->E;
     for (size_t l = 0; l < L; l++) {
         dst->flips[l] += src->flips[l];

@@ -49,6 +49,17 @@ typedef struct mf_position {
     int top1;                /* 1 agree, 0 differ, -1 unknown */
 } mf_position;
 
+/* One (layer, position) slot, kept when the accumulator's keep_slots is set. */
+typedef struct mf_slot {
+    const char *seq;
+    int layer, pos;
+    bool set_equal, order_equal, tie;
+    int overlap;
+    uint16_t dropped[8], added[8];   /* the first 8 of each (k is at most 8 in these models) */
+    int n_dropped, n_added;
+    double margin_logit, margin_prob, gate_sq_err, shared_sq_err;
+} mf_slot;
+
 typedef struct mf_diff_acc {
     int L, E, K, V;
     int *layers;                      /* [L] model layer index of each MoE layer */
@@ -60,6 +71,9 @@ typedef struct mf_diff_acc {
     int64_t *margin_slots, *margin_flips;          /* [L][MF_MARGIN_BINS] by reference margin (logit units) */
     int64_t *dropped, *added;                      /* [L][E] */
     int64_t *transitions;                          /* [E][E]: dropped expert -> added expert, same slot */
+    bool keep_slots;
+    mf_slot *slots;
+    size_t n_slots, cap_slots;
 } mf_diff_acc;
 
 void mf_diff_acc_init(mf_diff_acc *a, int L, int E, int K, int V, const int *layers);
@@ -89,6 +103,8 @@ void mf_diff_print_summary(FILE *out, mf_run *ref, mf_run **targets, mf_diff_acc
                            const mf_diff_opts *o);
 /* One row per (target, sequence, position). */
 int mf_diff_write_positions(const char *path, mf_diff_acc **accs, int n_targets, mf_error *err);
+/* One row per (target, sequence, layer, position) slot (needs keep_slots). */
+int mf_diff_write_slots(const char *path, mf_diff_acc **accs, int n_targets, mf_error *err);
 
 /* Pooled CroVA metric by name over all cases ("raw_logit_mse", ..., "router_logit_mse"); NaN when undefined. */
 double mf_diff_metric(const mf_diff_acc *a, const char *name);

@@ -576,3 +576,41 @@ int mf_diff_write_positions(const char *path, mf_diff_acc **accs, int n_targets,
     }
     return mf_atomic_commit(&af, err);
 }
+
+static int cmp_slot(const void *a, const void *b) {
+    const mf_slot *x = a, *y = b;
+    int c = strcmp(x->seq, y->seq);
+    if (c) return c;
+    if (x->layer != y->layer) return x->layer < y->layer ? -1 : 1;
+    return (x->pos > y->pos) - (x->pos < y->pos);
+}
+
+static void put_list(FILE *f, const uint16_t *v, int n) {
+    for (int i = 0; i < n; i++) fprintf(f, i ? ";%u" : "%u", v[i]);
+}
+
+int mf_diff_write_slots(const char *path, mf_diff_acc **accs, int n_targets, mf_error *err) {
+    mf_atomic_file af;
+    int rc = mf_atomic_open(&af, path, err);
+    if (rc) return rc;
+    fputs("target,seq,layer,pos,set_equal,order_equal,overlap,dropped,added,margin_logit,margin_prob,tie,"
+          "gate_weight_sq_err,shared_gate_sq_err\n", af.fp);
+    for (int i = 0; i < n_targets; i++) {
+        mf_diff_acc *a = accs[i];
+        qsort(a->slots, a->n_slots, sizeof *a->slots, cmp_slot);
+        for (size_t k = 0; k < a->n_slots; k++) {
+            const mf_slot *s = &a->slots[k];
+            fprintf(af.fp, "%d,%s,%d,%d,%d,%d,%d,", i + 1, s->seq, s->layer, s->pos, s->set_equal, s->order_equal,
+                    s->overlap);
+            put_list(af.fp, s->dropped, s->n_dropped);
+            fputc(',', af.fp);
+            put_list(af.fp, s->added, s->n_added);
+            fprintf(af.fp, ",%.17g,%.17g,%d,", s->margin_logit, s->margin_prob, s->tie);
+            if (!isnan(s->gate_sq_err)) fprintf(af.fp, "%.17g", s->gate_sq_err);
+            fputc(',', af.fp);
+            if (!isnan(s->shared_sq_err)) fprintf(af.fp, "%.17g", s->shared_sq_err);
+            fputc('\n', af.fp);
+        }
+    }
+    return mf_atomic_commit(&af, err);
+}

@@ -214,7 +214,26 @@ Test(diff_hand, flips_ties_and_errors) {
     mf_error err = {0};
     cr_assert_eq(mf_run_open(&r, rp, &err), MF_OK);
     cr_assert_eq(mf_run_open(&t, tp, &err), MF_OK);
-    mf_diff_acc *a = diff_of(r, t);
+    mf_diff_acc *a = calloc(1, sizeof *a);
+    mf_diff_acc_init(a, r->n_moe, r->n_experts, r->top_k, r->vocab, r->moe_layers);
+    a->keep_slots = true;
+    cr_assert_eq(mf_diff_acc_add_runs(a, r, t, &err), MF_OK, "%s", err.msg);
+    /* the slot (layer 0, position 1): 3 dropped for 9; reference scores -e: margin 1 logit,
+     * (e^-3 - e^-4) / sum_e e^-e in probability */
+    bool seen = false;
+    for (size_t i = 0; i < a->n_slots; i++) {
+        const mf_slot *sl = &a->slots[i];
+        if (sl->layer != 0 || sl->pos != 1) continue;
+        seen = true;
+        double z = 0;
+        for (int e = 0; e < 16; e++) z += exp(-e);
+        cr_assert(!sl->set_equal && sl->overlap == 3 && sl->n_dropped == 1 && sl->dropped[0] == 3 && sl->n_added == 1 &&
+                  sl->added[0] == 9);
+        cr_assert_float_eq(sl->margin_logit, 1.0, 1e-12);
+        cr_assert_float_eq(sl->margin_prob, (exp(-3.0) - exp(-4.0)) / z, 1e-12);
+        cr_assert(!sl->tie);
+    }
+    cr_assert(seen);
     /* 12 slots, 3 flipped */
     cr_assert_float_eq(mf_diff_metric(a, "router_set_equal_pct"), 100.0 * 9 / 12, 1e-12);
     cr_assert_float_eq(mf_diff_metric(a, "router_ord_equal_pct"), 100.0 * 8 / 12, 1e-12);
