@@ -55,6 +55,14 @@ mf_dtype mf_dtype_from_name(const char *name);
 bool mf_dtype_is_float(mf_dtype t);
 
 /* Exact conversions, round-to-nearest-even, NaN kept quiet, Inf kept. */
+static inline uint32_t mf_f32_bits(float f) {
+    union { float f; uint32_t u; } v = { f };
+    return v.u;
+}
+static inline float mf_bits_f32(uint32_t u) {
+    union { uint32_t u; float f; } v = { u };
+    return v.f;
+}
 static inline float mf_bf16_to_f32(uint16_t h) {
     union { uint32_t u; float f; } v = { (uint32_t)h << 16 };
     return v.f;

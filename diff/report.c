@@ -334,76 +334,54 @@ static json_t *metrics_json(const mf_diff_acc *a, const mf_diff_acc *base, const
     return o;
 }
 
+/* Sum of metric m's numerators (and denominators) over cases idx[0..n), or all when idx is NULL. */
+static double sum_num(const mf_diff_acc *a, int m, const int *idx, size_t n, double *den) {
+    double s = 0, d = 0;
+    for (size_t i = 0; i < n; i++) {
+        double x, y;
+        num_den(&a->cases[idx ? (size_t)idx[i] : i], m, a->K, &x, &y);
+        s += x;
+        d += y;
+    }
+    if (den) *den = d;
+    return s;
+}
+
+typedef struct pctx {
+    const mf_diff_acc *a, *b;   /* CroVA's x (first target) and y (this target) */
+    int m;
+} pctx;
+
+static double f_rel_change(const void *p, const int *idx, size_t n) {
+    const pctx *c = p;
+    double x = sum_num(c->a, c->m, idx, n, NULL), y = sum_num(c->b, c->m, idx, n, NULL);
+    return x > 0 ? 100 * (y / x - 1) : NAN;
+}
+
+static double f_count_diff(const void *p, const int *idx, size_t n) {
+    const pctx *c = p;
+    return sum_num(c->b, c->m, idx, n, NULL) - sum_num(c->a, c->m, idx, n, NULL);
+}
+
 /* CroVA's paired_bootstrap: relative change of error sums, and count differences. */
 static json_t *crova_paired(const mf_diff_acc *a, const mf_diff_acc *b, const int *plan, int B) {
     json_t *o = json_object();
-    static const struct { const char *key; int m; } rel[] = {{"sq_err", M_RAW_LOGIT_MSE}, {"kl", M_FORWARD_KL},
-                                                             {"prob_sq_err", M_PROB_MSE}};
+    static const struct { const char *key; int m; bool rel; } items[] = {
+        {"sq_err_rel_change_pct", M_RAW_LOGIT_MSE, true}, {"kl_rel_change_pct", M_FORWARD_KL, true},
+        {"prob_sq_err_rel_change_pct", M_PROB_MSE, true}, {"top1_diff", M_TOP1, false},
+        {"ord5_diff", M_ORD5, false}, {"set5_diff", M_SET5, false}, {"equal_bits_diff", M_EQUAL_BITS, false},
+        {"router_set_equal_diff", M_ROUTER_SET, false},
+    };
     const size_t n = a->n_cases;
-    for (int r = 0; r < 3; r++) {
-        double sx = 0, sy = 0, d;
-        for (size_t i = 0; i < n; i++) {
-            num_den(&a->cases[i], rel[r].m, a->K, &d, &(double){0});
-            sx += d;
-            num_den(&b->cases[i], rel[r].m, b->K, &d, &(double){0});
-            sy += d;
-        }
-        if (!(sx > 0)) continue;
-        double v = 100 * (sy / sx - 1), ci[2] = {NAN, NAN};
-        if (plan && B) {
-            double *draws = mf_xmalloc(sizeof(double) * (size_t)B);
-            for (int k = 0; k < B; k++) {
-                double x = 0, y = 0;
-                for (size_t i = 0; i < n; i++) {
-                    size_t j = (size_t)plan[(size_t)k * n + i];
-                    num_den(&a->cases[j], rel[r].m, a->K, &d, &(double){0});
-                    x += d;
-                    num_den(&b->cases[j], rel[r].m, b->K, &d, &(double){0});
-                    y += d;
-                }
-                draws[k] = x > 0 ? 100 * (y / x - 1) : NAN;
-            }
-            ci[0] = percentile(draws, B, 2.5);
-            ci[1] = percentile(draws, B, 97.5);
-            free(draws);
-        }
-        char key[64];
-        snprintf(key, sizeof key, "%s_rel_change_pct", rel[r].key);
-        json_object_set_new(o, key, value_ci(v, ci));
-    }
-    static const struct { const char *key; int m; } cnt[] = {{"top1", M_TOP1}, {"ord5", M_ORD5}, {"set5", M_SET5},
-                                                             {"equal_bits", M_EQUAL_BITS}, {"router_set_equal", M_ROUTER_SET}};
-    for (int r = 0; r < 5; r++) {
-        double s = 0, d, e, den = 0;
-        for (size_t i = 0; i < n; i++) {
-            num_den(&a->cases[i], cnt[r].m, a->K, &d, &e);
-            den += e;
-            s -= d;
-            num_den(&b->cases[i], cnt[r].m, b->K, &d, &e);
-            s += d;
-        }
-        if (!(den > 0)) continue;
-        double ci[2] = {NAN, NAN};
-        if (plan && B) {
-            double *draws = mf_xmalloc(sizeof(double) * (size_t)B);
-            for (int k = 0; k < B; k++) {
-                double x = 0;
-                for (size_t i = 0; i < n; i++) {
-                    size_t j = (size_t)plan[(size_t)k * n + i];
-                    num_den(&b->cases[j], cnt[r].m, b->K, &d, &e);
-                    x += d;
-                    num_den(&a->cases[j], cnt[r].m, a->K, &d, &e);
-                    x -= d;
-                }
-                draws[k] = x;
-            }
-            ci[0] = percentile(draws, B, 2.5);
-            ci[1] = percentile(draws, B, 97.5);
-            free(draws);
-        }
-        char key[64];
-        snprintf(key, sizeof key, "%s_diff", cnt[r].key);
-        json_object_set_new(o, key, value_ci(s, ci));
+    for (size_t i = 0; i < sizeof items / sizeof items[0]; i++) {
+        double den;
+        sum_num(a, items[i].m, NULL, n, &den);
+        if (!(den > 0)) continue;   /* undefined for these runs */
+        pctx c = {a, b, items[i].m};
+        double (*f)(const void *, const int *, size_t) = items[i].rel ? f_rel_change : f_count_diff;
+        double ci[2];
+        ci_of(f, &c, plan, n, B, ci);
+        json_object_set_new(o, items[i].key, value_ci(f(&c, NULL, n), ci));
     }
     return o;
 }

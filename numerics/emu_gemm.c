@@ -14,19 +14,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-static float bits_to_f32(uint64_t u) {
-    uint32_t v = (uint32_t)u;
-    float f;
-    memcpy(&f, &v, 4);
-    return f;
-}
-
-static uint64_t f32_to_bits(float f) {
-    uint32_t v;
-    memcpy(&v, &f, 4);
-    return v;
-}
-
 static float reduce(const float *v, int n, mf_reduce how) {
     if (n == 1) return v[0];
     if (how == MF_REDUCE_TREE) {
@@ -85,10 +72,10 @@ void mf_emu_gemm_reference(const mf_kschedule *s, int M, int N, int K, const uin
                         uint64_t *dst = &acc[t % nacc];
                         *dst = mf_mma_dot(I, a + (size_t)step * k, b + (size_t)step * k, 1, *dst);
                     }
-                    for (int q = 0; q < nacc; q++) accs[q] = bits_to_f32(acc[q]);
+                    for (int q = 0; q < nacc; q++) accs[q] = mf_bits_f32((uint32_t)acc[q]);
                     ranges[r] = reduce(accs, nacc, s->reduce);
                 }
-                C[(size_t)i * N + j] = f32_to_bits(reduce(ranges, s->split, s->reduce));
+                C[(size_t)i * N + j] = mf_f32_bits(reduce(ranges, s->split, s->reduce));
             }
         }
         free(a);
@@ -149,10 +136,10 @@ void mf_emu_gemm(const mf_kschedule *s, int M, int N, int K, const uint64_t *A, 
     float *vals = malloc(sizeof(float) * (size_t)nacc), *ranges = malloc(sizeof(float) * (size_t)s->split);
     for (size_t e = 0; e < (size_t)M * N; e++) {
         for (int r = 0; r < s->split; r++) {
-            for (int q = 0; q < nacc; q++) vals[q] = bits_to_f32(part[(size_t)(r * nacc + q) * M * N + e]);
+            for (int q = 0; q < nacc; q++) vals[q] = mf_bits_f32((uint32_t)part[(size_t)(r * nacc + q) * M * N + e]);
             ranges[r] = reduce(vals, nacc, s->reduce);
         }
-        C[e] = f32_to_bits(reduce(ranges, s->split, s->reduce));
+        C[e] = mf_f32_bits(reduce(ranges, s->split, s->reduce));
     }
     free(vals);
     free(ranges);

@@ -96,18 +96,6 @@ static double num_value(num x) {
     return x.neg ? -v : v;
 }
 
-static uint32_t f32_bits(float f) {
-    uint32_t u;
-    memcpy(&u, &f, 4);
-    return u;
-}
-
-static float bits_f32(uint32_t u) {
-    float f;
-    memcpy(&f, &u, 4);
-    return f;
-}
-
 /* A signed integer times a power of two: shifts with truncation toward zero
  * (trunc) or toward minus infinity (floor). */
 static int64_t shift_trunc(int64_t v, int sh) {
@@ -140,7 +128,7 @@ static uint32_t round_rz_f32(int64_t S, int scale, int frac) {
     if (sh > 0) mag = sh >= 64 ? 0 : mag >> sh;
     else mag <<= -sh;
     float f = (float)ldexp((double)mag, q);
-    return f32_bits(neg ? -f : f);
+    return mf_f32_bits(neg ? -f : f);
 }
 
 /* The same with round to nearest even into fp16 bits. */
@@ -291,7 +279,7 @@ static uint32_t amd_group(const num *pa, const num *pb, int g, num c, bool fp8) 
     int64_t total = s31 + c24 * 128;   /* both in units of 2^(E - 31) */
     float f = (float)ldexp((double)total, E - 31);   /* exact double, one RNE rounding to fp32 */
     if (total == 0) f = 0.0f;
-    return f32_bits(f);
+    return mf_f32_bits(f);
 }
 
 /* ---- AMD CDNA1/CDNA2: pairwise fp32 fma tree ---------------------------- */
@@ -497,14 +485,14 @@ uint64_t mf_mma_dot(const mf_mma_instr *I, const uint64_t *a, const uint64_t *b,
             fa[i] = (float)num_value(x);
             fb[i] = (float)num_value(y);
         }
-        float acc = bits_f32((uint32_t)c);
+        float acc = mf_bits_f32((uint32_t)c);
         if (I->flush) acc = flush32(acc, false);
         for (int g = 0; g < k; g += I->group) {
             int n = k - g < I->group ? k - g : I->group;
             acc = acc + pairwise(fa + g, fb + g, n, I->flush);
             if (I->flush) acc = flush32(acc, true);
         }
-        return f32_bits(acc);
+        return mf_f32_bits(acc);
     }
     case MF_MMA_FMA_CHAIN: {
         if (I->c_fmt == MF_FMT_F64) {
@@ -515,9 +503,9 @@ uint64_t mf_mma_dot(const mf_mma_instr *I, const uint64_t *a, const uint64_t *b,
             memcpy(&u, &acc, 8);
             return u;
         }
-        float acc = bits_f32((uint32_t)c);
+        float acc = mf_bits_f32((uint32_t)c);
         for (int i = 0; i < k; i++) acc = fmaf((float)fma_chain_value(pa[i]), (float)fma_chain_value(pb[i]), acc);
-        return f32_bits(acc);
+        return mf_f32_bits(acc);
     }
     }
     return 0;
