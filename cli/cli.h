@@ -14,6 +14,9 @@ int cmd_synth(int argc, char **argv);
 int cmd_mma(int argc, char **argv);
 int cmd_diff(int argc, char **argv);
 int cmd_import(int argc, char **argv);
+int cmd_heatmap(int argc, char **argv);
+int cmd_report(int argc, char **argv);
+int cmd_sweep(int argc, char **argv);
 
 /* Prints "moeflip: <message>" and returns 1. */
 int cli_fail(const mf_error *err);

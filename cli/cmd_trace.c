@@ -3,7 +3,6 @@
 #include "mf_trace.h"
 
 #include <getopt.h>
-#include <omp.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
@@ -31,7 +30,7 @@ static const char *help =
 int cmd_trace(int argc, char **argv) {
     const char *model_dir = NULL, *input = NULL, *out = NULL, *prec_name = "bf16", *device = "cpu", *record_s = NULL,
                *numerics_s = NULL;
-    long threads = sysconf(_SC_NPROCESSORS_ONLN), shard_seqs = 0;
+    long threads = 0, shard_seqs = 0;
     bool resume = false;
     static const struct option opts[] = {
         {"model", required_argument, 0, 'm'},  {"input", required_argument, 0, 'i'},
@@ -70,81 +69,15 @@ int cmd_trace(int argc, char **argv) {
     if (!model_dir || !input || !out) return cli_usage_error("trace", "--model, --input and --out are required");
     if (strcmp(device, "cpu") != 0)
         return cli_usage_error("trace", "device \"%s\" is not available in this build (cpu)", device);
+    mf_trace_opts o = {model_dir, input, out, prec_name, numerics_s, record_s, (int)threads, resume, (int)shard_seqs,
+                       "trace", false};
     mf_error err = {0};
     mf_precision prec;
-    if (mf_precision_parse(&prec, prec_name, &err)) return cli_usage_error("trace", "%s", err.msg);
-    mf_numerics numerics;
-    if (!numerics_s) numerics_s = prec.act == MF_F64 ? "fp64" : "native";
-    if (mf_numerics_parse(&numerics, numerics_s, &err)) return cli_usage_error("trace", "%s", err.msg);
-    if ((prec.act == MF_F64) != (numerics.kind == MF_NUMERICS_FP64))
-        return cli_usage_error("trace", "--precision fp64 and --numerics fp64 go together (every product in double)");
-    if (numerics.kind == MF_NUMERICS_EMU && (prec.act == MF_BF16 || prec.act == MF_F16) &&
-        !mf_numerics_schedule(&numerics, prec.act))
-        return cli_usage_error("trace", "%s has no %s matrix instruction", numerics.arch, mf_dtype_name(prec.act));
-    omp_set_num_threads((int)threads);
-
-    /* config, then the prompts (validated whole), then the weights */
-    char cfg_path[4096];
-    mf_config cfg;
-    if (!mf_path_join(cfg_path, sizeof cfg_path, model_dir, "config.json")) return cli_usage_error("trace", "path too long");
-    if (!mf_is_dir(model_dir)) {
-        mf_fail(&err, MF_EIO, "%s: not a checkpoint directory", model_dir);
-        return cli_fail(&err);
+    mf_numerics num;
+    if (mf_trace_check(&o, &prec, &num, &err)) return cli_usage_error("trace", "%s", err.msg);
+    if (record_s) {
+        mf_record rec;
+        if (mf_record_parse(record_s, &rec)) return cli_usage_error("trace", "--record takes routing, topk, logits or full");
     }
-    if (mf_config_load(&cfg, cfg_path, &err)) return cli_fail(&err);
-    mf_record record = mf_record_default(cfg.vocab);
-    if (record_s && mf_record_parse(record_s, &record))
-        return cli_usage_error("trace", "--record takes routing, topk, logits or full");
-    mf_prompts prompts;
-    if (mf_prompts_load(&prompts, input, cfg.vocab, &err)) return cli_fail(&err);
-    mf_model *model = NULL;
-    mf_run_writer *w = NULL;
-    int status = 1;
-    if (mf_runtime_load(&model, model_dir, &prec, &err)) goto done;
-    mf_run_info info = {model_dir, model, &prec, "cpu", numerics.name, (int)threads,
-                        record, input, &prompts, (int)shard_seqs, NULL, NULL, NULL};
-    if (mf_run_create(&w, out, &info, resume, &err)) goto done;
-    mf_run_opts ro = {prec, (int)threads, record == MF_RECORD_FULL, &numerics};
-    uint64_t total_tokens = 0, done_tokens = 0;
-    for (size_t i = 0; i < prompts.n; i++) total_tokens += (uint64_t)prompts.seq[i].T;
-    mf_progress bar;
-    mf_progress_begin(&bar, "trace", total_tokens);
-    double t0 = mf_now();
-    uint64_t computed = 0;
-    for (size_t i = 0; i < prompts.n; i++) {
-        const mf_prompt *p = &prompts.seq[i];
-        if (mf_run_writer_has(w, p->id)) {
-            done_tokens += (uint64_t)p->T;
-            continue;
-        }
-        mf_seq_result r;
-        if (mf_forward_cpu(model, &ro, p->tokens, p->T, &r, &err)) {
-            mf_fail_wrap(&err, "sequence %s", p->id);
-            mf_progress_end(&bar);
-            goto done;
-        }
-        int rc = mf_run_writer_add(w, p, &r, &err);
-        mf_seq_result_free(&r);
-        if (rc) {
-            mf_progress_end(&bar);
-            goto done;
-        }
-        done_tokens += (uint64_t)p->T;
-        computed += (uint64_t)p->T;
-        mf_progress_update(&bar, done_tokens, p->id);
-    }
-    mf_progress_end(&bar);
-    if (mf_run_writer_close(w, &err)) goto done;
-    double secs = mf_now() - t0;
-    mf_log("moeflip: wrote %s: %zu sequences, %llu tokens (%llu computed in %.3f s, %.0f tokens/s), %s, %s on cpu, "
-           "%ld threads",
-           out, mf_run_writer_done(w), (unsigned long long)total_tokens, (unsigned long long)computed, secs,
-           secs > 0 ? (double)computed / secs : 0.0, prec.name, numerics.name, threads);
-    status = 0;
-done:
-    if (status) cli_fail(&err);
-    mf_run_writer_free(w);
-    mf_model_free(model);
-    mf_prompts_free(&prompts);
-    return status;
+    return mf_trace(&o, &err) ? cli_fail(&err) : 0;
 }

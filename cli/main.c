@@ -15,6 +15,9 @@ static const struct {
     {"export", cmd_export, "print a run as JSON lines or CSV"},
     {"synth", cmd_synth, "write a random-weight checkpoint of an architecture"},
     {"diff", cmd_diff, "compare runs: output error, expert flips, their relation, with confidence intervals"},
+    {"heatmap", cmd_heatmap, "draw where experts flip (PNG, SVG, PDF) from a diff.json"},
+    {"report", cmd_report, "a self-contained HTML report of a diff.json"},
+    {"sweep", cmd_sweep, "the main job: trace a reference and targets, diff, draw, report"},
     {"import", cmd_import, "read another tool's capture (CroVA) as a run"},
     {"mma", cmd_mma, "run the bit-accurate GPU matrix-instruction models on test vectors"},
 };

@@ -48,6 +48,7 @@ void mf_diff_acc_free(mf_diff_acc *a) {
     free(a->added);
     free(a->transitions);
     free(a->slots);
+    free(a->flip_list);
     memset(a, 0, sizeof *a);
 }
 
@@ -392,6 +393,12 @@ static int add_sequence(mf_diff_acc *a, mf_run *ref, size_t si, mf_run *tgt, siz
             if (first_flip[t] < 0) first_flip[t] = a->layers[l];
             if (t < earliest_here) earliest_here = t;
             const bool inherited = earliest_before <= t;
+            if (a->n_flips == a->cap_flips) {
+                a->cap_flips = a->cap_flips ? 2 * a->cap_flips : 256;
+                a->flip_list = realloc(a->flip_list, a->cap_flips * sizeof *a->flip_list);
+                if (!a->flip_list) abort();
+            }
+            a->flip_list[a->n_flips++] = (mf_flip){c->id, a->layers[l], t, inherited};
             c->inherited += inherited;
             c->primary += !inherited;
             a->inherited[l] += inherited;
@@ -483,6 +490,14 @@ int mf_diff_merge(mf_diff_acc *dst, mf_diff_acc *src, mf_error *err) {
     src->n_cases = 0;
     for (size_t i = 0; i < src->n_pos; i++) *new_pos(dst) = src->pos[i];
     src->n_pos = 0;
+    if (src->n_flips) {
+        dst->flip_list = realloc(dst->flip_list, (dst->n_flips + src->n_flips) * sizeof *dst->flip_list);
+        if (!dst->flip_list) abort();
+        memcpy(dst->flip_list + dst->n_flips, src->flip_list, src->n_flips * sizeof *src->flip_list);
+        dst->n_flips += src->n_flips;
+        dst->cap_flips = dst->n_flips;
+        src->n_flips = 0;
+    }
     if (src->n_slots) {
         dst->slots = realloc(dst->slots, (dst->n_slots + src->n_slots) * sizeof *dst->slots);
         if (!dst->slots) abort();

@@ -49,6 +49,13 @@ typedef struct mf_position {
     int top1;                /* 1 agree, 0 differ, -1 unknown */
 } mf_position;
 
+/* One flipped slot (sparse: kept always, for the layer x position maps). */
+typedef struct mf_flip {
+    const char *seq;
+    int layer, pos;   /* model layer index */
+    bool inherited;
+} mf_flip;
+
 /* One (layer, position) slot, kept when the accumulator's keep_slots is set. */
 typedef struct mf_slot {
     const char *seq;
@@ -71,6 +78,8 @@ typedef struct mf_diff_acc {
     int64_t *margin_slots, *margin_flips;          /* [L][MF_MARGIN_BINS] by reference margin (logit units) */
     int64_t *dropped, *added;                      /* [L][E] */
     int64_t *transitions;                          /* [E][E]: dropped expert -> added expert, same slot */
+    mf_flip *flip_list;
+    size_t n_flips, cap_flips;
     bool keep_slots;
     mf_slot *slots;
     size_t n_slots, cap_slots;

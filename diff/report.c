@@ -386,6 +386,48 @@ static json_t *crova_paired(const mf_diff_acc *a, const mf_diff_acc *b, const in
     return o;
 }
 
+static int cmp_pos(const void *a, const void *b);
+
+static int cmp_flip(const void *a, const void *b) {
+    const mf_flip *x = a, *y = b;
+    int c = strcmp(x->seq, y->seq);
+    if (c) return c;
+    if (x->layer != y->layer) return x->layer < y->layer ? -1 : 1;
+    return (x->pos > y->pos) - (x->pos < y->pos);
+}
+
+/* Per sequence: tokens, each position's flipped-slot count and KL, and the
+ * flipped slots as [layer, position, inherited] (for the layer x position
+ * maps and the flips-KL plot). */
+static json_t *sequences_json(mf_diff_acc *a) {
+    qsort(a->pos, a->n_pos, sizeof *a->pos, cmp_pos);
+    qsort(a->flip_list, a->n_flips, sizeof *a->flip_list, cmp_flip);
+    json_t *arr = json_array();
+    size_t f = 0;
+    for (size_t i = 0; i < a->n_pos;) {
+        const char *id = a->pos[i].seq;
+        json_t *o = json_object(), *tok = json_array(), *cnt = json_array(), *kl = json_array(), *fl = json_array();
+        bool has_kl = false;
+        for (; i < a->n_pos && !strcmp(a->pos[i].seq, id); i++) {
+            json_array_append_new(tok, json_integer(a->pos[i].token));
+            json_array_append_new(cnt, json_integer(a->pos[i].flipped_slots));
+            json_array_append_new(kl, num_or_null(a->pos[i].kl));
+            has_kl |= !isnan(a->pos[i].kl);
+        }
+        while (f < a->n_flips && strcmp(a->flip_list[f].seq, id) < 0) f++;
+        for (; f < a->n_flips && !strcmp(a->flip_list[f].seq, id); f++)
+            json_array_append_new(fl, json_pack("[iib]", a->flip_list[f].layer, a->flip_list[f].pos, a->flip_list[f].inherited));
+        json_object_set_new(o, "id", json_string(id));
+        json_object_set_new(o, "tokens", tok);
+        json_object_set_new(o, "flipped_slots", cnt);
+        json_object_set_new(o, "kl", has_kl ? kl : json_null());
+        if (!has_kl) json_decref(kl);
+        json_object_set_new(o, "flips", fl);
+        json_array_append_new(arr, o);
+    }
+    return arr;
+}
+
 static json_t *target_json(mf_run *run, mf_diff_acc *a, mf_diff_acc *first, mf_diff_acc *floor_acc,
                            const int *plan, int B) {
     json_t *t = run_info(run);
@@ -470,6 +512,7 @@ static json_t *target_json(mf_run *run, mf_diff_acc *a, mf_diff_acc *first, mf_d
     json_object_set_new(fl, "spearman_flipped_slots_vs_kl", num_or_null(spearman(a)));
     json_object_set_new(t, "flips", fl);
     if (floor_acc && floor_acc != a) json_object_set_new(t, "floor", json_pack("{s:o}", "excess", metrics_json(a, floor_acc, plan, B)));
+    json_object_set_new(t, "sequences", sequences_json(a));
     return t;
 }
 

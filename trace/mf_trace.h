@@ -116,6 +116,24 @@ void mf_run_close(mf_run *r);
  * missing field is not an error (rc MF_OK, *t NULL). */
 int mf_run_tensor(mf_run *r, size_t seq, const char *field, const mf_st_tensor **t, mf_error *err);
 
+/* ---- one trace, as the command runs it ---------------------------------- */
+
+typedef struct mf_trace_opts {
+    const char *model_dir, *input, *out;
+    const char *precision;   /* policy name */
+    const char *numerics;    /* NULL: native, or fp64 with --precision fp64 */
+    const char *record;      /* NULL: the default for the vocabulary */
+    int threads;             /* 0: every core */
+    bool resume;
+    int shard_seqs;
+    const char *label;       /* progress bar label */
+    bool silent;             /* no closing line */
+} mf_trace_opts;
+
+/* Parses and checks the precision and numerics of a trace. */
+int mf_trace_check(const mf_trace_opts *o, mf_precision *prec, mf_numerics *num, mf_error *err);
+int mf_trace(const mf_trace_opts *o, mf_error *err);
+
 /* ---- import -------------------------------------------------------------- */
 
 /* CroVA's capture layout: DIR/logits/<case>.safetensors with `logits` [m, V],

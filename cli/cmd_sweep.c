@@ -1,0 +1,61 @@
+/* moeflip sweep: the main job. */
+#include "cli.h"
+#include "mf_viz.h"
+
+#include <getopt.h>
+#include <string.h>
+
+static const char *help =
+    "usage: moeflip sweep [--model DIR --input FILE] [--out DIR] [--reference CFG] [--targets CFG,CFG...] [--repeat]\n"
+    "                     [--threads N] [--bootstrap N]\n"
+    "\n"
+    "Traces a reference and targets of one model on one prompt file, diffs every target against the reference\n"
+    "and the NVIDIA and AMD targets against each other at the same precision, draws every figure and writes\n"
+    "OUT/report.html. A configuration is NUMERICS@PRECISION (fp64 alone for the reference).\n"
+    "\n"
+    "  --model DIR, --input FILE   [the embedded default checkpoint and its prompts]\n"
+    "  --out DIR                   [moeflip-out]\n"
+    "  --reference CFG             [fp64]\n"
+    "  --targets LIST              [emu:hopper@bf16,emu:cdna3@bf16,emu:cdna3@fp32,emu:cdna3@selective:router,\n"
+    "                               plus a repeat of the first, the noise floor]\n"
+    "  --repeat                    add the repeat with your own --targets too\n"
+    "  --bootstrap N               [2000]\n";
+
+int cmd_sweep(int argc, char **argv) {
+    mf_sweep_opts o = {NULL, NULL, NULL, NULL, NULL, false, 0, 2000};
+    long v;
+    static const struct option opts[] = {
+        {"model", required_argument, 0, 'm'},     {"input", required_argument, 0, 'i'},
+        {"out", required_argument, 0, 'o'},       {"reference", required_argument, 0, 'r'},
+        {"targets", required_argument, 0, 't'},   {"repeat", no_argument, 0, 'R'},
+        {"threads", required_argument, 0, 'j'},   {"bootstrap", required_argument, 0, 'b'},
+        {"quiet", no_argument, 0, 'q'},           {"help", no_argument, 0, 'h'},
+        {0, 0, 0, 0}};
+    int c;
+    optind = 1;
+    opterr = 0;
+    while ((c = getopt_long(argc, argv, "m:i:o:qh", opts, NULL)) != -1) {
+        switch (c) {
+        case 'm': o.model_dir = optarg; break;
+        case 'i': o.input = optarg; break;
+        case 'o': o.out_dir = optarg; break;
+        case 'r': o.reference = optarg; break;
+        case 't': o.targets = optarg; break;
+        case 'R': o.repeat = true; break;
+        case 'j':
+            if (!cli_parse_int(optarg, 1, 4096, &v)) return cli_usage_error("sweep", "--threads takes a positive integer");
+            o.threads = (int)v;
+            break;
+        case 'b':
+            if (!cli_parse_int(optarg, 0, 10000000, &v)) return cli_usage_error("sweep", "--bootstrap takes a count");
+            o.bootstrap = (int)v;
+            break;
+        case 'q': mf_log_set_quiet(true); break;
+        case 'h': fputs(help, stdout); return 0;
+        default: return cli_usage_error("sweep", "unknown or incomplete option %s", argv[optind - 1]);
+        }
+    }
+    if (optind < argc) return cli_usage_error("sweep", "unexpected argument %s", argv[optind]);
+    mf_error err = {0};
+    return mf_sweep(&o, &err) ? cli_fail(&err) : 0;
+}

@@ -1,0 +1,182 @@
+/* Figures, the report and the main job, looked at the way a user would:
+ * PNGs with real content, figures that fit their cells at real model sizes,
+ * and a report that headless Chromium opens and renders with its tables and
+ * images. */
+#include <cairo.h>
+#include <criterion/criterion.h>
+#include <jansson.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "mf_viz.h"
+#include "testutil.h"
+
+/* A diff.json shaped like a real model's: L layers, E experts, a few flips. */
+static char *fake_diff(int L, int E, int T) {
+    json_t *ref = json_pack("{s:s,s:s,s:{s:s,s:i}}", "numerics", "fp64", "precision", "fp64", "model", "architecture",
+                            "qwen2_moe", "n_experts", E);
+    json_t *layers = json_array(), *experts = json_array(), *flips = json_array(), *tok = json_array(), *cnt = json_array(),
+           *kl = json_array();
+    for (int l = 0; l < L; l++) {
+        json_t *dr = json_array(), *ad = json_array();
+        for (int e = 0; e < E; e++) {
+            json_array_append_new(dr, json_integer((l * 7 + e * 3) % 11 == 0 ? 1 + (l + e) % 5 : 0));
+            json_array_append_new(ad, json_integer((l * 5 + e) % 13 == 0 ? 1 + e % 4 : 0));
+        }
+        json_array_append_new(experts, json_pack("{s:i,s:o,s:o}", "layer", l, "dropped", dr, "added", ad));
+        json_t *bins = json_array();
+        for (int b = 1; b < 30; b += 3)
+            json_array_append_new(bins, json_pack("{s:f,s:f,s:i,s:i}", "margin_lo", 1e-6 * (b * b), "margin_hi",
+                                                  1e-6 * ((b + 1) * (b + 1)), "slots", 20, "flips", b < 10 ? 10 - b : 0));
+        json_array_append_new(layers, json_pack("{s:i,s:i,s:f,s:o}", "layer", l, "slots", T, "sigma", 1e-4 * (l + 1),
+                                                "margin_bins", bins));
+        json_array_append_new(flips, json_pack("[iib]", l, (l * 3) % T, l % 2));
+    }
+    for (int p = 0; p < T; p++) {
+        json_array_append_new(tok, json_integer(1000 + p));
+        json_array_append_new(cnt, json_integer(p % 3));
+        json_array_append_new(kl, json_real(1e-5 * (1 + p % 3) * (1 + p % 7)));
+    }
+    json_t *seq = json_pack("{s:s,s:o,s:o,s:o,s:o}", "id", "s0", "tokens", tok, "flipped_slots", cnt, "kl", kl, "flips", flips);
+    json_t *t = json_pack("{s:s,s:s,s:o,s:o,s:o,s:[o]}", "numerics", "emu:cdna3", "precision", "bf16", "layers", layers,
+                          "experts", experts, "metrics", json_object(), "sequences", seq);
+    json_t *root = json_pack("{s:s,s:o,s:[o],s:i,s:{s:i,s:i}}", "format", "moeflip-diff", "reference", ref, "targets", t,
+                             "sequences", 1, "bootstrap", "resamples", 0, "seed", 1);
+    char *s = json_dumps(root, 0);
+    json_decref(root);
+    return s;
+}
+
+/* Every cell of the figure lies inside it: nothing is cropped. */
+static void check_fits(const char *diff, mf_heat_kind k, int min_cells) {
+    char *svg;
+    size_t len;
+    mf_figure f;
+    mf_error err = {0};
+    cr_assert_eq(mf_heatmap_svg(diff, 0, k, NULL, &svg, &len, &f, &err), MF_OK, "%s", err.msg);
+    cr_assert_geq((int)f.n_cells, min_cells);
+    for (size_t i = 0; i < f.n_cells; i++)
+        cr_assert(f.cells[i].x >= 0 && f.cells[i].y >= 0 && f.cells[i].x + f.cells[i].w <= f.width + 0.01 &&
+                      f.cells[i].y + f.cells[i].h <= f.height + 0.01,
+                  "%s: cell %zu (%s) outside the %dx%d figure", mf_heat_kind_name(k), i, f.cells[i].text, f.width, f.height);
+    cr_assert(strstr(svg, "<svg"));
+    free(svg);
+    mf_figure_free(&f);
+}
+
+Test(viz, real_model_sizes_fit) {
+    char *a = fake_diff(24, 60, 200), *b = fake_diff(48, 128, 64), *c = fake_diff(16, 64, 512);
+    check_fits(a, MF_HEAT_LAYER_EXPERT, 2 * 24 * 60);   /* Qwen1.5-MoE: 60 experts must not crop */
+    check_fits(b, MF_HEAT_LAYER_EXPERT, 2 * 48 * 128);  /* Qwen3-30B-A3B */
+    check_fits(c, MF_HEAT_LAYER_EXPERT, 2 * 16 * 64);   /* OLMoE */
+    check_fits(a, MF_HEAT_LAYER_POSITION, 24 * 200);
+    check_fits(c, MF_HEAT_LAYER_POSITION, 16 * 512);
+    check_fits(a, MF_HEAT_MARGIN, 24);
+    check_fits(a, MF_HEAT_FLIPS_KL, 1);
+    free(a);
+    free(b);
+    free(c);
+}
+
+/* A PNG with real content: many non-white pixels and more than a handful of colours. */
+static void check_png(const char *path) {
+    cairo_surface_t *s = cairo_image_surface_create_from_png(path);
+    cr_assert_eq(cairo_surface_status(s), CAIRO_STATUS_SUCCESS, "%s is not a PNG", path);
+    const int w = cairo_image_surface_get_width(s), h = cairo_image_surface_get_height(s), st = cairo_image_surface_get_stride(s);
+    const unsigned char *px = cairo_image_surface_get_data(s);
+    long ink = 0;
+    uint32_t colours[64];
+    int nc = 0;
+    for (int y = 0; y < h; y++)
+        for (int x = 0; x < w; x++) {
+            uint32_t v;
+            memcpy(&v, px + (size_t)y * st + 4 * (size_t)x, 4);
+            if ((v & 0xffffff) != 0xffffff) ink++;
+            bool seen = false;
+            for (int i = 0; i < nc && !seen; i++) seen = colours[i] == v;
+            if (!seen && nc < 64) colours[nc++] = v;
+        }
+    cairo_surface_destroy(s);
+    cr_assert_gt(w, 400);
+    cr_assert_gt(ink, (long)w * h / 100, "%s is nearly blank", path);
+    cr_assert_geq(nc, 8, "%s has %d colours", path, nc);
+}
+
+Test(viz, heatmap_command_writes_png_svg_pdf) {
+    const char *d = temp_dir();
+    char ref[4200], tgt[4200], diff[4200], out[4300], err[2048];
+    snprintf(ref, sizeof ref, "%s/ref", d);
+    snprintf(tgt, sizeof tgt, "%s/tgt", d);
+    snprintf(diff, sizeof diff, "%s/diff.json", d);
+    cr_assert_eq(run_moeflip(err, sizeof err, "trace --model %s --input %s --out %s --precision fp64 -q", fixture("hf/qwen3_moe"),
+                             fixture("hf/qwen3_moe/tokens.jsonl"), ref), 0, "%s", err);
+    cr_assert_eq(run_moeflip(err, sizeof err, "trace --model %s --input %s --out %s --numerics emu:cdna3 -q", fixture("hf/qwen3_moe"),
+                             fixture("hf/qwen3_moe/tokens.jsonl"), tgt), 0, "%s", err);
+    cr_assert_eq(run_moeflip(err, sizeof err, "diff %s %s -o %s -q --bootstrap 200", ref, tgt, diff), 0, "%s", err);
+    static const char *kinds[] = {"layer-expert", "layer-position", "margin", "flips-kl"};
+    for (int k = 0; k < 4; k++) {
+        snprintf(out, sizeof out, "%s/%s.png", d, kinds[k]);
+        cr_assert_eq(run_moeflip(err, sizeof err, "heatmap %s --kind %s -o %s", diff, kinds[k], out), 0, "%s", err);
+        check_png(out);
+    }
+    snprintf(out, sizeof out, "%s/m.svg", d);
+    cr_assert_eq(run_moeflip(err, sizeof err, "heatmap %s --kind layer-expert -o %s", diff, out), 0, "%s", err);
+    char *t;
+    size_t n;
+    mf_error e = {0};
+    cr_assert_eq(mf_read_file(out, &t, &n, &e), MF_OK);
+    cr_assert(strstr(t, "<svg") != NULL);
+    free(t);
+    snprintf(out, sizeof out, "%s/m.pdf", d);
+    cr_assert_eq(run_moeflip(err, sizeof err, "heatmap %s --kind margin -o %s", diff, out), 0, "%s", err);
+    cr_assert_eq(mf_read_file(out, &t, &n, &e), MF_OK);
+    cr_assert(n > 1000 && !memcmp(t, "%PDF", 4));
+    free(t);
+    cr_assert_eq(run_moeflip(err, sizeof err, "heatmap %s --kind nope -o x.png", diff), 2);
+    cr_assert_eq(run_moeflip(err, sizeof err, "heatmap %s --kind margin -o %s/x.gif", diff, d), 1);
+}
+
+/* The main job with no arguments in an empty folder, then the report in Chromium. */
+Test(viz, sweep_default_and_report_in_chromium, .timeout = 240) {
+    const char *d = temp_dir();
+    char cmd[9000], err[4096];
+    snprintf(cmd, sizeof cmd, "cd '%s' && %s sweep -q > sweep.txt 2> sweep.err", d, MF_TEST_BIN);
+    cr_assert_eq(system(cmd), 0, "moeflip sweep failed");
+    char path[4300], *t;
+    size_t n;
+    mf_error e = {0};
+    snprintf(path, sizeof path, "%s/moeflip-out/report.html", d);
+    cr_assert_eq(mf_read_file(path, &t, &n, &e), MF_OK, "%s", e.msg);
+    cr_assert(strstr(t, "<table") && strstr(t, "<img") && strstr(t, "data:image/svg+xml;base64,"));
+    cr_assert_null(strstr(t, "http://"), "no external resources");
+    cr_assert_null(strstr(t, "https://"), "no external resources");
+    cr_assert_null(strstr(t, "<script"), "no scripts");
+    free(t);
+    snprintf(path, sizeof path, "%s/moeflip-out/figures/reference-t1-layer-expert.png", d);
+    check_png(path);
+    snprintf(path, sizeof path, "%s/sweep.txt", d);
+    cr_assert_eq(mf_read_file(path, &t, &n, &e), MF_OK);
+    cr_assert(strstr(t, "report: moeflip-out/report.html"), "%s", t);
+    free(t);
+    /* Chromium: the page loads, its DOM has the tables and figures, and a screenshot has content */
+    if (system("command -v chromium > /dev/null 2>&1") != 0) cr_skip_test("chromium is not installed");
+    const char *flags = "--headless --no-sandbox --disable-gpu --disable-background-networking --disable-component-update "
+                        "--disable-sync --no-first-run --hide-scrollbars";
+    snprintf(cmd, sizeof cmd, "cd '%s' && timeout 120 chromium %s --user-data-dir='%s/chr' --dump-dom moeflip-out/report.html > dom.html 2>/dev/null",
+             d, flags, d);
+    cr_assert_eq(system(cmd), 0, "chromium --dump-dom failed");
+    snprintf(path, sizeof path, "%s/dom.html", d);
+    cr_assert_eq(mf_read_file(path, &t, &n, &e), MF_OK);
+    int tables = 0, imgs = 0;
+    for (char *p = t; (p = strstr(p, "<table")); p++) tables++;
+    for (char *p = t; (p = strstr(p, "<img")); p++) imgs++;
+    cr_assert_geq(tables, 3, "%d tables in the rendered page", tables);
+    cr_assert_geq(imgs, 8, "%d images in the rendered page", imgs);
+    free(t);
+    snprintf(cmd, sizeof cmd, "cd '%s' && timeout 120 chromium %s --user-data-dir='%s/chr2' --window-size=1400,2000 --screenshot=shot.png moeflip-out/report.html > /dev/null 2>&1",
+             d, flags, d);
+    cr_assert_eq(system(cmd), 0, "chromium --screenshot failed");
+    snprintf(path, sizeof path, "%s/shot.png", d);
+    check_png(path);
+    (void)err;
+}

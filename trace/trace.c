@@ -1,0 +1,81 @@
+/* One trace: config, prompts (validated whole), weights, then every sequence
+ * forward and into the run directory. Used by `moeflip trace` and the sweep. */
+#include "mf_trace.h"
+
+#include <omp.h>
+#include <string.h>
+
+int mf_trace_check(const mf_trace_opts *o, mf_precision *prec, mf_numerics *num, mf_error *err) {
+    if (mf_precision_parse(prec, o->precision, err)) return MF_EINVAL;
+    const char *ns = o->numerics ? o->numerics : prec->act == MF_F64 ? "fp64" : "native";
+    if (mf_numerics_parse(num, ns, err)) return MF_EINVAL;
+    if ((prec->act == MF_F64) != (num->kind == MF_NUMERICS_FP64))
+        return mf_fail(err, MF_EINVAL, "--precision fp64 and --numerics fp64 go together (every product in double)");
+    if (num->kind == MF_NUMERICS_EMU && (prec->act == MF_BF16 || prec->act == MF_F16) && !mf_numerics_schedule(num, prec->act))
+        return mf_fail(err, MF_EINVAL, "%s has no %s matrix instruction", num->arch, mf_dtype_name(prec->act));
+    return MF_OK;
+}
+
+int mf_trace(const mf_trace_opts *o, mf_error *err) {
+    mf_precision prec;
+    mf_numerics numerics;
+    int rc = mf_trace_check(o, &prec, &numerics, err);
+    if (rc) return rc;
+    const int threads = o->threads > 0 ? o->threads : omp_get_num_procs();
+    omp_set_num_threads(threads);
+    char cfg_path[4096];
+    mf_config cfg;
+    if (!mf_is_dir(o->model_dir)) return mf_fail(err, MF_EIO, "%s: not a checkpoint directory", o->model_dir);
+    if (!mf_path_join(cfg_path, sizeof cfg_path, o->model_dir, "config.json"))
+        return mf_fail(err, MF_EINVAL, "%s: path too long", o->model_dir);
+    if ((rc = mf_config_load(&cfg, cfg_path, err))) return rc;
+    mf_record record = mf_record_default(cfg.vocab);
+    if (o->record && mf_record_parse(o->record, &record))
+        return mf_fail(err, MF_EINVAL, "--record takes routing, topk, logits or full");
+    mf_prompts prompts;
+    if ((rc = mf_prompts_load(&prompts, o->input, cfg.vocab, err))) return rc;
+    mf_model *model = NULL;
+    mf_run_writer *w = NULL;
+    if ((rc = mf_runtime_load(&model, o->model_dir, &prec, err))) goto done;
+    mf_run_info info = {o->model_dir, model, &prec, "cpu", numerics.name, threads, record, o->input, &prompts,
+                        o->shard_seqs, NULL, NULL, NULL};
+    if ((rc = mf_run_create(&w, o->out, &info, o->resume, err))) goto done;
+    mf_run_opts ro = {prec, threads, record == MF_RECORD_FULL, &numerics};
+    uint64_t total = 0, done_tokens = 0, computed = 0;
+    for (size_t i = 0; i < prompts.n; i++) total += (uint64_t)prompts.seq[i].T;
+    mf_progress bar;
+    mf_progress_begin(&bar, o->label ? o->label : "trace", total);
+    const double t0 = mf_now();
+    for (size_t i = 0; i < prompts.n; i++) {
+        const mf_prompt *p = &prompts.seq[i];
+        if (mf_run_writer_has(w, p->id)) {
+            done_tokens += (uint64_t)p->T;
+            continue;
+        }
+        mf_seq_result r;
+        if ((rc = mf_forward_cpu(model, &ro, p->tokens, p->T, &r, err))) {
+            mf_fail_wrap(err, "sequence %s", p->id);
+            break;
+        }
+        rc = mf_run_writer_add(w, p, &r, err);
+        mf_seq_result_free(&r);
+        if (rc) break;
+        done_tokens += (uint64_t)p->T;
+        computed += (uint64_t)p->T;
+        mf_progress_update(&bar, done_tokens, p->id);
+    }
+    mf_progress_end(&bar);
+    if (!rc) rc = mf_run_writer_close(w, err);
+    if (!rc && !o->silent) {
+        const double secs = mf_now() - t0;
+        mf_log("moeflip: wrote %s: %zu sequences, %llu tokens (%llu computed in %.3f s, %.0f tokens/s), %s, %s on cpu, "
+               "%d threads",
+               o->out, mf_run_writer_done(w), (unsigned long long)total, (unsigned long long)computed, secs,
+               secs > 0 ? (double)computed / secs : 0.0, prec.name, numerics.name, threads);
+    }
+done:
+    mf_run_writer_free(w);
+    mf_model_free(model);
+    mf_prompts_free(&prompts);
+    return rc;
+}

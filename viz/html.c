@@ -1,0 +1,237 @@
+/* report.html: one self-contained page per set of diffs: summary tables with
+ * intervals, per-layer tables, the figures as inline SVG (data URIs, so the
+ * glyph ids of several figures cannot collide) with an SVG overlay whose cells
+ * carry hover text, and the runs' metadata. No scripts, fonts or network. */
+#include "mf_viz.h"
+
+#include <jansson.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+typedef struct out {
+    char *p;
+    size_t n, cap;
+} out;
+
+static void put(out *o, const char *s, size_t n) {
+    if (o->n + n + 1 > o->cap) {
+        o->cap = (o->n + n + 1) * 2;
+        o->p = realloc(o->p, o->cap);
+        if (!o->p) abort();
+    }
+    memcpy(o->p + o->n, s, n);
+    o->n += n;
+    o->p[o->n] = 0;
+}
+
+static void puts_(out *o, const char *s) { put(o, s, strlen(s)); }
+
+static void printf_(out *o, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static void printf_(out *o, const char *fmt, ...) {
+    char buf[2048];
+    va_list ap;
+    va_start(ap, fmt);
+    int n = vsnprintf(buf, sizeof buf, fmt, ap);
+    va_end(ap);
+    put(o, buf, n < (int)sizeof buf ? (size_t)n : sizeof buf - 1);
+}
+
+static void esc(out *o, const char *s) {
+    for (; s && *s; s++) {
+        switch (*s) {
+        case '<': puts_(o, "&lt;"); break;
+        case '>': puts_(o, "&gt;"); break;
+        case '&': puts_(o, "&amp;"); break;
+        case '"': puts_(o, "&quot;"); break;
+        default: put(o, s, 1);
+        }
+    }
+}
+
+static void base64(out *o, const unsigned char *d, size_t n) {
+    static const char t[] = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+    char q[4];
+    for (size_t i = 0; i < n; i += 3) {
+        unsigned v = (unsigned)d[i] << 16 | (i + 1 < n ? (unsigned)d[i + 1] << 8 : 0) | (i + 2 < n ? d[i + 2] : 0);
+        q[0] = t[v >> 18 & 63];
+        q[1] = t[v >> 12 & 63];
+        q[2] = i + 1 < n ? t[v >> 6 & 63] : '=';
+        q[3] = i + 2 < n ? t[v & 63] : '=';
+        put(o, q, 4);
+    }
+}
+
+static const char *str(json_t *o, const char *k) {
+    const char *s = json_string_value(json_object_get(o, k));
+    return s ? s : "";
+}
+
+static void value_cell(out *o, json_t *m) {
+    json_t *v = json_object_get(m, "value"), *ci = json_object_get(m, "ci95");
+    if (!json_is_number(v)) {
+        puts_(o, "<td>&ndash;</td>");
+        return;
+    }
+    printf_(o, "<td title=\"95%% interval over resampled sequences\">%.4g", json_number_value(v));
+    if (json_is_number(json_array_get(ci, 0)))
+        printf_(o, " <span class=ci>[%.3g, %.3g]</span>", json_number_value(json_array_get(ci, 0)),
+                json_number_value(json_array_get(ci, 1)));
+    puts_(o, "</td>");
+}
+
+static const char *metric_names[] = {
+    "forward_kl", "raw_logit_mse", "prob_mse", "top1_pct", "ord5_pct", "set5_pct", "equal_bits_pct",
+    "router_set_equal_pct", "router_ord_equal_pct", "router_positions_all_layers_equal_pct", "router_logit_mse",
+    "flipped_slots_pct", "primary_flips_pct", "inherited_flips_pct", "tie_slots_pct", "expert_overlap_pct",
+    "gate_weight_mse", "shared_gate_mse", "forward_kl_given_0_flips", "forward_kl_given_1_flip",
+    "forward_kl_given_2plus_flips", "top1_pct_given_0_flips", "top1_pct_given_1_flip", "top1_pct_given_2plus_flips",
+};
+
+static void figure(out *o, const char *diff_text, int target, mf_heat_kind kind, int *fig_no) {
+    char *svg = NULL;
+    size_t len = 0;
+    mf_figure fig;
+    mf_error err = {0};
+    if (mf_heatmap_svg(diff_text, target, kind, NULL, &svg, &len, &fig, &err)) {
+        printf_(o, "<p class=note>%s: ", mf_heat_kind_name(kind));
+        esc(o, err.msg);
+        puts_(o, "</p>");
+        return;
+    }
+    (*fig_no)++;
+    printf_(o, "<figure id=fig%d><div class=fig style=\"width:%dpx;height:%dpx\">", *fig_no, fig.width, fig.height);
+    printf_(o, "<img width=%d height=%d alt=\"", fig.width, fig.height);   /* cairo sizes SVG in pt: pin the pixels */
+    puts_(o, mf_heat_kind_name(kind));
+    puts_(o, "\" src=\"data:image/svg+xml;base64,");
+    base64(o, (const unsigned char *)svg, len);
+    printf_(o, "\"><svg class=hover viewBox=\"0 0 %d %d\" width=%d height=%d>", fig.width, fig.height, fig.width, fig.height);
+    for (size_t i = 0; i < fig.n_cells; i++) {
+        const mf_cell *c = &fig.cells[i];
+        printf_(o, "<rect x=%.1f y=%.1f width=%.1f height=%.1f><title>", c->x, c->y, c->w, c->h);
+        esc(o, c->text);
+        puts_(o, "</title></rect>");
+    }
+    printf_(o, "</svg></div><figcaption>Figure %d: %s (hover a cell for its numbers).</figcaption></figure>\n", *fig_no,
+            mf_heat_kind_name(kind));
+    free(svg);
+    mf_figure_free(&fig);
+}
+
+static void section(out *o, const char *path, const char *text, json_t *d, int *fig_no) {
+    json_t *ref = json_object_get(d, "reference"), *targets = json_object_get(d, "targets");
+    json_t *model = json_object_get(ref, "model");
+    printf_(o, "<section><h2>Reference %s &times; %s</h2>\n", str(ref, "numerics"), str(ref, "precision"));
+    printf_(o, "<p class=meta>%s, %lld sequences; diff <code>", str(model, "architecture"),
+            (long long)json_integer_value(json_object_get(d, "sequences")));
+    esc(o, path);
+    json_t *bs = json_object_get(d, "bootstrap");
+    printf_(o, "</code>; intervals: %lld resamples of whole sequences (seed %lld).</p>\n",
+            (long long)json_integer_value(json_object_get(bs, "resamples")), (long long)json_integer_value(json_object_get(bs, "seed")));
+    /* summary: metrics x targets */
+    puts_(o, "<table class=summary><thead><tr><th>metric</th>");
+    size_t i;
+    json_t *t;
+    json_array_foreach(targets, i, t) {
+        puts_(o, "<th>");
+        esc(o, str(t, "numerics"));
+        puts_(o, " &times; ");
+        esc(o, str(t, "precision"));
+        puts_(o, "</th>");
+    }
+    puts_(o, "</tr></thead><tbody>\n");
+    for (size_t m = 0; m < sizeof metric_names / sizeof metric_names[0]; m++) {
+        bool any = false;
+        json_array_foreach(targets, i, t) any |= json_object_get(json_object_get(t, "metrics"), metric_names[m]) != NULL;
+        if (!any) continue;
+        printf_(o, "<tr><th>%s</th>", metric_names[m]);
+        json_array_foreach(targets, i, t) value_cell(o, json_object_get(json_object_get(t, "metrics"), metric_names[m]));
+        puts_(o, "</tr>\n");
+    }
+    puts_(o, "</tbody></table>\n");
+    json_array_foreach(targets, i, t) {
+        printf_(o, "<h3>Target %zu: ", i + 1);
+        esc(o, str(t, "numerics"));
+        puts_(o, " &times; ");
+        esc(o, str(t, "precision"));
+        puts_(o, "</h3>\n<table class=layers><thead><tr><th>layer</th><th>slots</th><th>same expert set, %</th>"
+                 "<th>same order, %</th><th>flips</th><th>primary</th><th>inherited</th><th>ties</th><th>sigma</th></tr></thead><tbody>");
+        size_t l;
+        json_t *lo;
+        json_array_foreach(json_object_get(t, "layers"), l, lo) {
+            printf_(o, "<tr><td>%lld</td><td>%lld</td>", (long long)json_integer_value(json_object_get(lo, "layer")),
+                    (long long)json_integer_value(json_object_get(lo, "slots")));
+            value_cell(o, json_object_get(lo, "set_equal_pct"));
+            value_cell(o, json_object_get(lo, "ord_equal_pct"));
+            printf_(o, "<td>%lld</td><td>%lld</td><td>%lld</td><td>%lld</td>", (long long)json_integer_value(json_object_get(lo, "flips")),
+                    (long long)json_integer_value(json_object_get(lo, "primary")),
+                    (long long)json_integer_value(json_object_get(lo, "inherited")),
+                    (long long)json_integer_value(json_object_get(lo, "ties")));
+            json_t *sg = json_object_get(lo, "sigma");
+            if (json_is_number(sg)) printf_(o, "<td>%.3g</td></tr>", json_number_value(sg));
+            else puts_(o, "<td>&ndash;</td></tr>");
+        }
+        puts_(o, "</tbody></table>\n");
+        for (int k = 0; k < 4; k++) figure(o, text, (int)i, (mf_heat_kind)k, fig_no);
+    }
+    /* metadata */
+    puts_(o, "<details><summary>Runs</summary><table class=meta><tr><th>role</th><th>run</th><th>numerics</th><th>precision</th>"
+             "<th>device</th><th>tool</th></tr>");
+    printf_(o, "<tr><td>reference</td><td>");
+    esc(o, str(ref, "run"));
+    printf_(o, "</td><td>%s</td><td>%s</td><td>", str(ref, "numerics"), str(ref, "precision"));
+    esc(o, str(ref, "device_name"));
+    printf_(o, "</td><td>%s</td></tr>", str(ref, "tool"));
+    json_array_foreach(targets, i, t) {
+        printf_(o, "<tr><td>target %zu</td><td>", i + 1);
+        esc(o, str(t, "run"));
+        printf_(o, "</td><td>%s</td><td>%s</td><td>", str(t, "numerics"), str(t, "precision"));
+        esc(o, str(t, "device_name"));
+        printf_(o, "</td><td>%s</td></tr>", str(t, "tool"));
+    }
+    printf_(o, "</table><p class=meta>model %s, config digest %s, weights digest %s</p></details></section>\n",
+            str(model, "architecture"), str(model, "config_digest"), str(model, "weights_digest"));
+}
+
+static const char *css =
+    "body{font-family:'DejaVu Sans',system-ui,sans-serif;margin:24px;color:#222;max-width:1500px}"
+    "h1{font-size:22px}h2{font-size:18px;margin-top:32px;border-bottom:1px solid #ccc}h3{font-size:15px;margin-top:24px}"
+    "table{border-collapse:collapse;margin:8px 0;font-size:13px}th,td{border:1px solid #ddd;padding:3px 8px;text-align:right}"
+    "th{background:#f4f4f4}table.summary th:first-child{text-align:left}.ci{color:#777;font-size:11px}"
+    ".meta{color:#555;font-size:12px}code{font-size:12px}figure{margin:16px 0}.fig{position:relative}"
+    ".fig img,.fig svg{position:absolute;left:0;top:0}.hover rect{fill:transparent}.hover rect:hover{fill:rgba(0,0,0,.12)}"
+    "figcaption{font-size:12px;color:#555}.note{color:#a00}";
+
+int mf_report_write_many(const char **paths, int n, const char *out_path, mf_error *err) {
+    out o = {0};
+    puts_(&o, "<!DOCTYPE html>\n<html lang=en><head><meta charset=utf-8><title>moeflip report</title><style>");
+    puts_(&o, css);
+    puts_(&o, "</style></head><body>\n<h1>moeflip: where expert choices flip, and what it does to the output</h1>\n");
+    puts_(&o, "<p class=meta>Each target runs the same model on the same tokens as the reference under other arithmetic "
+              "(vendor numerics profile) or precision. A flip is a (layer, position) whose set of dispatched experts "
+              "differs from the reference's; it is inherited when an earlier layer flipped at that or an earlier "
+              "position, else primary. Intervals are 95% percentile bootstrap intervals over sequences.</p>\n");
+    int fig_no = 0, rc = MF_OK;
+    for (int i = 0; i < n && !rc; i++) {
+        char *text;
+        size_t len;
+        if ((rc = mf_read_file(paths[i], &text, &len, err))) break;
+        json_error_t je;
+        json_t *d = json_loads(text, 0, &je);
+        if (!d || strcmp(str(d, "format"), "moeflip-diff")) {
+            rc = mf_fail(err, MF_EFORMAT, "%s: not a moeflip diff.json", paths[i]);
+        } else {
+            section(&o, paths[i], text, d, &fig_no);
+        }
+        json_decref(d);
+        free(text);
+    }
+    puts_(&o, "<p class=meta>Made by moeflip " MF_VERSION ".</p></body></html>\n");
+    if (!rc) rc = mf_write_file_atomic(out_path, o.p, o.n, err);
+    free(o.p);
+    return rc;
+}
+
+int mf_report_write(const char *diff_json_path, const char *out_path, mf_error *err) {
+    return mf_report_write_many(&diff_json_path, 1, out_path, err);
+}

@@ -1,0 +1,231 @@
+/* The main job: trace a reference and targets of one model on one prompt
+ * file, diff every target against the reference and the two vendors against
+ * each other at the same precision, draw every figure, write one report. */
+#include "mf_viz.h"
+#include "mf_diff.h"
+#include "mf_trace.h"
+
+#include <math.h>
+#include <jansson.h>
+#include <stdlib.h>
+#include <string.h>
+
+extern const struct { const char *name; const unsigned char *data; size_t size; } mf_default_files[];
+extern const size_t mf_default_file_count;
+
+int mf_default_model_write(const char *dir, mf_error *err) {
+    int rc = mf_mkdir_p(dir, err);
+    char path[8400];
+    for (size_t i = 0; !rc && i < mf_default_file_count; i++) {
+        snprintf(path, sizeof path, "%s/%s", dir, mf_default_files[i].name);
+        rc = mf_write_file_atomic(path, mf_default_files[i].data, mf_default_files[i].size, err);
+    }
+    return rc;
+}
+
+typedef struct config {
+    char numerics[128], precision[64], name[200];
+    bool ok;
+    char run[8400];
+} config;
+
+/* "NUMERICS@PRECISION" (numerics may contain ':'); "fp64" alone is the reference */
+static int parse_config(const char *spec, config *c, mf_error *err) {
+    memset(c, 0, sizeof *c);
+    const char *at = strchr(spec, '@');
+    if (!at) {
+        if (!strcmp(spec, "fp64")) {
+            snprintf(c->numerics, sizeof c->numerics, "fp64");
+            snprintf(c->precision, sizeof c->precision, "fp64");
+        } else {
+            return mf_fail(err, MF_EINVAL, "\"%s\": a configuration is NUMERICS@PRECISION, e.g. emu:cdna3@bf16", spec);
+        }
+    } else {
+        snprintf(c->numerics, sizeof c->numerics, "%.*s", (int)(at - spec), spec);
+        snprintf(c->precision, sizeof c->precision, "%s", at + 1);
+    }
+    snprintf(c->name, sizeof c->name, "%s@%s", c->numerics, c->precision);
+    for (char *p = c->name; *p; p++)
+        if (*p == ':' || *p == '/' || *p == '+') *p = '_';
+    mf_trace_opts o = {NULL, NULL, NULL, c->precision, c->numerics, NULL, 0, false, 0, NULL, true};
+    mf_precision prec;
+    mf_numerics num;
+    return mf_trace_check(&o, &prec, &num, err);
+}
+
+static mf_run *open_run(const char *dir) {
+    mf_run *r = NULL;
+    mf_error e = {0};
+    return mf_run_open(&r, dir, &e) ? NULL : r;
+}
+
+/* Diffs ref against targets into path; floor may be NULL. */
+static int diff_runs(config *ref, config **targets, int n, config *floor, int bootstrap, const char *path, mf_error *err) {
+    mf_run *r = open_run(ref->run), *f = floor ? open_run(floor->run) : NULL;
+    mf_run *ts[16];
+    mf_diff_acc *accs[16], *fa = NULL;
+    int nt = 0, rc = r ? MF_OK : mf_fail(err, MF_EIO, "%s: cannot open", ref->run);
+    for (int i = 0; !rc && i < n && nt < 16; i++) {
+        if (!(ts[nt] = open_run(targets[i]->run))) continue;
+        accs[nt] = calloc(1, sizeof(mf_diff_acc));
+        mf_diff_acc_init(accs[nt], r->n_moe, r->n_experts, r->top_k, r->vocab, r->moe_layers);
+        if ((rc = mf_diff_acc_add_runs(accs[nt], r, ts[nt], err))) {
+            nt++;
+            break;
+        }
+        nt++;
+    }
+    if (!rc && f) {
+        fa = calloc(1, sizeof *fa);
+        mf_diff_acc_init(fa, r->n_moe, r->n_experts, r->top_k, r->vocab, r->moe_layers);
+        rc = mf_diff_acc_add_runs(fa, r, f, err);
+    }
+    mf_diff_opts o = {bootstrap, 20260820};
+    if (!rc) rc = mf_diff_write_json(path, r, ts, accs, nt, fa, f, &o, err);
+    for (int i = 0; i < nt; i++) {
+        mf_diff_acc_free(accs[i]);
+        free(accs[i]);
+        mf_run_close(ts[i]);
+    }
+    if (fa) {
+        mf_diff_acc_free(fa);
+        free(fa);
+    }
+    mf_run_close(f);
+    mf_run_close(r);
+    return rc;
+}
+
+static double metric(const char *diff_path, int target, const char *name, double ci[2]) {
+    json_t *d = json_load_file(diff_path, 0, NULL);
+    json_t *m = json_object_get(json_object_get(json_array_get(json_object_get(d, "targets"), (size_t)target), "metrics"), name);
+    double v = json_is_number(json_object_get(m, "value")) ? json_number_value(json_object_get(m, "value")) : NAN;
+    if (ci) {
+        ci[0] = json_number_value(json_array_get(json_object_get(m, "ci95"), 0));
+        ci[1] = json_number_value(json_array_get(json_object_get(m, "ci95"), 1));
+    }
+    json_decref(d);
+    return v;
+}
+
+static void draw_all(const char *diff_path, int n_targets, const char *fig_dir, const char *prefix) {
+    char *text;
+    size_t len;
+    mf_error err = {0};
+    if (mf_read_file(diff_path, &text, &len, &err)) return;
+    for (int t = 0; t < n_targets; t++)
+        for (int k = 0; k < 4; k++) {
+            char path[4400];
+            snprintf(path, sizeof path, "%s/%s-t%d-%s.png", fig_dir, prefix, t + 1, mf_heat_kind_name((mf_heat_kind)k));
+            if (mf_heatmap_file(text, t, (mf_heat_kind)k, NULL, path, &err)) mf_log("moeflip: %s", err.msg);
+        }
+    free(text);
+}
+
+int mf_sweep(const mf_sweep_opts *o, mf_error *err) {
+    const char *out = o->out_dir ? o->out_dir : "moeflip-out";
+    char model[4200], input[4300], runs[4200], figs[4200], diff_main[4300], diff_vendor[4300], report[4300];
+    int rc = mf_mkdir_p(out, err);
+    if (rc) return rc;
+    if (o->model_dir) {
+        snprintf(model, sizeof model, "%s", o->model_dir);
+        if (!o->input) return mf_fail(err, MF_EINVAL, "--input is required with --model");
+        snprintf(input, sizeof input, "%s", o->input);
+    } else {
+        snprintf(model, sizeof model, "%s/model", out);
+        if ((rc = mf_default_model_write(model, err))) return rc;
+        if (o->input) snprintf(input, sizeof input, "%s", o->input);
+        else snprintf(input, sizeof input, "%s/prompts.jsonl", model);
+    }
+    snprintf(runs, sizeof runs, "%s/runs", out);
+    snprintf(figs, sizeof figs, "%s/figures", out);
+    if ((rc = mf_mkdir_p(runs, err)) || (rc = mf_mkdir_p(figs, err))) return rc;
+    /* the configurations */
+    config ref, tg[16];
+    int nt = 0;
+    if ((rc = parse_config(o->reference ? o->reference : "fp64", &ref, err))) return mf_fail_wrap(err, "--reference");
+    const char *defaults = "emu:hopper@bf16,emu:cdna3@bf16,emu:cdna3@fp32,emu:cdna3@selective:router";
+    char list[2048];
+    snprintf(list, sizeof list, "%s", o->targets ? o->targets : defaults);
+    char *save = NULL;
+    for (char *tok = strtok_r(list, ",", &save); tok && nt < 15; tok = strtok_r(NULL, ",", &save))
+        if ((rc = parse_config(tok, &tg[nt++], err))) return mf_fail_wrap(err, "--targets");
+    const bool repeat = o->repeat || !o->targets;
+    config rep;
+    if (repeat && nt) {
+        rep = tg[0];
+        snprintf(rep.name + strlen(rep.name), sizeof rep.name - strlen(rep.name), "-repeat");
+    }
+    config *all[18];
+    int n_all = 0;
+    all[n_all++] = &ref;
+    for (int i = 0; i < nt; i++) all[n_all++] = &tg[i];
+    if (repeat && nt) all[n_all++] = &rep;
+    /* trace each; a failed target is reported, not fatal to the others */
+    for (int i = 0; i < n_all; i++) {
+        config *c = all[i];
+        snprintf(c->run, sizeof c->run, "%s/%s", runs, c->name);
+        mf_trace_opts to = {model, input, c->run, c->precision, c->numerics, "logits", o->threads, true, 0, c->name, true};
+        mf_error e = {0};
+        if (mf_trace(&to, &e)) {
+            mf_log("moeflip: %s failed: %s", c->name, e.msg);
+            if (c == &ref) return mf_fail(err, MF_EINVAL, "the reference %s failed: %s", c->name, e.msg);
+            continue;
+        }
+        c->ok = true;
+        mf_log("moeflip: traced %s", c->name);
+    }
+    /* every target against the reference, the repeat as the noise floor */
+    config *ok[16];
+    int nok = 0;
+    for (int i = 0; i < nt; i++)
+        if (tg[i].ok) ok[nok++] = &tg[i];
+    if (!nok) return mf_fail(err, MF_EINVAL, "every target failed");
+    snprintf(diff_main, sizeof diff_main, "%s/diff.json", out);
+    if ((rc = diff_runs(&ref, ok, nok, repeat && rep.ok ? &rep : NULL, o->bootstrap, diff_main, err))) return rc;
+    draw_all(diff_main, nok, figs, "reference");
+    /* the two vendors against each other, at the first precision they share */
+    const char *paths[2] = {diff_main, NULL};
+    int npaths = 1;
+    config *nv = NULL, *amd = NULL;
+    for (int i = 0; i < nt && !(nv && amd); i++)
+        for (int j = 0; j < nt; j++) {
+            if (!tg[i].ok || !tg[j].ok || strcmp(tg[i].precision, tg[j].precision)) continue;
+            bool inv = strstr(tg[i].numerics, "hopper") || strstr(tg[i].numerics, "ampere") || strstr(tg[i].numerics, "volta");
+            bool jam = strstr(tg[j].numerics, "cdna");
+            if (inv && jam) {
+                nv = &tg[i];
+                amd = &tg[j];
+                break;
+            }
+        }
+    if (nv && amd) {
+        snprintf(diff_vendor, sizeof diff_vendor, "%s/diff-vendors.json", out);
+        config *t1[1] = {amd};
+        if (!diff_runs(nv, t1, 1, repeat && rep.ok && nv == &tg[0] ? &rep : NULL, o->bootstrap, diff_vendor, err)) {
+            draw_all(diff_vendor, 1, figs, "vendors");
+            paths[npaths++] = diff_vendor;
+        }
+    }
+    snprintf(report, sizeof report, "%s/report.html", out);
+    if ((rc = mf_report_write_many(paths, npaths, report, err))) return rc;
+    /* three headline numbers */
+    printf("report: %s\n", report);
+    double ci[2];
+    if (nv && amd) {
+        double v = metric(diff_vendor, 0, "flipped_slots_pct", ci);
+        printf("  %s vs %s (%s): %.2f%% of expert choices flip [%.2f, %.2f]\n", nv->numerics, amd->numerics, nv->precision, v,
+               ci[0], ci[1]);
+        v = metric(diff_vendor, 0, "forward_kl", ci);
+        printf("  their output distributions differ by KL %.3g nats per token [%.3g, %.3g]\n", v, ci[0], ci[1]);
+    }
+    for (int i = 0; i < nok; i++)
+        if (strstr(ok[i]->precision, "selective:router")) {
+            for (int j = 0; j < nok; j++)
+                if (!strcmp(ok[j]->numerics, ok[i]->numerics) && !strcmp(ok[j]->precision, "bf16")) {
+                    double a = metric(diff_main, j, "flipped_slots_pct", NULL), b = metric(diff_main, i, "flipped_slots_pct", NULL);
+                    printf("  %s against %s: flips %.2f%% in bf16, %.2f%% with the router in fp32\n", ok[i]->numerics, ref.name, a, b);
+                }
+        }
+    return MF_OK;
+}
