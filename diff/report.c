@@ -97,7 +97,9 @@ static void num_den(const mf_case *c, int m, int K, double *num, double *den) {
 static int cmp_case(const void *a, const void *b) { return strcmp(((const mf_case *)a)->id, ((const mf_case *)b)->id); }
 
 /* Cases in id order: pooled values do not depend on how the cases were gathered. */
-static void sort_cases(mf_diff_acc *a) { qsort(a->cases, a->n_cases, sizeof *a->cases, cmp_case); }
+static void sort_cases(mf_diff_acc *a) {
+    if (a->n_cases) qsort(a->cases, a->n_cases, sizeof *a->cases, cmp_case);
+}
 
 /* Pooled ratio over cases idx[0..n) (all cases when idx is NULL). */
 static double pooled(const mf_diff_acc *a, int m, const int *idx, size_t n) {
@@ -400,8 +402,8 @@ static int cmp_flip(const void *a, const void *b) {
  * flipped slots as [layer, position, inherited] (for the layer x position
  * maps and the flips-KL plot). */
 static json_t *sequences_json(mf_diff_acc *a) {
-    qsort(a->pos, a->n_pos, sizeof *a->pos, cmp_pos);
-    qsort(a->flip_list, a->n_flips, sizeof *a->flip_list, cmp_flip);
+    if (a->n_pos) qsort(a->pos, a->n_pos, sizeof *a->pos, cmp_pos);
+    if (a->n_flips) qsort(a->flip_list, a->n_flips, sizeof *a->flip_list, cmp_flip);
     json_t *arr = json_array();
     size_t f = 0;
     for (size_t i = 0; i < a->n_pos;) {
@@ -585,7 +587,7 @@ int mf_diff_write_positions(const char *path, mf_diff_acc **accs, int n_targets,
     fputs("target,seq,pos,token,first_flip_layer,flipped_slots,kl,sq_err,top1\n", af.fp);
     for (int i = 0; i < n_targets; i++) {
         mf_diff_acc *a = accs[i];
-        qsort(a->pos, a->n_pos, sizeof *a->pos, cmp_pos);
+        if (a->n_pos) qsort(a->pos, a->n_pos, sizeof *a->pos, cmp_pos);
         for (size_t k = 0; k < a->n_pos; k++) {
             const mf_position *p = &a->pos[k];
             fprintf(af.fp, "%d,%s,%d,%d,%d,%d,", i + 1, p->seq, p->pos, p->token, p->first_flip_layer, p->flipped_slots);
@@ -618,7 +620,7 @@ int mf_diff_write_slots(const char *path, mf_diff_acc **accs, int n_targets, mf_
           "gate_weight_sq_err,shared_gate_sq_err\n", af.fp);
     for (int i = 0; i < n_targets; i++) {
         mf_diff_acc *a = accs[i];
-        qsort(a->slots, a->n_slots, sizeof *a->slots, cmp_slot);
+        if (a->n_slots) qsort(a->slots, a->n_slots, sizeof *a->slots, cmp_slot);
         for (size_t k = 0; k < a->n_slots; k++) {
             const mf_slot *s = &a->slots[k];
             fprintf(af.fp, "%d,%s,%d,%d,%d,%d,%d,", i + 1, s->seq, s->layer, s->pos, s->set_equal, s->order_equal,
