@@ -401,7 +401,36 @@ static int cmp_flip(const void *a, const void *b) {
 /* Per sequence: tokens, each position's flipped-slot count and KL, and the
  * flipped slots as [layer, position, inherited] (for the layer x position
  * maps and the flips-KL plot). */
-static json_t *sequences_json(mf_diff_acc *a) {
+/* A token's text for display: valid UTF-8, control characters made visible. */
+static json_t *token_text(const mf_tokenizer *tk, int32_t id) {
+    char *raw = mf_tokenizer_decode(tk, &id, 1), out[96];
+    size_t n = 0;
+    for (const unsigned char *p = (const unsigned char *)raw; *p && n < sizeof out - 8;) {
+        int len = *p < 0x80 ? 1 : (*p & 0xe0) == 0xc0 ? 2 : (*p & 0xf0) == 0xe0 ? 3 : (*p & 0xf8) == 0xf0 ? 4 : 0;
+        bool ok = len > 0;
+        for (int i = 1; ok && i < len; i++) ok = (p[i] & 0xc0) == 0x80;
+        if (!ok) {   /* a byte of a character split across tokens */
+            out[n++] = '?';
+            p++;
+        } else if (*p == '\n') {
+            memcpy(out + n, "\xe2\x86\xb5", 3);   /* a visible newline */
+            n += 3;
+            p++;
+        } else if (*p < 0x20) {
+            out[n++] = ' ';
+            p++;
+        } else {
+            memcpy(out + n, p, (size_t)len);
+            n += (size_t)len;
+            p += len;
+        }
+    }
+    out[n] = 0;
+    free(raw);
+    return json_string(out);
+}
+
+static json_t *sequences_json(mf_diff_acc *a, const mf_tokenizer *tk) {
     if (a->n_pos) qsort(a->pos, a->n_pos, sizeof *a->pos, cmp_pos);
     if (a->n_flips) qsort(a->flip_list, a->n_flips, sizeof *a->flip_list, cmp_flip);
     json_t *arr = json_array();
@@ -421,6 +450,13 @@ static json_t *sequences_json(mf_diff_acc *a) {
             json_array_append_new(fl, json_pack("[iib]", a->flip_list[f].layer, a->flip_list[f].pos, a->flip_list[f].inherited));
         json_object_set_new(o, "id", json_string(id));
         json_object_set_new(o, "tokens", tok);
+        if (tk) {
+            json_t *txt = json_array();
+            size_t k;
+            json_t *v;
+            json_array_foreach(tok, k, v) json_array_append_new(txt, token_text(tk, (int32_t)json_integer_value(v)));
+            json_object_set_new(o, "token_text", txt);
+        }
         json_object_set_new(o, "flipped_slots", cnt);
         json_object_set_new(o, "kl", has_kl ? kl : json_null());
         if (!has_kl) json_decref(kl);
@@ -431,7 +467,7 @@ static json_t *sequences_json(mf_diff_acc *a) {
 }
 
 static json_t *target_json(mf_run *run, mf_diff_acc *a, mf_diff_acc *first, mf_diff_acc *floor_acc,
-                           const int *plan, int B) {
+                           const int *plan, int B, const mf_tokenizer *tk) {
     json_t *t = run_info(run);
     const int L = a->L, E = a->E;
     json_object_set_new(t, "metrics", metrics_json(a, NULL, plan, B));
@@ -514,7 +550,7 @@ static json_t *target_json(mf_run *run, mf_diff_acc *a, mf_diff_acc *first, mf_d
     json_object_set_new(fl, "spearman_flipped_slots_vs_kl", num_or_null(spearman(a)));
     json_object_set_new(t, "flips", fl);
     if (floor_acc && floor_acc != a) json_object_set_new(t, "floor", json_pack("{s:o}", "excess", metrics_json(a, floor_acc, plan, B)));
-    json_object_set_new(t, "sequences", sequences_json(a));
+    json_object_set_new(t, "sequences", sequences_json(a, tk));
     return t;
 }
 
@@ -533,9 +569,18 @@ int mf_diff_write_json(const char *path, mf_run *ref, mf_run **targets, mf_diff_
                                                      (json_int_t)o->seed, "unit", "sequence",
                                                      "interval", "percentile 2.5 / 97.5, linear interpolation"));
     json_object_set_new(root, "sequences", json_integer((json_int_t)n));
+    /* token texts for the figures, when the reference's model has a tokenizer */
+    mf_tokenizer *tk = NULL;
+    json_t *man = json_loads(ref->manifest_text, 0, NULL);
+    const char *mdir = json_string_value(json_object_get(json_object_get(man, "model"), "dir"));
+    char tpath[4200];
+    if (mdir && mf_path_join(tpath, sizeof tpath, mdir, "tokenizer.json") && mf_path_exists(tpath))
+        mf_tokenizer_load(&tk, tpath, NULL);
+    json_decref(man);
     json_t *ts = json_array();
     for (int i = 0; i < n_targets; i++)
-        json_array_append_new(ts, target_json(targets[i], accs[i], accs[0], floor_acc, plan, o->bootstrap));
+        json_array_append_new(ts, target_json(targets[i], accs[i], accs[0], floor_acc, plan, o->bootstrap, tk));
+    mf_tokenizer_free(tk);
     json_object_set_new(root, "targets", ts);
     if (floor_acc) {
         json_t *f = run_info(floor_run);

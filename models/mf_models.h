@@ -163,6 +163,18 @@ typedef struct mf_model {
 int mf_model_load(mf_model **out, const char *dir, mf_dtype compute, mf_dtype weight_round, mf_error *err);
 void mf_model_free(mf_model *m);
 
+/* ---- tokenizer (decoding only) ---------------------------------------- */
+
+typedef struct mf_tokenizer mf_tokenizer;
+
+/* A Hugging Face tokenizer.json with a BPE model (byte-level, as GPT-2, OLMoE and Qwen use). */
+int mf_tokenizer_load(mf_tokenizer **out, const char *path, mf_error *err);
+void mf_tokenizer_free(mf_tokenizer *t);
+int mf_tokenizer_size(const mf_tokenizer *t);
+/* The text of ids (malloc'ed, NUL-terminated; the bytes as the model produced them, which may cut a UTF-8
+ * character at a token boundary). Unknown ids decode to nothing. */
+char *mf_tokenizer_decode(const mf_tokenizer *t, const int32_t *ids, int n);
+
 /* ---- synthetic checkpoints -------------------------------------------- */
 
 typedef enum mf_synth_size { MF_SYNTH_TINY, MF_SYNTH_SMALL } mf_synth_size;

@@ -73,6 +73,7 @@ typedef struct fig_data {
     int *layers;
     double *a, *b;            /* layer-expert: dropped, added [L][E]; layer-position: state [L][T] */
     int *tokens;              /* layer-position */
+    char **token_text;        /* layer-position, when the diff carries text (NULL: ids) */
     char seq[128];
     json_t *layer_objs;       /* margin: layers[] */
     json_t *seq_obj;          /* flips-kl: all sequences */
@@ -135,6 +136,14 @@ static int load(const char *text_json, int target, mf_heat_kind kind, const char
         d->T = (int)json_array_size(tok);
         d->tokens = calloc((size_t)d->T + 1, sizeof(int));
         for (int p = 0; p < d->T; p++) d->tokens[p] = (int)json_integer_value(json_array_get(tok, (size_t)p));
+        json_t *txt = json_object_get(s, "token_text");
+        if (json_is_array(txt) && (int)json_array_size(txt) == d->T) {
+            d->token_text = calloc((size_t)d->T, sizeof(char *));
+            for (int p = 0; p < d->T; p++) {
+                const char *x = json_string_value(json_array_get(txt, (size_t)p));
+                d->token_text[p] = strdup(x ? x : "");
+            }
+        }
         d->a = calloc((size_t)d->L * d->T + 1, sizeof(double));
         json_array_foreach(json_object_get(s, "flips"), i, v) {
             int layer = (int)json_integer_value(json_array_get(v, 0)), p = (int)json_integer_value(json_array_get(v, 1));
@@ -158,6 +167,8 @@ static int load(const char *text_json, int target, mf_heat_kind kind, const char
 }
 
 static void data_free(fig_data *d) {
+    for (int p = 0; d->token_text && p < d->T; p++) free(d->token_text[p]);
+    free(d->token_text);
     free(d->layers);
     free(d->a);
     free(d->b);
@@ -298,21 +309,31 @@ static void draw_layer_position(cairo_t *cr, const fig_data *d, const geom *g, m
             set(cr, hex(v == 1 ? C_PRIMARY : v == 2 ? C_INHERITED : C_EMPTY));
             cairo_rectangle(cr, x0 + p * g->cw, y0 + l * g->ch, g->cw - (g->cw > 4 ? 0.5 : 0), g->ch - (g->ch > 5 ? 0.5 : 0));
             cairo_fill(cr);
-            cell(f, x0 + p * g->cw, y0 + l * g->ch, g->cw, g->ch, "layer %d, position %d (token %d): %s", d->layers[l], p,
-                 d->tokens[p], v == 1 ? "primary flip" : v == 2 ? "inherited flip" : "same experts");
+            cell(f, x0 + p * g->cw, y0 + l * g->ch, g->cw, g->ch, "layer %d, position %d (token %d%s%s%s): %s", d->layers[l], p,
+                 d->tokens[p], d->token_text ? " \"" : "", d->token_text ? d->token_text[p] : "", d->token_text ? "\"" : "",
+                 v == 1 ? "primary flip" : v == 2 ? "inherited flip" : "same experts");
         }
     set(cr, hex(C_TEXT));
     font(cr, 9, false);
     const int ps = tick_step(g->cw, 14), ls = tick_step(g->ch, 14);
     for (int p = 0; p < d->T; p += ps) {
-        char b[32];
-        snprintf(b, sizeof b, "%d", d->tokens[p]);
+        char b[64];
+        if (d->token_text) {   /* at most 24 bytes, cut at a character boundary */
+            size_t n = strlen(d->token_text[p]);
+            if (n > 24) {
+                n = 24;
+                while (n > 0 && ((unsigned char)d->token_text[p][n] & 0xc0) == 0x80) n--;
+            }
+            memcpy(b, d->token_text[p], n);
+            b[n] = 0;
+        }
+        else snprintf(b, sizeof b, "%d", d->tokens[p]);
         text(cr, x0 + (p + 0.5) * g->cw, y0 + g->ph + 6, 1, 0.5, -M_PI / 2.5, b);
     }
     font(cr, 10, false);
     for (int l = 0; l < d->L; l += ls) textf(cr, x0 - 6, y0 + (l + 0.5) * g->ch, 1, 0.5, "%d", d->layers[l]);
     font(cr, 12, false);
-    text(cr, x0 + g->pw / 2, y0 + g->ph + 52, 0.5, 0, 0, "position (token id)");
+    text(cr, x0 + g->pw / 2, y0 + g->ph + 62, 0.5, 0, 0, d->token_text ? "position (token)" : "position (token id)");
     text(cr, 22, y0 + g->ph / 2, 0.5, 0.5, -M_PI / 2, "layer");
     const struct { unsigned c; const char *s; } legend[3] = {
         {C_PRIMARY, "primary flip"}, {C_INHERITED, "inherited (an earlier layer flipped at or before)"}, {C_EMPTY, "same experts"}};
