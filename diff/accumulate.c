@@ -261,6 +261,7 @@ static int add_sequence(mf_diff_acc *a, mf_run *ref, size_t si, mf_run *tgt, siz
     const int n = (int)mf_st_numel(R.tokens), L = a->L, E = a->E, K = a->K, V = a->V;
     mf_case *c = new_case(a, id);
     c->positions = n;
+    c->flip_first = a->n_flips;
     c->vocab = V;
     c->has_logits = R.logits && T.logits;
     const bool routing = L > 0 && R.ids && T.ids && R.router && T.router;
@@ -424,6 +425,9 @@ static int add_sequence(mf_diff_acc *a, mf_run *ref, size_t si, mf_run *tgt, siz
         }
         if (earliest_here < earliest_before) earliest_before = earliest_here;
     }
+    c->flip_count = (int)(a->n_flips - c->flip_first);
+    c->pos_first = a->n_pos;
+    c->pos_count = n;
     for (int t = 0; t < n; t++) {
         mf_position *p = new_pos(a);
         p->seq = c->id;   /* owned by the case, which moves with it on merge */
@@ -482,6 +486,8 @@ int mf_diff_merge(mf_diff_acc *dst, mf_diff_acc *src, mf_error *err) {
         char *id = c->id;
         int64_t *ls = c->layer_slots, *le = c->layer_set_equal, *lo = c->layer_ord_equal;
         *c = src->cases[i];
+        c->pos_first += dst->n_pos;   /* src's runs are appended after dst's below */
+        c->flip_first += dst->n_flips;
         free(id);
         free(ls);
         free(le);

@@ -36,6 +36,8 @@ typedef struct mf_case {
     int64_t cond_positions[3], cond_top1[3];   /* positions with 0, 1, >= 2 flipped slots */
     double cond_kl[3];
     int64_t *layer_slots, *layer_set_equal, *layer_ord_equal;   /* [L] */
+    size_t pos_first, flip_first;   /* this case's runs in the accumulator's pos[] and flip_list[] */
+    int pos_count, flip_count;
 } mf_case;
 
 /* One position's record (for --positions and the Spearman correlation). */

@@ -258,17 +258,19 @@ static double fit_sigma(const int64_t *slots, const int64_t *flips) {
 
 /* ---- Spearman correlation of flipped slots with KL over positions --------- */
 
+static const double *rank_values;
+
+static int cmp_rank(const void *a, const void *b) {
+    double x = rank_values[*(const int *)a], y = rank_values[*(const int *)b];
+    if (x != y) return x < y ? -1 : 1;
+    return (*(const int *)a > *(const int *)b) - (*(const int *)a < *(const int *)b);   /* a total order */
+}
+
 static void ranks(const double *v, int n, double *r) {
     int *o = mf_xmalloc(sizeof(int) * (size_t)(n ? n : 1));
     for (int i = 0; i < n; i++) o[i] = i;
-    for (int i = 1; i < n; i++) {   /* insertion sort by value (n is the number of positions) */
-        int x = o[i], j = i - 1;
-        while (j >= 0 && v[o[j]] > v[x]) {
-            o[j + 1] = o[j];
-            j--;
-        }
-        o[j + 1] = x;
-    }
+    rank_values = v;
+    qsort(o, (size_t)n, sizeof *o, cmp_rank);
     for (int i = 0; i < n;) {
         int j = i;
         while (j + 1 < n && v[o[j + 1]] == v[o[i]]) j++;
@@ -284,10 +286,12 @@ static double spearman(const mf_diff_acc *a) {
     if (n < 3) return NAN;
     double *x = mf_xmalloc(sizeof(double) * (size_t)n * 4), *y = x + n, *rx = y + n, *ry = rx + n;
     int k = 0;
-    for (size_t i = 0; i < a->n_pos; i++)
-        if (!isnan(a->pos[i].kl)) {
-            x[k] = a->pos[i].flipped_slots;
-            y[k++] = a->pos[i].kl;
+    for (size_t c = 0; c < a->n_cases; c++)   /* cases in id order: the same sums however the diff was gathered */
+        for (int j = 0; j < a->cases[c].pos_count; j++) {
+            const mf_position *p = &a->pos[a->cases[c].pos_first + (size_t)j];
+            if (isnan(p->kl)) continue;
+            x[k] = p->flipped_slots;
+            y[k++] = p->kl;
         }
     ranks(x, n, rx);
     ranks(y, n, ry);
@@ -388,16 +392,6 @@ static json_t *crova_paired(const mf_diff_acc *a, const mf_diff_acc *b, const in
     return o;
 }
 
-static int cmp_pos(const void *a, const void *b);
-
-static int cmp_flip(const void *a, const void *b) {
-    const mf_flip *x = a, *y = b;
-    int c = strcmp(x->seq, y->seq);
-    if (c) return c;
-    if (x->layer != y->layer) return x->layer < y->layer ? -1 : 1;
-    return (x->pos > y->pos) - (x->pos < y->pos);
-}
-
 /* Per sequence: tokens, each position's flipped-slot count and KL, and the
  * flipped slots as [layer, position, inherited] (for the layer x position
  * maps and the flips-KL plot). */
@@ -431,24 +425,23 @@ static json_t *token_text(const mf_tokenizer *tk, int32_t id) {
 }
 
 static json_t *sequences_json(mf_diff_acc *a, const mf_tokenizer *tk) {
-    if (a->n_pos) qsort(a->pos, a->n_pos, sizeof *a->pos, cmp_pos);
-    if (a->n_flips) qsort(a->flip_list, a->n_flips, sizeof *a->flip_list, cmp_flip);
     json_t *arr = json_array();
-    size_t f = 0;
-    for (size_t i = 0; i < a->n_pos;) {
-        const char *id = a->pos[i].seq;
+    for (size_t ci = 0; ci < a->n_cases; ci++) {
+        const mf_case *c = &a->cases[ci];
         json_t *o = json_object(), *tok = json_array(), *cnt = json_array(), *kl = json_array(), *fl = json_array();
         bool has_kl = false;
-        for (; i < a->n_pos && !strcmp(a->pos[i].seq, id); i++) {
-            json_array_append_new(tok, json_integer(a->pos[i].token));
-            json_array_append_new(cnt, json_integer(a->pos[i].flipped_slots));
-            json_array_append_new(kl, num_or_null(a->pos[i].kl));
-            has_kl |= !isnan(a->pos[i].kl);
+        for (int j = 0; j < c->pos_count; j++) {
+            const mf_position *p = &a->pos[c->pos_first + (size_t)j];
+            json_array_append_new(tok, json_integer(p->token));
+            json_array_append_new(cnt, json_integer(p->flipped_slots));
+            json_array_append_new(kl, num_or_null(p->kl));
+            has_kl |= !isnan(p->kl);
         }
-        while (f < a->n_flips && strcmp(a->flip_list[f].seq, id) < 0) f++;
-        for (; f < a->n_flips && !strcmp(a->flip_list[f].seq, id); f++)
-            json_array_append_new(fl, json_pack("[iib]", a->flip_list[f].layer, a->flip_list[f].pos, a->flip_list[f].inherited));
-        json_object_set_new(o, "id", json_string(id));
+        for (int j = 0; j < c->flip_count; j++) {
+            const mf_flip *f = &a->flip_list[c->flip_first + (size_t)j];
+            json_array_append_new(fl, json_pack("[iib]", f->layer, f->pos, f->inherited));
+        }
+        json_object_set_new(o, "id", json_string(c->id));
         json_object_set_new(o, "tokens", tok);
         if (tk) {
             json_t *txt = json_array();
@@ -619,12 +612,6 @@ void mf_diff_print_summary(FILE *out, mf_run *ref, mf_run **targets, mf_diff_acc
     }
 }
 
-static int cmp_pos(const void *a, const void *b) {
-    const mf_position *x = a, *y = b;
-    int c = strcmp(x->seq, y->seq);
-    return c ? c : (x->pos > y->pos) - (x->pos < y->pos);
-}
-
 int mf_diff_write_positions(const char *path, mf_diff_acc **accs, int n_targets, mf_error *err) {
     mf_atomic_file af;
     int rc = mf_atomic_open(&af, path, err);
@@ -632,9 +619,10 @@ int mf_diff_write_positions(const char *path, mf_diff_acc **accs, int n_targets,
     fputs("target,seq,pos,token,first_flip_layer,flipped_slots,kl,sq_err,top1\n", af.fp);
     for (int i = 0; i < n_targets; i++) {
         mf_diff_acc *a = accs[i];
-        if (a->n_pos) qsort(a->pos, a->n_pos, sizeof *a->pos, cmp_pos);
-        for (size_t k = 0; k < a->n_pos; k++) {
-            const mf_position *p = &a->pos[k];
+        sort_cases(a);
+        for (size_t k = 0, ci = 0; ci < a->n_cases; ci++, k = 0)
+            for (; k < (size_t)a->cases[ci].pos_count; k++) {
+            const mf_position *p = &a->pos[a->cases[ci].pos_first + k];
             fprintf(af.fp, "%d,%s,%d,%d,%d,%d,", i + 1, p->seq, p->pos, p->token, p->first_flip_layer, p->flipped_slots);
             if (isnan(p->kl)) fputs(",,", af.fp);
             else fprintf(af.fp, "%.17g,%.17g,", p->kl, p->sq_err);

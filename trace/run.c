@@ -555,14 +555,19 @@ int mf_run_open(mf_run **out, const char *dir, mf_error *err) {
         r->shard_files[i] = mf_xstrdup(f);
         r->shard_bytes[i] = (uint64_t)json_integer_value(json_object_get(s, "bytes"));
         memcpy(r->shard_digest[i], d, 33);
-        /* verify now: a damaged run is named at once, not half-way through an analysis */
+        /* verify now: a damaged run is named at once, not half-way through an analysis; the
+         * mapping that was hashed is the one the tensors are read from */
         char sp[4096], have[33];
         mf_path_join(sp, sizeof sp, dir, f);
-        if ((rc = mf_digest_file(sp, have, err))) goto fail;
+        mf_mmap m;
+        if ((rc = mf_mmap_open(&m, sp, err))) goto fail;
+        mf_digest_buffer(m.data, m.size, have);
+        mf_mmap_close(&m);
         if (strcmp(have, d) != 0) {
             rc = mf_fail(err, MF_EDIGEST, "%s: damaged shard: digest %s, the manifest records %s", sp, have, d);
             goto fail;
         }
+        if ((rc = mf_st_open(&r->shards[i], sp, err))) goto fail;
     }
     r->n_seqs = json_array_size(seqs);
     r->seqs = mf_xcalloc(r->n_seqs + 1, sizeof *r->seqs);
