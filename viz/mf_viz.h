@@ -66,5 +66,6 @@ int mf_sweep(const mf_sweep_opts *o, mf_error *err);
 
 /* The embedded default checkpoint (made by moeflip synth), written into dir. */
 int mf_default_model_write(const char *dir, mf_error *err);
+bool mf_default_has(const char *name);
 
 #endif
