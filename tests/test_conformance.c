@@ -112,6 +112,7 @@ FP64_CASE(qwen3_moe_yarn_v4cfg)
 FP64_CASE(qwen2_moe_fused_sparse)
 FP64_CASE(mixtral_linear_v4cfg)
 FP64_CASE(olmoe_dynamic)
+FP64_CASE(tiny_olmoe)   /* the trained default model */
 
 /* bf16: our cast points follow transformers', but GEMM accumulation order is
  * each kernel's own, so values can differ by a few bf16 ulps, and an early
