@@ -8,6 +8,7 @@
 
 static const char *help =
     "usage: moeflip synth --arch NAME --seed S -o DIR [--size tiny|small]\n"
+    "       moeflip synth --like CKPT --seed S -o DIR     (CKPT's architecture and sizes, random weights)\n"
     "\n"
     "Writes config.json, model.safetensors (bf16, Hugging Face Hub names) and tokens.jsonl into DIR.\n"
     "NAME: llama, olmoe, qwen2_moe, mixtral, qwen3_moe. tiny: hidden 64, 3 layers, vocab 384;\n"
@@ -15,10 +16,11 @@ static const char *help =
     "512-token prompts.\n";
 
 int cmd_synth(int argc, char **argv) {
-    const char *arch_s = NULL, *out = NULL, *size_s = "tiny";
+    const char *arch_s = NULL, *out = NULL, *size_s = "tiny", *like = NULL;
     long seed = -1;
     static const struct option opts[] = {{"arch", required_argument, 0, 'a'}, {"seed", required_argument, 0, 's'},
                                          {"output", required_argument, 0, 'o'}, {"size", required_argument, 0, 'z'},
+                                         {"like", required_argument, 0, 'l'},
                                          {"help", no_argument, 0, 'h'}, {0, 0, 0, 0}};
     int c;
     optind = 1;
@@ -31,19 +33,26 @@ int cmd_synth(int argc, char **argv) {
             break;
         case 'o': out = optarg; break;
         case 'z': size_s = optarg; break;
+        case 'l': like = optarg; break;
         case 'h': fputs(help, stdout); return 0;
         default: return cli_usage_error("synth", "unknown or incomplete option %s", argv[optind - 1]);
         }
     }
     if (optind < argc) return cli_usage_error("synth", "unexpected argument %s", argv[optind]);
-    if (!arch_s || !out || seed < 0) return cli_usage_error("synth", "--arch, --seed and -o are required");
-    int arch = mf_arch_from_name(arch_s);
+    if ((!arch_s && !like) || !out || seed < 0) return cli_usage_error("synth", "--arch (or --like), --seed and -o are required");
+    int arch = arch_s ? mf_arch_from_name(arch_s) : 0;
     if (arch < 0) return cli_usage_error("synth", "unknown architecture \"%s\" (known: %s)", arch_s, mf_arch_list());
     mf_synth_size size;
     if (!strcmp(size_s, "tiny")) size = MF_SYNTH_TINY;
     else if (!strcmp(size_s, "small")) size = MF_SYNTH_SMALL;
     else return cli_usage_error("synth", "--size takes tiny or small");
     mf_error err = {0};
-    if (mf_synth_write(out, (mf_arch)arch, size, (uint64_t)seed, &err)) return cli_fail(&err);
+    mf_config cfg;
+    char path[4200];
+    if (like) {
+        snprintf(path, sizeof path, "%s/config.json", like);
+        if (mf_config_load(&cfg, path, &err)) return cli_fail(&err);
+    }
+    if (mf_synth_write_like(out, (mf_arch)arch, size, like ? &cfg : NULL, (uint64_t)seed, &err)) return cli_fail(&err);
     return 0;
 }

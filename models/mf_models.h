@@ -182,5 +182,8 @@ typedef enum mf_synth_size { MF_SYNTH_TINY, MF_SYNTH_SMALL } mf_synth_size;
 /* Writes a deterministic random-weight bf16 checkpoint in Hub layout
  * (config.json, model.safetensors) plus tokens.jsonl into dir. */
 int mf_synth_write(const char *dir, mf_arch arch, mf_synth_size size, uint64_t seed, mf_error *err);
+/* The same with the shape (architecture and sizes) of `like`'s config. */
+int mf_synth_write_like(const char *dir, mf_arch arch, mf_synth_size size, const mf_config *like, uint64_t seed,
+                        mf_error *err);
 
 #endif

@@ -26,11 +26,32 @@ static void tensor(synth *s, const char *name, int64_t rows, int64_t cols, doubl
 #define BIAS(n, ...) (snprintf(nm, sizeof nm, __VA_ARGS__), tensor(&s, nm, n, 0, 0.0, 0.1))
 
 int mf_synth_write(const char *dir, mf_arch arch, mf_synth_size size, uint64_t seed, mf_error *err) {
+    return mf_synth_write_like(dir, arch, size, NULL, seed, err);
+}
+
+int mf_synth_write_like(const char *dir, mf_arch arch, mf_synth_size size, const mf_config *like, uint64_t seed,
+                        mf_error *err) {
     const bool small = size == MF_SYNTH_SMALL;
-    const int H = small ? 256 : 64, L = small ? 4 : 3, nh = 4, V = small ? 4096 : 384;
-    const int nkv = (arch == MF_ARCH_OLMOE) ? nh : 2, hd = H / nh;
-    const int E = arch == MF_ARCH_MIXTRAL ? 8 : 16, K = arch == MF_ARCH_MIXTRAL ? 2 : 4;
-    const int I_moe = small ? 224 : 32, I_dense = small ? 688 : 128, I_shared = small ? 512 : 96;
+    int H = small ? 256 : 64, L = small ? 4 : 3, nh = 4, V = small ? 4096 : 384;
+    int nkv = (arch == MF_ARCH_OLMOE) ? nh : 2, hd = H / nh;
+    int E = arch == MF_ARCH_MIXTRAL ? 8 : 16, K = arch == MF_ARCH_MIXTRAL ? 2 : 4;
+    int I_moe = small ? 224 : 32, I_dense = small ? 688 : 128, I_shared = small ? 512 : 96;
+    if (like) {   /* the shape of an existing model, with random weights */
+        arch = like->arch;
+        H = like->hidden;
+        L = like->n_layers;
+        nh = like->n_heads;
+        nkv = like->n_kv_heads;
+        hd = like->head_dim;
+        V = like->vocab;
+        if (like->n_experts) {
+            E = like->n_experts;
+            K = like->top_k;
+            I_moe = like->moe_intermediate;
+        }
+        I_dense = like->intermediate;
+        if (like->shared_intermediate) I_shared = like->shared_intermediate;
+    }
     const double std = 0.05;
     const mf_arch_desc *d = &mf_arch_table[arch];
     int rc = mf_mkdir_p(dir, err);
