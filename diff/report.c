@@ -101,15 +101,22 @@ static void sort_cases(mf_diff_acc *a) {
     if (a->n_cases) qsort(a->cases, a->n_cases, sizeof *a->cases, cmp_case);
 }
 
-/* Pooled ratio over cases idx[0..n) (all cases when idx is NULL). */
-static double pooled(const mf_diff_acc *a, int m, const int *idx, size_t n) {
-    double num = 0, den = 0;
+/* Sum of metric m's numerators (and denominators) over cases idx[0..n), or all when idx is NULL. */
+static double sum_num(const mf_diff_acc *a, int m, const int *idx, size_t n, double *den) {
+    double s = 0, d = 0;
     for (size_t i = 0; i < n; i++) {
         double x, y;
         num_den(&a->cases[idx ? (size_t)idx[i] : i], m, a->K, &x, &y);
-        num += x;
-        den += y;
+        s += x;
+        d += y;
     }
+    if (den) *den = d;
+    return s;
+}
+
+/* Pooled ratio over cases idx[0..n) (all cases when idx is NULL). */
+static double pooled(const mf_diff_acc *a, int m, const int *idx, size_t n) {
+    double den, num = sum_num(a, m, idx, n, &den);
     return den > 0 ? metrics[m].scale * num / den : NAN;
 }
 
@@ -338,19 +345,6 @@ static json_t *metrics_json(const mf_diff_acc *a, const mf_diff_acc *base, const
         json_object_set_new(o, metrics[m].name, value_ci(v, ci));
     }
     return o;
-}
-
-/* Sum of metric m's numerators (and denominators) over cases idx[0..n), or all when idx is NULL. */
-static double sum_num(const mf_diff_acc *a, int m, const int *idx, size_t n, double *den) {
-    double s = 0, d = 0;
-    for (size_t i = 0; i < n; i++) {
-        double x, y;
-        num_den(&a->cases[idx ? (size_t)idx[i] : i], m, a->K, &x, &y);
-        s += x;
-        d += y;
-    }
-    if (den) *den = d;
-    return s;
 }
 
 typedef struct pctx {

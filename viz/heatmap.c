@@ -539,19 +539,27 @@ static const char *ext_of(const char *path) {
     return dot ? dot + 1 : "";
 }
 
+/* Reads the figure's data; on failure everything is released. */
+static int load_or_free(const char *diff_json, int target, mf_heat_kind kind, const char *seq, fig_data *d,
+                        json_t **root, mf_error *err) {
+    *root = NULL;
+    int rc = load(diff_json, target, kind, seq, d, root, err);
+    if (rc) {
+        data_free(d);
+        json_decref(*root);
+    }
+    return rc;
+}
+
 int mf_heatmap_file(const char *diff_json, int target, mf_heat_kind kind, const char *seq, const char *path,
                     mf_error *err) {
     const char *ext = ext_of(path);
     if (strcmp(ext, "png") && strcmp(ext, "svg") && strcmp(ext, "pdf"))
         return mf_fail(err, MF_EINVAL, "%s: the extension must be .png, .svg or .pdf", path);
     fig_data d;
-    json_t *root = NULL;
-    int rc = load(diff_json, target, kind, seq, &d, &root, err);
-    if (rc) {
-        data_free(&d);
-        json_decref(root);
-        return rc;
-    }
+    json_t *root;
+    int rc = load_or_free(diff_json, target, kind, seq, &d, &root, err);
+    if (rc) return rc;
     mf_figure f = {0};
     geom g = {0};
     layout(&d, &f, &g);
@@ -604,13 +612,9 @@ static cairo_status_t to_mem(void *closure, const unsigned char *data, unsigned 
 int mf_heatmap_svg(const char *diff_json, int target, mf_heat_kind kind, const char *seq, char **svg, size_t *len,
                    mf_figure *fig, mf_error *err) {
     fig_data d;
-    json_t *root = NULL;
-    int rc = load(diff_json, target, kind, seq, &d, &root, err);
-    if (rc) {
-        data_free(&d);
-        json_decref(root);
-        return rc;
-    }
+    json_t *root;
+    int rc = load_or_free(diff_json, target, kind, seq, &d, &root, err);
+    if (rc) return rc;
     memset(fig, 0, sizeof *fig);
     geom g = {0};
     layout(&d, fig, &g);
