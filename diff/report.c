@@ -585,11 +585,17 @@ int mf_diff_write_json(const char *path, mf_run *ref, mf_run **targets, mf_diff_
 void mf_diff_print_summary(FILE *out, mf_run *ref, mf_run **targets, mf_diff_acc **accs, int n_targets,
                            const mf_diff_opts *o) {
     (void)o;
-    fprintf(out, "reference  %s (%s, %s)\n", ref->dir, ref->precision, ref->record);
+    json_t *rm = json_loads(ref->manifest_text, 0, NULL);
+    fprintf(out, "reference  %s: %s x %s (%s, record %s)\n", ref->dir, json_string_value(json_object_get(rm, "numerics")) ?: "?",
+            ref->precision, ref->arch, ref->record);
+    json_decref(rm);
     for (int i = 0; i < n_targets; i++) {
         mf_diff_acc *a = accs[i];
         sort_cases(a);
-        fprintf(out, "\ntarget %d   %s (%s)   %zu sequences\n", i + 1, targets[i]->dir, targets[i]->precision, a->n_cases);
+        json_t *man = json_loads(targets[i]->manifest_text, 0, NULL);
+        fprintf(out, "\ntarget %d   %s: %s x %s, %zu sequences\n", i + 1, targets[i]->dir,
+                json_string_value(json_object_get(man, "numerics")) ?: "?", targets[i]->precision, a->n_cases);
+        json_decref(man);
         static const int show[] = {M_FORWARD_KL, M_TOP1, M_RAW_LOGIT_MSE, M_ROUTER_SET, M_ROUTER_POS_ALL, M_FLIPPED,
                                    M_PRIMARY, M_KL_0, M_KL_1, M_KL_2};
         for (size_t s = 0; s < sizeof show / sizeof show[0]; s++) {
