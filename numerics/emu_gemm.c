@@ -11,6 +11,7 @@
  * K is padded with zeros to a multiple of the instruction's k. */
 #include "mf_numerics.h"
 
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -85,12 +86,77 @@ void mf_emu_gemm_reference(const mf_kschedule *s, int M, int N, int K, const uin
     }
 }
 
+/* CDNA1/CDNA2 f16/bf16 (pairwise fp32 trees, CDNA2 flushing subnormals): plain
+ * fp32 arithmetic, so a loop over the columns that the compiler vectorises.
+ * Same operations in the same order as mma.c's pairwise(); a plain chain. */
+static inline float flush_keep(float x, bool on) { return on && fabsf(x) < 0x1p-126f ? x * 0.0f : x; }
+
+static bool pairwise_fast(const mf_kschedule *s, int M, int N, int K, const uint64_t *A, const uint64_t *B,
+                          const uint64_t *C0, uint64_t *C, int threads) {
+    const mf_mma_instr *I = &s->instr;
+    if (I->kind != MF_MMA_AMD_PAIRWISE || s->acc != 1 || s->split != 1 || (I->group != 2 && I->group != 4) ||
+        I->a_fmt != I->b_fmt || K % I->k)
+        return false;
+    const bool fl = I->flush, bf = I->a_fmt == MF_FMT_BF16;
+    const float min_in = bf ? 0x1p-126f : 0x1p-14f;
+    float *a = mf_xmalloc(sizeof(float) * (size_t)M * K), *b = mf_xmalloc(sizeof(float) * (size_t)K * N);
+    bool finite = true;
+    for (size_t i = 0; i < (size_t)M * K; i++) {
+        float v = bf ? mf_bf16_to_f32((uint16_t)A[i]) : mf_f16_to_f32((uint16_t)A[i]);
+        finite &= isfinite(v);
+        a[i] = fl && fabsf(v) < min_in ? 0.0f : v;   /* inputs flush to +0 */
+    }
+    for (size_t i = 0; i < (size_t)K * N; i++) {
+        float v = bf ? mf_bf16_to_f32((uint16_t)B[i]) : mf_f16_to_f32((uint16_t)B[i]);
+        finite &= isfinite(v);
+        b[i] = fl && fabsf(v) < min_in ? 0.0f : v;
+    }
+    if (!finite) {   /* NaN and Inf: the reference model */
+        free(a);
+        free(b);
+        return false;
+    }
+    const int g = I->group;
+#pragma omp parallel for schedule(static) num_threads(threads) if (threads > 1 && (double)M * N * K > 65536)
+    for (int i = 0; i < M; i++) {
+        float *acc = mf_xmalloc(sizeof(float) * (size_t)N);
+        for (int j = 0; j < N; j++) {
+            float c = C0 ? mf_bits_f32((uint32_t)C0[(size_t)i * N + j]) : 0.0f;
+            acc[j] = fl && fabsf(c) < 0x1p-126f ? 0.0f : c;
+        }
+        const float *ai = a + (size_t)i * K;
+        for (int k0 = 0; k0 < K; k0 += g) {
+            const float *b0 = b + (size_t)k0 * N, *b1 = b0 + N;
+            const float x0 = ai[k0], x1 = ai[k0 + 1];
+            if (g == 2) {
+                for (int j = 0; j < N; j++) {
+                    float s = flush_keep(flush_keep(x0 * b0[j], fl) + flush_keep(x1 * b1[j], fl), fl);
+                    acc[j] = flush_keep(acc[j] + s, fl);
+                }
+            } else {
+                const float *b2 = b1 + N, *b3 = b2 + N;
+                const float x2 = ai[k0 + 2], x3 = ai[k0 + 3];
+                for (int j = 0; j < N; j++) {
+                    float l = flush_keep(flush_keep(x0 * b0[j], fl) + flush_keep(x1 * b1[j], fl), fl);
+                    float r = flush_keep(flush_keep(x2 * b2[j], fl) + flush_keep(x3 * b3[j], fl), fl);
+                    acc[j] = flush_keep(acc[j] + flush_keep(l + r, fl), fl);
+                }
+            }
+        }
+        for (int j = 0; j < N; j++) C[(size_t)i * N + j] = mf_f32_bits(acc[j]);
+        free(acc);
+    }
+    free(a);
+    free(b);
+    return true;
+}
+
 /* With the fast path: each (range, accumulator) chain is a plain chain over
  * its own k-steps, gathered into contiguous operands, then reduced. */
 void mf_emu_gemm(const mf_kschedule *s, int M, int N, int K, const uint64_t *A, const uint64_t *B, const uint64_t *C0,
                  uint64_t *C, int threads) {
     if (!mf_emu_fast_supported(s)) {
-        mf_emu_gemm_reference(s, M, N, K, A, B, C0, C, threads);
+        if (!pairwise_fast(s, M, N, K, A, B, C0, C, threads)) mf_emu_gemm_reference(s, M, N, K, A, B, C0, C, threads);
         return;
     }
     const int k = s->instr.k, steps = (K + k - 1) / k, nacc = s->acc;

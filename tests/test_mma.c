@@ -194,6 +194,9 @@ Test(emu_gemm, fast_path_equals_reference) {
     fast_vs_reference("CDNA3", "mfma_f32_32x32x8_f16", 1, 1, MF_REDUCE_SEQ);
     fast_vs_reference("Hopper", "mma.m16n8k16.f32.bf16.bf16.f32", 3, 2, MF_REDUCE_TREE);
     fast_vs_reference("CDNA3", "mfma_f32_32x32x8_bf16", 2, 4, MF_REDUCE_SEQ);
+    fast_vs_reference("CDNA2", "mfma_f32_32x32x8bf16_1k", 1, 1, MF_REDUCE_SEQ);   /* pairwise trees, flushing */
+    fast_vs_reference("CDNA2", "mfma_f32_32x32x8f16", 1, 1, MF_REDUCE_SEQ);
+    fast_vs_reference("CDNA1", "mfma_f32_32x32x4bf16", 1, 1, MF_REDUCE_SEQ);      /* groups of 2, no flushing */
 }
 
 /* ---- vectors from MMA-Sim and from the H200 ------------------------------ */
