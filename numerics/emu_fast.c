@@ -180,46 +180,59 @@ __attribute__((target("avx2,fma"))) static void nv_cols_avx2(const mf_mma_instr 
     }
 }
 
+/* Like the NVIDIA body: NVP column panels in one pass over K, their
+ * accumulator chains independent, so one hides the other's latency. */
 __attribute__((target("avx2,fma"), always_inline)) static inline void amd_cols_body(int g, int groups,
                                                                                     const double *av, const int32_t *ae,
-                                                                                    const double *bv, const int32_t *be,
-                                                                                    double *c, int *unsafe) {
-    __m256d acc = _mm256_loadu_pd(c);
-    __m128i big = _mm_setzero_si128();
+                                                                                    const double *const *bvp,
+                                                                                    const int32_t *const *bep,
+                                                                                    double *const *cp, int *const *up_) {
+    __m256d acc[NVP];
+    __m128i big[NVP];
+    for (int p = 0; p < NVP; p++) {
+        acc[p] = _mm256_loadu_pd(cp[p]);
+        big[p] = _mm_setzero_si128();
+    }
     for (int t = 0; t < groups; t++) {
         const int k0 = t * g;
-        __m128i Ep = _mm_set1_epi32(INT32_MIN);
-        for (int i = 0; i < g; i++)
-            Ep = _mm_max_epi32(Ep, _mm_add_epi32(_mm_set1_epi32(ae[k0 + i]),
-                                                 _mm_loadu_si128((const __m128i *)(be + (size_t)(k0 + i) * LANES))));
-        __m256d sp = pow2_pd(_mm_sub_epi32(_mm_set1_epi32(24), Ep));
-        __m256d S0 = _mm256_setzero_pd(), S1 = _mm256_setzero_pd();
-        int i = 0;
-        const __m256d sc = sp;
-        for (; i + 2 <= g; i += 2) {
-            S0 = _mm256_add_pd(S0, TERM(0));
-            S1 = _mm256_add_pd(S1, TERM(1));
+        for (int p = 0; p < NVP; p++) {
+            const double *bv = bvp[p];
+            const int32_t *be = bep[p];
+            __m128i Ep = _mm_set1_epi32(INT32_MIN);
+            for (int i = 0; i < g; i++)
+                Ep = _mm_max_epi32(Ep, _mm_add_epi32(_mm_set1_epi32(ae[k0 + i]),
+                                                     _mm_loadu_si128((const __m128i *)(be + (size_t)(k0 + i) * LANES))));
+            const __m256d sc = pow2_pd(_mm_sub_epi32(_mm_set1_epi32(24), Ep));
+            __m256d S0 = _mm256_setzero_pd(), S1 = _mm256_setzero_pd();
+            int i = 0;
+            for (; i + 2 <= g; i += 2) {
+                S0 = _mm256_add_pd(S0, TERM(0));
+                S1 = _mm256_add_pd(S1, TERM(1));
+            }
+            for (; i < g; i++) S0 = _mm256_add_pd(S0, TERM(0));
+            __m256d S = _mm256_add_pd(S0, S1);
+            __m128i ec = conv_exp_f32(acc[p]);
+            __m128i E = _mm_max_epi32(Ep, ec);
+            big[p] = _mm_or_si128(big[p], _mm_cmpgt_epi32(E, _mm_set1_epi32(125)));
+            __m256d s31 = _mm256_round_pd(_mm256_mul_pd(S, pow2_pd(_mm_sub_epi32(_mm_add_epi32(Ep, _mm_set1_epi32(7)), E))),
+                                          _MM_FROUND_TO_NEG_INF | _MM_FROUND_NO_EXC);
+            __m256d c24 = _mm256_round_pd(_mm256_mul_pd(acc[p], pow2_pd(_mm_sub_epi32(_mm_set1_epi32(24), E))),
+                                          _MM_FROUND_TO_NEG_INF | _MM_FROUND_NO_EXC);
+            __m256d tot = _mm256_add_pd(s31, _mm256_mul_pd(c24, _mm256_set1_pd(128.0)));
+            __m256d v = _mm256_mul_pd(tot, pow2_pd(_mm_sub_epi32(E, _mm_set1_epi32(31))));
+            acc[p] = _mm256_cvtps_pd(_mm256_cvtpd_ps(v));   /* RNE to fp32 (the default rounding mode) */
         }
-        for (; i < g; i++) S0 = _mm256_add_pd(S0, TERM(0));
-        __m256d S = _mm256_add_pd(S0, S1);
-        __m128i ec = conv_exp_f32(acc);
-        __m128i E = _mm_max_epi32(Ep, ec);
-        big = _mm_or_si128(big, _mm_cmpgt_epi32(E, _mm_set1_epi32(125)));
-        __m256d s31 = _mm256_round_pd(_mm256_mul_pd(S, pow2_pd(_mm_sub_epi32(_mm_add_epi32(Ep, _mm_set1_epi32(7)), E))),
-                                      _MM_FROUND_TO_NEG_INF | _MM_FROUND_NO_EXC);
-        __m256d c24 = _mm256_round_pd(_mm256_mul_pd(acc, pow2_pd(_mm_sub_epi32(_mm_set1_epi32(24), E))),
-                                      _MM_FROUND_TO_NEG_INF | _MM_FROUND_NO_EXC);
-        __m256d tot = _mm256_add_pd(s31, _mm256_mul_pd(c24, _mm256_set1_pd(128.0)));
-        __m256d v = _mm256_mul_pd(tot, pow2_pd(_mm_sub_epi32(E, _mm_set1_epi32(31))));
-        acc = _mm256_cvtps_pd(_mm256_cvtpd_ps(v));   /* RNE to fp32 (the default rounding mode) */
     }
-    _mm256_storeu_pd(c, acc);
-    _mm_storeu_si128((__m128i *)unsafe, big);
+    for (int p = 0; p < NVP; p++) {
+        _mm256_storeu_pd(cp[p], acc[p]);
+        _mm_storeu_si128((__m128i *)up_[p], big[p]);
+    }
 }
 
 __attribute__((target("avx2,fma"))) static void amd_cols_avx2(const mf_mma_instr *I, int steps, const double *av,
-                                                              const int32_t *ae, const double *bv, const int32_t *be,
-                                                              double *c, int *unsafe) {
+                                                              const int32_t *ae, const double *const *bv,
+                                                              const int32_t *const *be, double *const *c,
+                                                              int *const *unsafe) {
     const int g = I->group, groups = steps * I->k / g;
     switch (g) {
     case 4: amd_cols_body(4, groups, av, ae, bv, be, c, unsafe); break;
@@ -328,15 +341,10 @@ static void run_group(const fast_ctx *x, int i, int p0) {
 #ifdef EMU_X86
     const bool avx = have_avx2() && !force_portable_emu;
     if (avx && I->kind == MF_MMA_NV_FUSED) nv_cols_avx2(I, x->steps, av, ae, pbv, pbe, pc, pu);
+    else if (avx) amd_cols_avx2(I, x->steps, av, ae, pbv, pbe, pc, pu);
     else
 #endif
-        for (int pp = 0; pp < np; pp++) {
-#ifdef EMU_X86
-            if (avx) amd_cols_avx2(I, x->steps, av, ae, pbv[pp], pbe[pp], pc[pp], pu[pp]);
-            else
-#endif
-                cols_portable(I, x->steps, av, ae, pbv[pp], pbe[pp], pc[pp], pu[pp]);
-        }
+        for (int pp = 0; pp < np; pp++) cols_portable(I, x->steps, av, ae, pbv[pp], pbe[pp], pc[pp], pu[pp]);
     for (int pp = 0; pp < np; pp++)
         for (int l = 0; l < LANES; l++) {
             const int j = (p0 + pp) * LANES + l;
