@@ -269,6 +269,34 @@ Test(diff_hand, flips_ties_and_errors) {
     mf_run_close(t);
 }
 
+/* An expert id past the model's count is an error naming where it is, not an
+ * index past the end of the score row. */
+Test(diff_hand, expert_id_out_of_range) {
+    hand R, T;
+    base(&R);
+    base(&T);
+    T.ids[1][2][0] = 16;   /* the model has experts 0 .. 15 */
+    const char *d = temp_dir();
+    char rp[4200], tp[4200];
+    snprintf(rp, sizeof rp, "%s/r", d);
+    snprintf(tp, sizeof tp, "%s/t", d);
+    write_run(rp, &R);
+    write_run(tp, &T);
+    mf_run *r, *t;
+    mf_error err = {0};
+    cr_assert_eq(mf_run_open(&r, rp, &err), MF_OK);
+    cr_assert_eq(mf_run_open(&t, tp, &err), MF_OK);
+    mf_diff_acc *a = calloc(1, sizeof *a);
+    mf_diff_acc_init(a, r->n_moe, r->n_experts, r->top_k, r->vocab, r->moe_layers);
+    cr_assert_eq(mf_diff_acc_add_runs(a, r, t, &err), MF_EFORMAT);
+    cr_assert(strstr(err.msg, "topk_ids holds expert 16 at layer 1, position 2"), "%s", err.msg);
+    cr_assert(strstr(err.msg, "/t"), "names the target run: %s", err.msg);
+    mf_diff_acc_free(a);
+    free(a);
+    mf_run_close(r);
+    mf_run_close(t);
+}
+
 Test(diff_hand, alignment_names_the_first_mismatch) {
     char err_buf[2048];
     const char *d = temp_dir();
