@@ -28,9 +28,14 @@ static mf_run *import(const char *model, const char *capture) {
     return r;
 }
 
-static mf_diff_acc *diff_of(mf_run *ref, mf_run *tgt) {
+static mf_diff_acc *new_acc(const mf_run *ref) {
     mf_diff_acc *a = calloc(1, sizeof *a);
     mf_diff_acc_init(a, ref->n_moe, ref->n_experts, ref->top_k, ref->vocab, ref->moe_layers);
+    return a;
+}
+
+static mf_diff_acc *diff_of(mf_run *ref, mf_run *tgt) {
+    mf_diff_acc *a = new_acc(ref);
     mf_error err = {0};
     cr_assert_eq(mf_diff_acc_add_runs(a, ref, tgt, &err), MF_OK, "%s", err.msg);
     return a;
@@ -150,7 +155,8 @@ typedef struct hand {
     double logits[4][384];
 } hand;
 
-static void write_run(const char *dir, const hand *h) {
+/* A run of the hand-made values; experts: the width of the router rows written. */
+static void write_run_experts(const char *dir, const hand *h, int experts) {
     mf_config cfg;
     mf_error err = {0};
     char cpath[4200];
@@ -164,7 +170,7 @@ static void write_run(const char *dir, const hand *h) {
     mf_run_info info = {"hand", NULL, &prec, "cpu", "native", 1, MF_RECORD_LOGITS, "hand", &ps, 0, &cfg, "w", "hand"};
     mf_run_writer *w;
     cr_assert_eq(mf_run_create(&w, dir, &info, false, &err), MF_OK, "%s", err.msg);
-    mf_seq_result r = {4, 3, 4, 16, 384, 64, NULL, NULL, NULL, NULL, NULL, NULL};
+    mf_seq_result r = {4, 3, 4, experts, 384, 64, NULL, NULL, NULL, NULL, NULL, NULL};
     r.topk_ids = (uint16_t *)h->ids;
     r.router = (double *)h->router;
     r.logits = (double *)h->logits;
@@ -174,6 +180,19 @@ static void write_run(const char *dir, const hand *h) {
     cr_assert_eq(mf_run_writer_add(w, &p, &r, &err), MF_OK, "%s", err.msg);
     cr_assert_eq(mf_run_writer_close(w, &err), MF_OK);
     mf_run_writer_free(w);
+}
+
+/* Writes the reference and target runs in a fresh directory ("r", "t") and opens them. */
+static void open_pair(const hand *R, const hand *T, mf_run **r, mf_run **t) {
+    const char *d = temp_dir();
+    char rp[4200], tp[4200];
+    snprintf(rp, sizeof rp, "%s/r", d);
+    snprintf(tp, sizeof tp, "%s/t", d);
+    write_run_experts(rp, R, 16);
+    write_run_experts(tp, T, 16);
+    mf_error err = {0};
+    cr_assert_eq(mf_run_open(r, rp, &err), MF_OK, "%s", err.msg);
+    cr_assert_eq(mf_run_open(t, tp, &err), MF_OK, "%s", err.msg);
 }
 
 static void base(hand *h) {
@@ -204,18 +223,10 @@ Test(diff_hand, flips_ties_and_errors) {
     T.router[0][0][0] = 0.5;
     /* logits: position 2, target bumps token 5 by ln 2 over a uniform reference */
     T.logits[2][5] = log(2.0);
-    const char *d = temp_dir();
-    char rp[4200], tp[4200];
-    snprintf(rp, sizeof rp, "%s/r", d);
-    snprintf(tp, sizeof tp, "%s/t", d);
-    write_run(rp, &R);
-    write_run(tp, &T);
     mf_run *r, *t;
+    open_pair(&R, &T, &r, &t);
     mf_error err = {0};
-    cr_assert_eq(mf_run_open(&r, rp, &err), MF_OK);
-    cr_assert_eq(mf_run_open(&t, tp, &err), MF_OK);
-    mf_diff_acc *a = calloc(1, sizeof *a);
-    mf_diff_acc_init(a, r->n_moe, r->n_experts, r->top_k, r->vocab, r->moe_layers);
+    mf_diff_acc *a = new_acc(r);
     a->keep_slots = true;
     cr_assert_eq(mf_diff_acc_add_runs(a, r, t, &err), MF_OK, "%s", err.msg);
     /* the slot (layer 0, position 1): 3 dropped for 9; reference scores -e: margin 1 logit,
@@ -276,18 +287,10 @@ Test(diff_hand, expert_id_out_of_range) {
     base(&R);
     base(&T);
     T.ids[1][2][0] = 16;   /* the model has experts 0 .. 15 */
-    const char *d = temp_dir();
-    char rp[4200], tp[4200];
-    snprintf(rp, sizeof rp, "%s/r", d);
-    snprintf(tp, sizeof tp, "%s/t", d);
-    write_run(rp, &R);
-    write_run(tp, &T);
     mf_run *r, *t;
+    open_pair(&R, &T, &r, &t);
     mf_error err = {0};
-    cr_assert_eq(mf_run_open(&r, rp, &err), MF_OK);
-    cr_assert_eq(mf_run_open(&t, tp, &err), MF_OK);
-    mf_diff_acc *a = calloc(1, sizeof *a);
-    mf_diff_acc_init(a, r->n_moe, r->n_experts, r->top_k, r->vocab, r->moe_layers);
+    mf_diff_acc *a = new_acc(r);
     cr_assert_eq(mf_diff_acc_add_runs(a, r, t, &err), MF_EFORMAT);
     cr_assert(strstr(err.msg, "topk_ids holds expert 16 at layer 1, position 2"), "%s", err.msg);
     cr_assert(strstr(err.msg, "/t"), "names the target run: %s", err.msg);
@@ -295,6 +298,27 @@ Test(diff_hand, expert_id_out_of_range) {
     free(a);
     mf_run_close(r);
     mf_run_close(t);
+}
+
+/* A tensor whose shape disagrees with the run's manifest is refused when it is
+ * read: here router rows of 8 scores in a run of a 16-expert model. */
+Test(diff_hand, tensor_shape_disagrees_with_manifest) {
+    hand R;
+    base(&R);
+    char dir[4200];
+    snprintf(dir, sizeof dir, "%s/narrow", temp_dir());
+    write_run_experts(dir, &R, 8);
+    mf_run *r;
+    mf_error err = {0};
+    cr_assert_eq(mf_run_open(&r, dir, &err), MF_OK, "%s", err.msg);
+    const mf_st_tensor *ids, *router;
+    cr_assert_eq(mf_run_tensor(r, 0, "topk_ids", &ids, &err), MF_OK, "%s", err.msg);
+    cr_assert(ids != NULL);
+    cr_assert_eq(mf_run_tensor(r, 0, "router", &router, &err), MF_EFORMAT);
+    cr_assert(router == NULL);
+    cr_assert(strstr(err.msg, "sequence x: router is") && strstr(err.msg, "[3, 4, 8]") &&
+                  strstr(err.msg, "[L=3, T=4, E=16]"), "%s", err.msg);
+    mf_run_close(r);
 }
 
 Test(diff_hand, alignment_names_the_first_mismatch) {
@@ -333,9 +357,7 @@ Test(diff_hand, alignment_names_the_first_mismatch) {
 /* Diffing shards apart and merging gives the single-pass diff.json exactly. */
 Test(diff_merge, shards_merge_to_the_single_pass_result) {
     mf_run *r = import("qwen2_moe", "fp64"), *t = import("qwen2_moe", "bf16cuda");
-    mf_diff_acc *all = diff_of(r, t), *p1 = calloc(1, sizeof *p1), *p2 = calloc(1, sizeof *p2);
-    mf_diff_acc_init(p1, r->n_moe, r->n_experts, r->top_k, r->vocab, r->moe_layers);
-    mf_diff_acc_init(p2, r->n_moe, r->n_experts, r->top_k, r->vocab, r->moe_layers);
+    mf_diff_acc *all = diff_of(r, t), *p1 = new_acc(r), *p2 = new_acc(r);
     mf_error err = {0};
     /* shards in the opposite order from the run's */
     cr_assert_eq(mf_diff_acc_add_range(p2, r, t, 2, 1, &err), MF_OK);

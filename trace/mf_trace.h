@@ -99,7 +99,7 @@ typedef struct mf_run {
     size_t n_shards;
     uint64_t *shard_bytes;
     char (*shard_digest)[33];
-    mf_st_file **shards;       /* opened (and verified) on first use */
+    mf_st_file **shards;       /* opened and verified by mf_run_open */
     /* model facts from the manifest */
     char arch[64];
     int n_layers, n_moe, top_k, n_experts, vocab, hidden;

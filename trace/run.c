@@ -594,18 +594,73 @@ fail:
     return rc;
 }
 
+/* Each field's shape in the run's own terms: T positions, L MoE layers, K
+ * chosen experts, E experts, V vocabulary, H hidden; '*' any extent. The
+ * readers index by these, so a tensor that disagrees is refused here. */
+static const struct field_shape {
+    const char *field, *dims;
+    mf_dtype dtype;   /* the integer fields' one dtype; MF_F64 for any float */
+} field_shapes[] = {
+    {"tokens", "T", MF_I32},      {"topk_ids", "LTK", MF_U16}, {"topk_w", "LTK", MF_F64},
+    {"router", "LTE", MF_F64},    {"shared_gate", "LT", MF_F64}, {"router_in", "LTH", MF_F64},
+    {"logits", "TV", MF_F64},     {"topk_logits", "T*", MF_F64}, {"topk_tokens", "T*", MF_I32},
+    {"logsumexp", "T", MF_F64},
+};
+
+static bool is_float(mf_dtype d) { return d == MF_F64 || d == MF_F32 || d == MF_BF16 || d == MF_F16; }
+
+static int check_field(const mf_run *r, size_t seq, const char *field, const mf_st_tensor *t, mf_error *err) {
+    const char *id = r->seqs[seq].id;
+    for (size_t f = 0; f < sizeof field_shapes / sizeof field_shapes[0]; f++) {
+        const struct field_shape *fs = &field_shapes[f];
+        if (strcmp(fs->field, field) != 0) continue;
+        const int ndim = (int)strlen(fs->dims);
+        int64_t want[MF_MAX_DIMS];
+        bool ok = t->ndim == ndim && (fs->dtype == MF_F64 ? is_float(t->dtype) : t->dtype == fs->dtype);
+        char have_s[96] = "", want_s[96] = "";
+        for (int d = 0; d < ndim; d++) {
+            const char c = fs->dims[d];
+            want[d] = c == 'T' ? r->seqs[seq].length : c == 'L' ? r->n_moe : c == 'K' ? r->top_k : c == 'E' ? r->n_experts
+                    : c == 'V' ? r->vocab : c == 'H' ? r->hidden : -1;
+            ok = ok && (want[d] < 0 || t->shape[d] == want[d]);
+            snprintf(want_s + strlen(want_s), sizeof want_s - strlen(want_s), d ? ", %c=%lld" : "%c=%lld", c, (long long)want[d]);
+        }
+        if (!ok) {
+            for (int d = 0; d < t->ndim; d++)
+                snprintf(have_s + strlen(have_s), sizeof have_s - strlen(have_s), d ? ", %lld" : "%lld", (long long)t->shape[d]);
+            return mf_fail(err, MF_EFORMAT, "%s, sequence %s: %s is %s [%s]; the manifest implies %s [%s]", r->dir, id, field,
+                           mf_dtype_name(t->dtype), have_s, fs->dtype == MF_F64 ? "a float" : mf_dtype_name(fs->dtype), want_s);
+        }
+        if (fs->dtype != MF_U16) return MF_OK;
+        /* expert ids index score rows and per-expert tables: one pass for the
+         * largest, a second only to say where a bad one is */
+        const size_t n = (size_t)mf_st_numel(t);
+        uint16_t worst = 0, v = 0;
+        for (size_t i = 0; i < n; i++) {
+            memcpy(&v, t->data + 2 * i, 2);
+            worst = v > worst ? v : worst;
+        }
+        if (worst < r->n_experts) return MF_OK;
+        size_t i = 0;
+        for (;; i++) {
+            memcpy(&v, t->data + 2 * i, 2);
+            if (v >= r->n_experts) break;
+        }
+        const size_t T = (size_t)r->seqs[seq].length, K = (size_t)r->top_k;
+        return mf_fail(err, MF_EFORMAT, "%s, sequence %s: topk_ids holds expert %u at layer %d, position %zu (the model has %d experts)",
+                       r->dir, id, v, r->moe_layers[i / K / T], i / K % T, r->n_experts);
+    }
+    return MF_OK;
+}
+
 int mf_run_tensor(mf_run *r, size_t seq, const char *field, const mf_st_tensor **t, mf_error *err) {
     *t = NULL;
     if (seq >= r->n_seqs) return mf_fail(err, MF_EINVAL, "%s: no sequence %zu", r->dir, seq);
-    int s = r->seqs[seq].shard;
-    if (!r->shards[s]) {
-        char sp[4096];
-        mf_path_join(sp, sizeof sp, r->dir, r->shard_files[s]);
-        int rc = mf_st_open(&r->shards[s], sp, err);
-        if (rc) return rc;
-    }
     char name[MF_MAX_SEQ_ID + 64];
     snprintf(name, sizeof name, "%s/%s", r->seqs[seq].id, field);
-    *t = mf_st_find(r->shards[s], name);
-    return MF_OK;
+    const mf_st_tensor *found = mf_st_find(r->shards[r->seqs[seq].shard], name);
+    if (!found) return MF_OK;
+    int rc = check_field(r, seq, field, found, err);
+    if (rc == MF_OK) *t = found;
+    return rc;
 }
