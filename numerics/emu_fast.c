@@ -114,6 +114,35 @@ __attribute__((target("avx2,fma"))) static inline __m128i conv_exp_f32(__m256d c
 
 #define NVP 3   /* column panels interleaved: independent chains hide each other's latency */
 
+/* The accumulators of NVP column panels in from, and out to, the caller's
+ * lanes, with the flags of lanes whose exponents came near fp32's end. */
+__attribute__((target("avx2,fma"), always_inline)) static inline void panels_load(__m256d acc[NVP], __m128i big[NVP],
+                                                                                  double *const *cp) {
+    for (int p = 0; p < NVP; p++) {
+        acc[p] = _mm256_loadu_pd(cp[p]);
+        big[p] = _mm_setzero_si128();
+    }
+}
+
+__attribute__((target("avx2,fma"), always_inline)) static inline void panels_store(const __m256d acc[NVP],
+                                                                                   const __m128i big[NVP],
+                                                                                   double *const *cp, int *const *up_) {
+    for (int p = 0; p < NVP; p++) {
+        _mm256_storeu_pd(cp[p], acc[p]);
+        _mm_storeu_si128((__m128i *)up_[p], big[p]);
+    }
+}
+
+/* max(E, ea[i] + eb[i]) over the n products of a chunk: the exponent the
+ * instruction aligns them to (per lane of the column panel). */
+__attribute__((target("avx2,fma"), always_inline)) static inline __m128i max_product_exp(__m128i E, int n,
+                                                                                         const int32_t *ae,
+                                                                                         const int32_t *be) {
+    for (int i = 0; i < n; i++)
+        E = _mm_max_epi32(E, _mm_add_epi32(_mm_set1_epi32(ae[i]), _mm_loadu_si128((const __m128i *)(be + (size_t)i * LANES))));
+    return E;
+}
+
 __attribute__((target("avx2,fma"), always_inline)) static inline void nv_cols_body(int kc, int nchunks, int F,
                                                                                    const double *av, const int32_t *ae,
                                                                                    const double *const *bvp,
@@ -121,20 +150,14 @@ __attribute__((target("avx2,fma"), always_inline)) static inline void nv_cols_bo
                                                                                    double *const *cp, int *const *up_) {
     __m256d acc[NVP];
     __m128i big[NVP];
-    for (int p = 0; p < NVP; p++) {
-        acc[p] = _mm256_loadu_pd(cp[p]);
-        big[p] = _mm_setzero_si128();   /* lanes whose exponents come near the fp32 range's end */
-    }
+    panels_load(acc, big, cp);
     const __m128i vF = _mm_set1_epi32(F);
     for (int t = 0; t < nchunks; t++) {
         const int k0 = t * kc;
         for (int p = 0; p < NVP; p++) {
             const double *bv = bvp[p];
             const int32_t *be = bep[p];
-            __m128i E = conv_exp_f32(acc[p]);
-            for (int i = 0; i < kc; i++)
-                E = _mm_max_epi32(E, _mm_add_epi32(_mm_set1_epi32(ae[k0 + i]),
-                                                   _mm_loadu_si128((const __m128i *)(be + (size_t)(k0 + i) * LANES))));
+            const __m128i E = max_product_exp(conv_exp_f32(acc[p]), kc, ae + k0, be + (size_t)k0 * LANES);
             big[p] = _mm_or_si128(big[p], _mm_cmpgt_epi32(E, _mm_set1_epi32(125)));
             const __m256d sc = pow2_pd(_mm_sub_epi32(vF, E));
             /* the truncated terms are integers below 2^32: their sum is exact in
@@ -159,10 +182,7 @@ __attribute__((target("avx2,fma"), always_inline)) static inline void nv_cols_bo
             acc[p] = _mm256_mul_pd(r, pow2_pd(q));
         }
     }
-    for (int p = 0; p < NVP; p++) {
-        _mm256_storeu_pd(cp[p], acc[p]);
-        _mm_storeu_si128((__m128i *)up_[p], big[p]);
-    }
+    panels_store(acc, big, cp, up_);
 }
 
 /* The chunk length is a compile-time constant in each instance, so the
@@ -189,19 +209,13 @@ __attribute__((target("avx2,fma"), always_inline)) static inline void amd_cols_b
                                                                                     double *const *cp, int *const *up_) {
     __m256d acc[NVP];
     __m128i big[NVP];
-    for (int p = 0; p < NVP; p++) {
-        acc[p] = _mm256_loadu_pd(cp[p]);
-        big[p] = _mm_setzero_si128();
-    }
+    panels_load(acc, big, cp);
     for (int t = 0; t < groups; t++) {
         const int k0 = t * g;
         for (int p = 0; p < NVP; p++) {
             const double *bv = bvp[p];
             const int32_t *be = bep[p];
-            __m128i Ep = _mm_set1_epi32(INT32_MIN);
-            for (int i = 0; i < g; i++)
-                Ep = _mm_max_epi32(Ep, _mm_add_epi32(_mm_set1_epi32(ae[k0 + i]),
-                                                     _mm_loadu_si128((const __m128i *)(be + (size_t)(k0 + i) * LANES))));
+            const __m128i Ep = max_product_exp(_mm_set1_epi32(INT32_MIN), g, ae + k0, be + (size_t)k0 * LANES);
             const __m256d sc = pow2_pd(_mm_sub_epi32(_mm_set1_epi32(24), Ep));
             __m256d S0 = _mm256_setzero_pd(), S1 = _mm256_setzero_pd();
             int i = 0;
@@ -223,10 +237,7 @@ __attribute__((target("avx2,fma"), always_inline)) static inline void amd_cols_b
             acc[p] = _mm256_cvtps_pd(_mm256_cvtpd_ps(v));   /* RNE to fp32 (the default rounding mode) */
         }
     }
-    for (int p = 0; p < NVP; p++) {
-        _mm256_storeu_pd(cp[p], acc[p]);
-        _mm_storeu_si128((__m128i *)up_[p], big[p]);
-    }
+    panels_store(acc, big, cp, up_);
 }
 
 __attribute__((target("avx2,fma"))) static void amd_cols_avx2(const mf_mma_instr *I, int steps, const double *av,
