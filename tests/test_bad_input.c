@@ -321,32 +321,30 @@ Test(bad_input, usage_bad_precision) {
 
 /* ---- the safetensors reader: data ranges must tile the data region --------- */
 
-Test(bad_input, safetensors_overlapping_ranges) {
-    const char *p = path_in(temp_dir(), "overlap.safetensors");
-    const char *h = "{\"a\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[0,8]},"
-                    "\"b\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[4,12]}}";
-    write_raw_st(p, strlen(h), h, 12);
+/* A file of the header h and data_len data bytes is refused, naming the file and why. */
+static void assert_st_refused(const char *file, const char *h, size_t data_len, const char *why) {
+    const char *p = path_in(temp_dir(), file);
+    write_raw_st(p, strlen(h), h, data_len);
     mf_st_file *f = NULL;
     mf_error e = {0};
     int rc = mf_st_open(&f, p, &e);
     cr_assert_eq(rc, MF_EFORMAT, "mf_st_open returned %d: %s", rc, e.msg);
     cr_assert_eq(e.code, MF_EFORMAT);
     cr_assert_null(f);
-    assert_contains(e.msg, "overlap");
+    assert_contains(e.msg, why);
     assert_contains(e.msg, p);
 }
 
+Test(bad_input, safetensors_overlapping_ranges) {
+    assert_st_refused("overlap.safetensors",
+                      "{\"a\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[0,8]},"
+                      "\"b\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[4,12]}}",
+                      12, "overlap");
+}
+
 Test(bad_input, safetensors_gap_between_ranges) {
-    const char *p = path_in(temp_dir(), "gap.safetensors");
-    const char *h = "{\"a\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[0,4]},"
-                    "\"b\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[8,12]}}";
-    write_raw_st(p, strlen(h), h, 12);
-    mf_st_file *f = NULL;
-    mf_error e = {0};
-    int rc = mf_st_open(&f, p, &e);
-    cr_assert_eq(rc, MF_EFORMAT, "mf_st_open returned %d: %s", rc, e.msg);
-    cr_assert_eq(e.code, MF_EFORMAT);
-    cr_assert_null(f);
-    assert_contains(e.msg, "gap");
-    assert_contains(e.msg, p);
+    assert_st_refused("gap.safetensors",
+                      "{\"a\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[0,4]},"
+                      "\"b\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[8,12]}}",
+                      12, "gap");
 }
