@@ -223,8 +223,8 @@ Test(trace, thread_count_does_not_change_results) {
                              fixture("hf/qwen3_moe/tokens.jsonl"), r1), 0, "%s", err);
     cr_assert_eq(run_moeflip(err, sizeof err, "trace --model %s --input %s --out %s --threads 2 -q", fixture("hf/qwen3_moe"),
                              fixture("hf/qwen3_moe/tokens.jsonl"), r2), 0, "%s", err);
-    run_moeflip(NULL, 0, "export %s --format jsonl -o %s", r1, e1);
-    run_moeflip(NULL, 0, "export %s --format jsonl -o %s", r2, e2);
+    cr_assert_eq(run_moeflip(err, sizeof err, "export %s --format jsonl -o %s", r1, e1), 0, "%s", err);
+    cr_assert_eq(run_moeflip(err, sizeof err, "export %s --format jsonl -o %s", r2, e2), 0, "%s", err);
     char *a = slurp(e1), *b = slurp(e2);
     cr_assert(strlen(a) > 1000 && strcmp(a, b) == 0);
     free(a);
