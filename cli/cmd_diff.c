@@ -83,7 +83,7 @@ int cmd_diff(int argc, char **argv) {
         if (mf_run_open(&targets[i], argv[optind + 1 + i], &err)) goto done;
     for (int i = 0; i < nt; i++) {
         accs[i] = mf_xcalloc(1, sizeof(mf_diff_acc));
-        mf_diff_acc_init(accs[i], ref->n_moe, ref->n_experts, ref->top_k, ref->vocab, ref->moe_layers);
+        mf_diff_acc_init(accs[i], ref);
         accs[i]->keep_slots = slots != NULL;
         if (mf_diff_acc_add_runs(accs[i], ref, targets[i], &err)) goto done;
     }
@@ -91,7 +91,7 @@ int cmd_diff(int argc, char **argv) {
     if (floor_path) {
         if (mf_run_open(&floor_run, floor_path, &err)) goto done;
         floor_acc = mf_xcalloc(1, sizeof *floor_acc);
-        mf_diff_acc_init(floor_acc, ref->n_moe, ref->n_experts, ref->top_k, ref->vocab, ref->moe_layers);
+        mf_diff_acc_init(floor_acc, ref);
         if (mf_diff_acc_add_runs(floor_acc, ref, floor_run, &err)) goto done;
     } else {
         char *rk = config_key(ref);

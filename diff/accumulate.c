@@ -7,14 +7,15 @@
 #include <stdlib.h>
 #include <string.h>
 
-void mf_diff_acc_init(mf_diff_acc *a, int L, int E, int K, int V, const int *layers) {
+void mf_diff_acc_init(mf_diff_acc *a, const mf_run *ref) {
     memset(a, 0, sizeof *a);
+    const int L = ref->n_moe, E = ref->n_experts;
     a->L = L;
     a->E = E;
-    a->K = K;
-    a->V = V;
+    a->K = ref->top_k;
+    a->V = ref->vocab;
     a->layers = mf_xcalloc((size_t)L + 1, sizeof(int));
-    memcpy(a->layers, layers, (size_t)L * sizeof(int));
+    memcpy(a->layers, ref->moe_layers, (size_t)L * sizeof(int));
     a->flips = mf_xcalloc((size_t)L + 1, sizeof(int64_t));
     a->primary = mf_xcalloc((size_t)L + 1, sizeof(int64_t));
     a->inherited = mf_xcalloc((size_t)L + 1, sizeof(int64_t));

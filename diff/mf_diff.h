@@ -87,7 +87,9 @@ typedef struct mf_diff_acc {
     size_t n_slots, cap_slots;
 } mf_diff_acc;
 
-void mf_diff_acc_init(mf_diff_acc *a, int L, int E, int K, int V, const int *layers);
+/* An empty accumulator for diffs against the reference run ref (its MoE
+ * layers, experts, top-k and vocabulary). */
+void mf_diff_acc_init(mf_diff_acc *a, const mf_run *ref);
 void mf_diff_acc_free(mf_diff_acc *a);
 /* Adds every sequence of the two runs (aligned: same ids and tokens, checked). */
 int mf_diff_acc_add_runs(mf_diff_acc *a, mf_run *ref, mf_run *tgt, mf_error *err);

@@ -30,7 +30,7 @@ static mf_run *import(const char *model, const char *capture) {
 
 static mf_diff_acc *new_acc(const mf_run *ref) {
     mf_diff_acc *a = calloc(1, sizeof *a);
-    mf_diff_acc_init(a, ref->n_moe, ref->n_experts, ref->top_k, ref->vocab, ref->moe_layers);
+    mf_diff_acc_init(a, ref);
     return a;
 }
 

@@ -74,7 +74,7 @@ static int diff_runs(config *ref, config **targets, int n, config *floor, int bo
     for (int i = 0; !rc && i < n && nt < 16; i++) {
         if (!(ts[nt] = open_run(targets[i]->run))) continue;
         accs[nt] = calloc(1, sizeof(mf_diff_acc));
-        mf_diff_acc_init(accs[nt], r->n_moe, r->n_experts, r->top_k, r->vocab, r->moe_layers);
+        mf_diff_acc_init(accs[nt], r);
         if ((rc = mf_diff_acc_add_runs(accs[nt], r, ts[nt], err))) {
             nt++;
             break;
@@ -83,7 +83,7 @@ static int diff_runs(config *ref, config **targets, int n, config *floor, int bo
     }
     if (!rc && f) {
         fa = calloc(1, sizeof *fa);
-        mf_diff_acc_init(fa, r->n_moe, r->n_experts, r->top_k, r->vocab, r->moe_layers);
+        mf_diff_acc_init(fa, r);
         rc = mf_diff_acc_add_runs(fa, r, f, err);
     }
     mf_diff_opts o = {bootstrap, 20260820};
