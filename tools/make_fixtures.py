@@ -423,6 +423,187 @@ def maxdiff(a, b):
 # one case
 # --------------------------------------------------------------------------------------------
 
+def check_reload_by_name(m64, sd_bf16, meta):
+    """The fp64 model's parameters, rounded to bf16, must equal the bf16 ones saved (same names)."""
+    sd64 = m64.state_dict()
+    worst = 0.0
+    missing = []
+    for kk, v in sd_bf16.items():
+        if kk not in sd64:
+            missing.append(kk)
+            continue
+        if not torch.equal(sd64[kk].to(torch.bfloat16), v):
+            worst = max(worst, (sd64[kk].double() - v.double()).abs().max().item())
+            log(f"  !! reloaded {kk} differs from the saved bf16 value")
+    log(f"  reload check: {len(sd_bf16)} params, missing {missing[:5]}, max mismatch {worst}")
+    meta["reload_max_abs_diff"] = worst
+
+
+def reference_runs(d, name, seqs, E, k, moe, meta, reload_check):
+    """HF's runs of the checkpoint in d over seqs: the fp64 CPU reference (eager
+    experts) and bf16 on the CPU and, where there is one, the GPU. Returns the
+    reference tensors and the flip summary; meta gains each run's facts.
+    reload_check(m64) compares the loaded fp64 parameters with what was saved."""
+    ref = {}
+    summary = {}
+
+    # ---- fp64 reference (CPU, eager, eager experts)
+    m64, how64, impl64, info64 = load_model(d, torch.float64, moe)
+    log(f"  fp64 load: {how64}; config._experts_implementation={impl64!r}; attn="
+        f"{getattr(m64.config, '_attn_implementation', None)!r}")
+    meta["fp64_load"] = dict(how=how64, experts_implementation=impl64,
+                             attn_implementation=getattr(m64.config, "_attn_implementation", None))
+    reload_check(m64)
+    rot = getattr(m64.model, "rotary_emb", None)
+    if rot is not None:
+        meta["rope"] = dict(rope_type=getattr(rot, "rope_type", None),
+                            attention_scaling=float(getattr(rot, "attention_scaling", 1.0)),
+                            inv_freq_dtype=str(rot.inv_freq.dtype),
+                            rope_parameters=getattr(m64.config, "rope_parameters", None))
+        log(f"  rope: {meta['rope']}")
+    cap = Capture(m64, E, k)
+    moe_layers = [li for li, _, _ in cap.gates]
+    meta["moe_layers"] = moe_layers
+    meta["num_layers"] = m64.config.num_hidden_layers
+    meta["num_experts"] = E
+    meta["top_k"] = k
+    if moe:
+        log(f"  MoE layers: {moe_layers}")
+    top64 = []
+    rawtop_diff = 0
+    for i, ids in enumerate(seqs):
+        r = run_seq(m64, cap, ids, "cpu", moe)
+        ref[f"logits_fp64_s{i}"] = r["logits"].to(torch.float64)
+        if "inv_freq" in r:
+            ref[f"inv_freq_s{i}"] = r["inv_freq"].to(torch.float64)
+        if moe:
+            R, src = choose_router(r, f"{name} fp64 s{i}")
+            ref[f"router_fp64_s{i}"] = R.to(torch.float64)
+            if i == 0:
+                meta["router_source"] = src
+                meta["outputs_router_logits"] = describe_out_router(r)
+                meta["router_dtype_fp64_run"] = str(r["out0"][0].dtype)
+                log(f"  router stored from: {src}")
+                log(f"  {meta['outputs_router_logits']}")
+            tk, tsrc = topk_stack(r, k, R)
+            if tk is not None:
+                ref[f"topk_fp64_s{i}"] = tk
+                if all(w is not None and w.shape[-1] == k for w in r["w"]):
+                    ref[f"topkw_fp64_s{i}"] = torch.stack([w.reshape(-1, k) for w in r["w"]]).to(torch.float64)
+                    if i == 0:
+                        meta["topkw_dtype_fp64_run"] = str(r["w"][0].dtype)
+                # compare HF's choice with topk of the stored raw logits in float64
+                mine = torch.topk(R.double(), k, dim=-1).indices
+                rawtop_diff += int(set_diff_count(mine, tk).sum())
+                if all(t is not None for t in r["exp_idx"]):
+                    ei = torch.stack([t.reshape(-1, k) for t in r["exp_idx"]])
+                    if not torch.equal(ei.long(), tk.long()):
+                        log("  !! experts-module input indices differ from router output indices")
+            if i == 0:
+                meta["topk_source"] = tsrc
+                log(f"  topk captured from: {tsrc}")
+            if tk is None:   # not captured: use topk of fp32 softmax of the raw logits, for the statistics only
+                tk = torch.topk(R.float().softmax(-1), k, dim=-1).indices.to(torch.int32)
+            top64.append(tk)
+    cap.remove()
+    del m64
+    if moe:
+        meta["fp64_topk_vs_topk_of_fp64_logits_slots_differing"] = rawtop_diff
+        log(f"  fp64: HF top-k sets vs top-k of the stored fp64 raw logits: {rawtop_diff} slots differ")
+        # spread
+        allk = torch.cat([t for t in top64], dim=1)   # [L, sumT, k]
+        spread = []
+        for j, li in enumerate(moe_layers):
+            cnt = torch.bincount(allk[j].reshape(-1).long(), minlength=E).tolist()
+            spread.append(cnt)
+            log(f"  layer {li} tokens-per-expert (fp64, all seqs): {cnt}")
+        meta["tokens_per_expert_fp64"] = {str(li): c for li, c in zip(moe_layers, spread)}
+        # margins
+        gaps = []
+        for i in range(len(seqs)):
+            R = ref[f"router_fp64_s{i}"]
+            srt = torch.sort(R, dim=-1, descending=True).values
+            gaps.append((srt[..., k - 1] - srt[..., k]).reshape(-1))
+        gaps = torch.cat(gaps)
+        log(f"  fp64 raw-logit gap between k-th and (k+1)-th: min {gaps.min().item():.3g}, "
+            f"median {gaps.median().item():.3g}; logits std {ref['router_fp64_s0'].std().item():.3g}")
+        meta["router_gap_min_fp64"] = gaps.min().item()
+        meta["router_gap_median_fp64"] = gaps.median().item()
+
+    # ---- bf16 runs
+    runs = [("bf16cpu", "cpu")] + ([("bf16cuda", "cuda")] if HAS_CUDA else [])
+    union = [None] * len(seqs)
+    for tag, dev in runs:
+        try:
+            mb, howb, implb, _ = load_model(d, torch.bfloat16, False)
+            # default experts implementation (not forced)
+            mb = mb.to(dev)
+            log(f"  {tag}: experts implementation {implb!r}, attn {getattr(mb.config, '_attn_implementation', None)!r}")
+            meta[f"{tag}_load"] = dict(experts_implementation=implb,
+                                       attn_implementation=getattr(mb.config, "_attn_implementation", None))
+            capb = Capture(mb, E, k)
+            flips = 0
+            slots = 0
+            for i, ids in enumerate(seqs):
+                r = run_seq(mb, capb, ids, dev, moe)
+                ref[f"logits_{tag}_s{i}"] = r["logits"].float()
+                dl = (r["logits"].double() - ref[f"logits_fp64_s{i}"]).abs().max().item()
+                if moe:
+                    R, src = choose_router(r, f"{name} {tag} s{i}")
+                    ref[f"router_{tag}_s{i}"] = R.float()
+                    tk, tsrc = topk_stack(r, k, R)
+                    if tk is None:
+                        tk = torch.topk(R.float().softmax(-1), k, dim=-1).indices.to(torch.int32)
+                    ref[f"topk_{tag}_s{i}"] = tk
+                    if top64[i] is not None:
+                        dm = set_diff_count(tk, top64[i])
+                        union[i] = dm if union[i] is None else (union[i] | dm)
+                        flips += int(dm.sum())
+                        slots += dm.numel()
+                        for (j, t) in dm.nonzero().tolist():
+                            Rf = ref[f"router_fp64_s{i}"][j, t]
+                            srt = torch.sort(Rf, descending=True).values
+                            log(f"    flip {tag} s{i} layer {moe_layers[j]} pos {t}: fp64 {sorted(top64[i][j, t].tolist())}"
+                                f" vs {sorted(tk[j, t].tolist())}; fp64 gap k/k+1 {(srt[k-1]-srt[k]).item():.3g}")
+                log(f"    {tag} s{i}: max|logits - fp64| = {dl:.3g}")
+            capb.remove()
+            del mb
+            if moe:
+                summary[tag] = dict(flipped_slots=flips, slots=slots)
+                log(f"  {tag}: top-k sets differing from fp64: {flips} of {slots} (layer,position) slots")
+        except Exception as e:  # noqa
+            log(f"  !! {tag} run failed: {e!r}")
+            traceback.print_exc()
+            meta["notes"].append(f"{tag} run failed: {e!r}")
+    if moe and all(u is not None for u in union):
+        summary["cpu_or_cuda"] = dict(flipped_slots=int(sum(int(u.sum()) for u in union)),
+                                      slots=int(sum(u.numel() for u in union)))
+        log(f"  bf16 cpu OR cuda: top-k sets differing from fp64: {summary['cpu_or_cuda']}")
+    if moe:
+        meta["topk_set_flips_vs_fp64"] = summary
+    if HAS_CUDA:
+        torch.cuda.empty_cache()
+    return ref, summary
+
+
+def write_reference(d, ref, meta, moe, list_files):
+    """ref.safetensors and meta.json in d (meta gains the tensor table, and the
+    file sizes when list_files)."""
+    for kk in list(ref):
+        ref[kk] = ref[kk].contiguous()
+    save_file(ref, os.path.join(d, "ref.safetensors"))
+    meta["ref_tensors"] = {kk: [str(v.dtype).replace("torch.", ""), list(v.shape)] for kk, v in sorted(ref.items())}
+    meta["router_meaning"] = ("router_*: raw router logits = F.linear(post_attention_layernorm output, "
+                              "mlp.gate.weight), before softmax, one [T,E] slab per MoE layer in layer order; "
+                              "topk_*: expert ids HF selected (descending routing probability)") if moe else \
+        "dense model: no router"
+    if list_files:
+        meta["files"] = {os.path.basename(f): os.path.getsize(f) for f in sorted(glob.glob(os.path.join(d, "*")))}
+    with open(os.path.join(d, "meta.json"), "w") as f:
+        json.dump(meta, f, indent=2, sort_keys=True, default=str)
+        f.write("\n")
+
+
 def make_case(name, cdef, seed, outdir, tmproot, printed_src):
     t0 = time.time()
     d = os.path.join(outdir, name)
@@ -606,168 +787,8 @@ def make_case(name, cdef, seed, outdir, tmproot, printed_src):
             meta["notes"].append(f"WARNING: fused checkpoint loads differently from per-expert (max {md})")
         shutil.rmtree(alt)
 
-    ref = {}
-    summary = {}
-
-    # ---- fp64 reference (CPU, eager, eager experts)
-    m64, how64, impl64, info64 = load_model(d, torch.float64, moe)
-    log(f"  fp64 load: {how64}; config._experts_implementation={impl64!r}; attn="
-        f"{getattr(m64.config, '_attn_implementation', None)!r}")
-    meta["fp64_load"] = dict(how=how64, experts_implementation=impl64,
-                             attn_implementation=getattr(m64.config, "_attn_implementation", None))
-    # loaded params must equal the bf16 params we saved
-    sd64 = m64.state_dict()
-    worst = 0.0
-    missing = []
-    for kk, v in sd_bf16.items():
-        if kk not in sd64:
-            missing.append(kk)
-            continue
-        if not torch.equal(sd64[kk].to(torch.bfloat16), v):
-            worst = max(worst, (sd64[kk].double() - v.double()).abs().max().item())
-            log(f"  !! reloaded {kk} differs from the saved bf16 value")
-    log(f"  reload check: {len(sd_bf16)} params, missing {missing[:5]}, max mismatch {worst}")
-    rot = getattr(m64.model, "rotary_emb", None)
-    if rot is not None:
-        meta["rope"] = dict(rope_type=getattr(rot, "rope_type", None),
-                            attention_scaling=float(getattr(rot, "attention_scaling", 1.0)),
-                            inv_freq_dtype=str(rot.inv_freq.dtype),
-                            rope_parameters=getattr(m64.config, "rope_parameters", None))
-        log(f"  rope: {meta['rope']}")
-    cap = Capture(m64, E, k)
-    moe_layers = [li for li, _, _ in cap.gates]
-    meta["moe_layers"] = moe_layers
-    meta["num_layers"] = model.config.num_hidden_layers
-    meta["num_experts"] = E
-    meta["top_k"] = k
-    if moe:
-        log(f"  MoE layers: {moe_layers}")
-    top64 = []
-    rawtop_diff = 0
-    for i, ids in enumerate(seqs):
-        r = run_seq(m64, cap, ids, "cpu", moe)
-        ref[f"logits_fp64_s{i}"] = r["logits"].to(torch.float64)
-        if "inv_freq" in r:
-            ref[f"inv_freq_s{i}"] = r["inv_freq"].to(torch.float64)
-        if moe:
-            R, src = choose_router(r, f"{name} fp64 s{i}")
-            ref[f"router_fp64_s{i}"] = R.to(torch.float64)
-            if i == 0:
-                meta["router_source"] = src
-                meta["outputs_router_logits"] = describe_out_router(r)
-                meta["router_dtype_fp64_run"] = str(r["out0"][0].dtype)
-                log(f"  router stored from: {src}")
-                log(f"  {meta['outputs_router_logits']}")
-            tk, tsrc = topk_stack(r, k, R)
-            if tk is not None:
-                ref[f"topk_fp64_s{i}"] = tk
-                if all(w is not None and w.shape[-1] == k for w in r["w"]):
-                    ref[f"topkw_fp64_s{i}"] = torch.stack([w.reshape(-1, k) for w in r["w"]]).to(torch.float64)
-                    if i == 0:
-                        meta["topkw_dtype_fp64_run"] = str(r["w"][0].dtype)
-                # compare HF's choice with topk of the stored raw logits in float64
-                mine = torch.topk(R.double(), k, dim=-1).indices
-                rawtop_diff += int(set_diff_count(mine, tk).sum())
-                if all(t is not None for t in r["exp_idx"]):
-                    ei = torch.stack([t.reshape(-1, k) for t in r["exp_idx"]])
-                    if not torch.equal(ei.long(), tk.long()):
-                        log("  !! experts-module input indices differ from router output indices")
-            if i == 0:
-                meta["topk_source"] = tsrc
-                log(f"  topk captured from: {tsrc}")
-            if tk is None:   # not captured: use topk of fp32 softmax of the raw logits, for the statistics only
-                tk = torch.topk(R.float().softmax(-1), k, dim=-1).indices.to(torch.int32)
-            top64.append(tk)
-    cap.remove()
-    del m64
-    if moe:
-        meta["fp64_topk_vs_topk_of_fp64_logits_slots_differing"] = rawtop_diff
-        log(f"  fp64: HF top-k sets vs top-k of the stored fp64 raw logits: {rawtop_diff} slots differ")
-        # spread
-        allk = torch.cat([t for t in top64], dim=1)   # [L, sumT, k]
-        spread = []
-        for j, li in enumerate(moe_layers):
-            cnt = torch.bincount(allk[j].reshape(-1).long(), minlength=E).tolist()
-            spread.append(cnt)
-            log(f"  layer {li} tokens-per-expert (fp64, all seqs): {cnt}")
-        meta["tokens_per_expert_fp64"] = {str(li): c for li, c in zip(moe_layers, spread)}
-        # margins
-        gaps = []
-        for i in range(len(seqs)):
-            R = ref[f"router_fp64_s{i}"]
-            srt = torch.sort(R, dim=-1, descending=True).values
-            gaps.append((srt[..., k - 1] - srt[..., k]).reshape(-1))
-        gaps = torch.cat(gaps)
-        log(f"  fp64 raw-logit gap between k-th and (k+1)-th: min {gaps.min().item():.3g}, "
-            f"median {gaps.median().item():.3g}; logits std {ref['router_fp64_s0'].std().item():.3g}")
-        meta["router_gap_min_fp64"] = gaps.min().item()
-
-    # ---- bf16 runs
-    runs = [("bf16cpu", "cpu")] + ([("bf16cuda", "cuda")] if HAS_CUDA else [])
-    union = [None] * len(seqs)
-    for tag, dev in runs:
-        try:
-            mb, howb, implb, _ = load_model(d, torch.bfloat16, False)
-            # default experts implementation (not forced)
-            mb = mb.to(dev)
-            log(f"  {tag}: experts implementation {implb!r}, attn {getattr(mb.config, '_attn_implementation', None)!r}")
-            meta[f"{tag}_load"] = dict(experts_implementation=implb,
-                                       attn_implementation=getattr(mb.config, "_attn_implementation", None))
-            capb = Capture(mb, E, k)
-            flips = 0
-            slots = 0
-            for i, ids in enumerate(seqs):
-                r = run_seq(mb, capb, ids, dev, moe)
-                ref[f"logits_{tag}_s{i}"] = r["logits"].float()
-                dl = (r["logits"].double() - ref[f"logits_fp64_s{i}"]).abs().max().item()
-                if moe:
-                    R, src = choose_router(r, f"{name} {tag} s{i}")
-                    ref[f"router_{tag}_s{i}"] = R.float()
-                    tk, tsrc = topk_stack(r, k, R)
-                    if tk is None:
-                        tk = torch.topk(R.float().softmax(-1), k, dim=-1).indices.to(torch.int32)
-                    ref[f"topk_{tag}_s{i}"] = tk
-                    if top64[i] is not None:
-                        dm = set_diff_count(tk, top64[i])
-                        union[i] = dm if union[i] is None else (union[i] | dm)
-                        flips += int(dm.sum())
-                        slots += dm.numel()
-                        for (j, t) in dm.nonzero().tolist():
-                            Rf = ref[f"router_fp64_s{i}"][j, t]
-                            srt = torch.sort(Rf, descending=True).values
-                            log(f"    flip {tag} s{i} layer {moe_layers[j]} pos {t}: fp64 {sorted(top64[i][j, t].tolist())}"
-                                f" vs {sorted(tk[j, t].tolist())}; fp64 gap k/k+1 {(srt[k-1]-srt[k]).item():.3g}")
-                log(f"    {tag} s{i}: max|logits - fp64| = {dl:.3g}")
-            capb.remove()
-            del mb
-            if moe:
-                summary[tag] = dict(flipped_slots=flips, slots=slots)
-                log(f"  {tag}: top-k sets differing from fp64: {flips} of {slots} (layer,position) slots")
-        except Exception as e:  # noqa
-            log(f"  !! {tag} run failed: {e!r}")
-            traceback.print_exc()
-            meta["notes"].append(f"{tag} run failed: {e!r}")
-    if moe and all(u is not None for u in union):
-        summary["cpu_or_cuda"] = dict(flipped_slots=int(sum(int(u.sum()) for u in union)),
-                                      slots=int(sum(u.numel() for u in union)))
-        log(f"  bf16 cpu OR cuda: top-k sets differing from fp64: {summary['cpu_or_cuda']}")
-    if moe:
-        meta["topk_set_flips_vs_fp64"] = summary
-    if HAS_CUDA:
-        torch.cuda.empty_cache()
-
-    for kk in list(ref):
-        ref[kk] = ref[kk].contiguous()
-    save_file(ref, os.path.join(d, "ref.safetensors"))
-    meta["ref_tensors"] = {kk: [str(v.dtype).replace("torch.", ""), list(v.shape)] for kk, v in sorted(ref.items())}
-    meta["router_meaning"] = ("router_*: raw router logits = F.linear(post_attention_layernorm output, "
-                              "mlp.gate.weight), before softmax, one [T,E] slab per MoE layer in layer order; "
-                              "topk_*: expert ids HF selected (descending routing probability)") if moe else \
-        "dense model: no router"
-    meta["files"] = {os.path.basename(f): os.path.getsize(f) for f in sorted(glob.glob(os.path.join(d, "*")))}
-    with open(os.path.join(d, "meta.json"), "w") as f:
-        json.dump(meta, f, indent=2, sort_keys=True, default=str)
-        f.write("\n")
+    ref, summary = reference_runs(d, name, seqs, E, k, moe, meta, lambda m64: check_reload_by_name(m64, sd_bf16, meta))
+    write_reference(d, ref, meta, moe, list_files=True)
     tot = sum(meta["files"].values())
     log(f"  {name}: {tot/1e6:.2f} MB, {time.time()-t0:.1f} s")
     return dict(flips=summary, bytes=tot)

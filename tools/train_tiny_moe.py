@@ -345,12 +345,7 @@ def make_prompts(tok, test_docs, n, seed):
 def make_reference(model_dir, fx_dir, seqs, E, k):
     """tools/make_fixtures.py's reference runs for a saved checkpoint (same tensors and meta.json keys)."""
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-    import make_fixtures as mf
-    if torch.cuda.is_available():
-        torch.backends.cuda.matmul.allow_tf32 = False
-        torch.backends.cudnn.allow_tf32 = False
-        torch.backends.cuda.matmul.allow_bf16_reduced_precision_reduction = False
-        torch.backends.cuda.matmul.allow_fp16_reduced_precision_reduction = False
+    import make_fixtures as mf   # importing it turns off TF32 and reduced-precision reductions on the GPU
     os.makedirs(fx_dir, exist_ok=True)
     shutil.copy2(os.path.join(model_dir, "config.json"), os.path.join(fx_dir, "config.json"))
     with open(os.path.join(fx_dir, "tokens.jsonl"), "w") as f:
@@ -367,141 +362,37 @@ def make_reference(model_dir, fx_dir, seqs, E, k):
                 init="trained weights (tools/train_tiny_moe.py), saved in bf16; no perturbation")
     with safe_open(os.path.join(model_dir, "model.safetensors"), framework="pt") as fh:
         disk = {kk: fh.get_tensor(kk) for kk in fh.keys()}
-    ref = {}
-    m64, how64, impl64, info64 = mf.load_model(model_dir, torch.float64, True)
-    log(f"  fp64 load: {how64}; experts={impl64!r}; attn={getattr(m64.config, '_attn_implementation', None)!r}")
-    meta["fp64_load"] = dict(how=how64, experts_implementation=impl64,
-                             attn_implementation=getattr(m64.config, "_attn_implementation", None))
-    # reloaded params must equal the bf16 tensors on disk (per-expert on disk vs fused in memory)
-    sd64 = m64.state_dict()
-    I = m64.config.intermediate_size
-    worst = 0.0
-    checked = 0
-    for kk, v in disk.items():
-        if ".mlp.experts." in kk:
-            parts = kk.split(".")
-            li, e, proj = int(parts[2]), int(parts[5]), parts[6]
-            base = f"model.layers.{li}.mlp.experts."
-            if proj == "gate_proj":
-                mem = sd64[base + "gate_up_proj"][e, :I]
-            elif proj == "up_proj":
-                mem = sd64[base + "gate_up_proj"][e, I:]
+
+    def check_reload(m64):
+        """Reloaded params must equal the bf16 tensors on disk (per-expert on disk, fused in memory)."""
+        sd64 = m64.state_dict()
+        I = m64.config.intermediate_size
+        worst = 0.0
+        checked = 0
+        for kk, v in disk.items():
+            if ".mlp.experts." in kk:
+                parts = kk.split(".")
+                li, e, proj = int(parts[2]), int(parts[5]), parts[6]
+                base = f"model.layers.{li}.mlp.experts."
+                if proj == "gate_proj":
+                    mem = sd64[base + "gate_up_proj"][e, :I]
+                elif proj == "up_proj":
+                    mem = sd64[base + "gate_up_proj"][e, I:]
+                else:
+                    mem = sd64[base + "down_proj"][e]
             else:
-                mem = sd64[base + "down_proj"][e]
-        else:
-            mem = sd64.get(kk)
-            if mem is None:
-                log(f"  !! {kk} on disk but not in the loaded model")
-                continue
-        checked += 1
-        d = (mem.double() - v.double()).abs().max().item()
-        worst = max(worst, d)
-    log(f"  reload check: {checked} tensors on disk compared, max |loaded - disk| = {worst}")
-    meta["reload_max_abs_diff"] = worst
-    rot = getattr(m64.model, "rotary_emb", None)
-    if rot is not None:
-        meta["rope"] = dict(rope_type=getattr(rot, "rope_type", None),
-                            attention_scaling=float(getattr(rot, "attention_scaling", 1.0)),
-                            inv_freq_dtype=str(rot.inv_freq.dtype),
-                            rope_parameters=getattr(m64.config, "rope_parameters", None))
-    cap = mf.Capture(m64, E, k)
-    moe_layers = [li for li, _, _ in cap.gates]
-    meta.update(moe_layers=moe_layers, num_layers=m64.config.num_hidden_layers, num_experts=E, top_k=k)
-    top64 = []
-    rawtop_diff = 0
-    for i, ids in enumerate(seqs):
-        r = mf.run_seq(m64, cap, ids, "cpu", True)
-        ref[f"logits_fp64_s{i}"] = r["logits"].to(torch.float64)
-        if "inv_freq" in r:
-            ref[f"inv_freq_s{i}"] = r["inv_freq"].to(torch.float64)
-        R, src = mf.choose_router(r, f"tiny_olmoe fp64 s{i}")
-        ref[f"router_fp64_s{i}"] = R.to(torch.float64)
-        if i == 0:
-            meta["router_source"] = src
-            meta["outputs_router_logits"] = mf.describe_out_router(r)
-            meta["router_dtype_fp64_run"] = str(r["out0"][0].dtype)
-            log(f"  router stored from: {src}; {meta['outputs_router_logits']}")
-        tk, tsrc = mf.topk_stack(r, k, R)
-        if tk is not None:
-            ref[f"topk_fp64_s{i}"] = tk
-            if all(w is not None and w.shape[-1] == k for w in r["w"]):
-                ref[f"topkw_fp64_s{i}"] = torch.stack([w.reshape(-1, k) for w in r["w"]]).to(torch.float64)
-                if i == 0:
-                    meta["topkw_dtype_fp64_run"] = str(r["w"][0].dtype)
-            mine = torch.topk(R.double(), k, dim=-1).indices
-            rawtop_diff += int(mf.set_diff_count(mine, tk).sum())
-        else:
-            tk = torch.topk(R.float().softmax(-1), k, dim=-1).indices.to(torch.int32)
-        if i == 0:
-            meta["topk_source"] = tsrc
-        top64.append(tk)
-    cap.remove()
-    del m64
-    meta["fp64_topk_vs_topk_of_fp64_logits_slots_differing"] = rawtop_diff
-    allk = torch.cat(top64, dim=1)
-    meta["tokens_per_expert_fp64"] = {str(li): torch.bincount(allk[j].reshape(-1).long(), minlength=E).tolist()
-                                      for j, li in enumerate(moe_layers)}
-    gaps = []
-    for i in range(len(seqs)):
-        srt = torch.sort(ref[f"router_fp64_s{i}"], dim=-1, descending=True).values
-        gaps.append((srt[..., k - 1] - srt[..., k]).reshape(-1))
-    gaps = torch.cat(gaps)
-    meta["router_gap_min_fp64"] = gaps.min().item()
-    meta["router_gap_median_fp64"] = gaps.median().item()
-    log(f"  fp64: HF top-k vs top-k of stored logits differ in {rawtop_diff} slots; k/k+1 gap min "
-        f"{gaps.min().item():.3g} median {gaps.median().item():.3g}")
-    runs = [("bf16cpu", "cpu")] + ([("bf16cuda", "cuda")] if torch.cuda.is_available() else [])
-    summary = {}
-    union = [None] * len(seqs)
-    for tag, dev in runs:
-        try:
-            mb, howb, implb, _ = mf.load_model(model_dir, torch.bfloat16, False)
-            mb = mb.to(dev)
-            meta[f"{tag}_load"] = dict(experts_implementation=implb,
-                                       attn_implementation=getattr(mb.config, "_attn_implementation", None))
-            capb = mf.Capture(mb, E, k)
-            flips = slots = 0
-            for i, ids in enumerate(seqs):
-                r = mf.run_seq(mb, capb, ids, dev, True)
-                ref[f"logits_{tag}_s{i}"] = r["logits"].float()
-                dl = (r["logits"].double() - ref[f"logits_fp64_s{i}"]).abs().max().item()
-                R, _ = mf.choose_router(r, f"tiny_olmoe {tag} s{i}")
-                ref[f"router_{tag}_s{i}"] = R.float()
-                tk, _ = mf.topk_stack(r, k, R)
-                if tk is None:
-                    tk = torch.topk(R.float().softmax(-1), k, dim=-1).indices.to(torch.int32)
-                ref[f"topk_{tag}_s{i}"] = tk
-                dm = mf.set_diff_count(tk, top64[i])
-                union[i] = dm if union[i] is None else (union[i] | dm)
-                flips += int(dm.sum())
-                slots += dm.numel()
-                for (j, t) in dm.nonzero().tolist():
-                    srt = torch.sort(ref[f"router_fp64_s{i}"][j, t], descending=True).values
-                    log(f"    flip {tag} s{i} layer {moe_layers[j]} pos {t}: fp64 gap k/k+1 "
-                        f"{(srt[k - 1] - srt[k]).item():.3g}")
-                log(f"    {tag} s{i}: max|logits - fp64| = {dl:.3g}")
-            capb.remove()
-            del mb
-            summary[tag] = dict(flipped_slots=flips, slots=slots)
-            log(f"  {tag}: top-k sets differing from fp64: {flips} of {slots} slots")
-        except Exception as e:  # noqa
-            log(f"  !! {tag} run failed: {e!r}")
-            traceback.print_exc()
-            meta["notes"].append(f"{tag} run failed: {e!r}")
-    if all(u is not None for u in union):
-        summary["cpu_or_cuda"] = dict(flipped_slots=int(sum(int(u.sum()) for u in union)),
-                                      slots=int(sum(u.numel() for u in union)))
-    meta["topk_set_flips_vs_fp64"] = summary
-    for kk in list(ref):
-        ref[kk] = ref[kk].contiguous()
-    save_file(ref, os.path.join(fx_dir, "ref.safetensors"))
-    meta["ref_tensors"] = {kk: [str(v.dtype).replace("torch.", ""), list(v.shape)] for kk, v in sorted(ref.items())}
-    meta["router_meaning"] = ("router_*: raw router logits = F.linear(post_attention_layernorm output, "
-                              "mlp.gate.weight), before softmax, one [T,E] slab per MoE layer in layer order; "
-                              "topk_*: expert ids HF selected (descending routing probability)")
-    with open(os.path.join(fx_dir, "meta.json"), "w") as f:
-        json.dump(meta, f, indent=2, sort_keys=True, default=str)
-        f.write("\n")
+                mem = sd64.get(kk)
+                if mem is None:
+                    log(f"  !! {kk} on disk but not in the loaded model")
+                    continue
+            checked += 1
+            d = (mem.double() - v.double()).abs().max().item()
+            worst = max(worst, d)
+        log(f"  reload check: {checked} tensors on disk compared, max |loaded - disk| = {worst}")
+        meta["reload_max_abs_diff"] = worst
+
+    ref, summary = mf.reference_runs(model_dir, "tiny_olmoe", seqs, E, k, True, meta, check_reload)
+    mf.write_reference(fx_dir, ref, meta, True, list_files=False)
     log(f"  reference: {len(ref)} tensors, {os.path.getsize(os.path.join(fx_dir, 'ref.safetensors'))} bytes; "
         f"flips {summary}")
     return summary
