@@ -2,7 +2,9 @@
  * dot-add and AMD CDNA3 grouped dot with bf16 or f16 inputs and fp32
  * accumulation. Same arithmetic as mma.c, reorganised for speed:
  *  - operands are decoded once (value as double, exponent as int32);
- *  - four output columns run side by side in AVX2 double lanes;
+ *  - output columns run side by side in double lanes: eight with AVX-512,
+ *    four with AVX2, one at a time in the portable C (same bits from all
+ *    three; mf_emu_force_path and MOEFLIP_EMU_PATH pick one for tests);
  *  - a product of two bf16/f16 values is exact in double, scaling by a power
  *    of two is exact, and truncation / floor are explicit roundings, so every
  *    intermediate equals the integer model's; sums of at most 2^40 stay exact.
@@ -19,7 +21,11 @@
 #define EMU_X86 1
 #endif
 
-#define LANES 4
+#define LANES 4   /* AVX2 and portable panels */
+#define LANES8 8  /* AVX-512 panels */
+#define MAXL 8    /* the widest panel */
+#define MAXP 4    /* the most column panels one row pass interleaves (AVX-512) */
+#define NVP 3     /* column panels interleaved: independent chains hide each other's latency */
 
 /* Exponent per MMA-Sim's convention: unbiased for normal values, the
  * format's minimum for subnormals, -126 for zeros. */
@@ -112,7 +118,6 @@ __attribute__((target("avx2,fma"))) static inline __m128i conv_exp_f32(__m256d c
     return _mm_max_epi32(exp_pd(c), _mm_set1_epi32(-126));
 }
 
-#define NVP 3   /* column panels interleaved: independent chains hide each other's latency */
 
 /* The accumulators of NVP column panels in from, and out to, the caller's
  * lanes, with the flags of lanes whose exponents came near fp32's end. */
@@ -252,36 +257,215 @@ __attribute__((target("avx2,fma"))) static void amd_cols_avx2(const mf_mma_instr
     }
 }
 
-static bool have_avx2(void) {
-    static int cached = -1;
-    if (cached < 0) {
-        __builtin_cpu_init();
-        cached = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+/* ---- AVX-512: eight double lanes per panel, MAXP panels interleaved ------ */
+
+#define T512 __attribute__((target("avx512f,avx512vl,avx2,fma"), always_inline)) static inline
+
+T512 __m512d pow2_512(__m256i e) {
+    __m512i x = _mm512_cvtepi32_epi64(_mm256_add_epi32(e, _mm256_set1_epi32(1023)));
+    return _mm512_castsi512_pd(_mm512_slli_epi64(x, 52));
+}
+
+T512 __m256i exp_512(__m512d v) {
+    __m512i b = _mm512_and_si512(_mm512_srli_epi64(_mm512_castpd_si512(v), 52), _mm512_set1_epi64(0x7ff));
+    return _mm256_sub_epi32(_mm512_cvtepi64_epi32(b), _mm256_set1_epi32(1023));
+}
+
+T512 __m256i conv_exp_f32_512(__m512d c) { return _mm256_max_epi32(exp_512(c), _mm256_set1_epi32(-126)); }
+
+/* The largest product exponent of a chunk, two chains (max is exact in any
+ * order); it does not depend on the accumulator, so it overlaps the previous
+ * chunk's rounding. */
+T512 __m256i max_product_exp8(int n, const int32_t *ae, const int32_t *be) {
+    __m256i E0 = _mm256_set1_epi32(INT32_MIN), E1 = E0;
+    int i = 0;
+    for (; i + 2 <= n; i += 2) {
+        E0 = _mm256_max_epi32(E0, _mm256_add_epi32(_mm256_set1_epi32(ae[i]), _mm256_loadu_si256((const __m256i *)(be + (size_t)i * LANES8))));
+        E1 = _mm256_max_epi32(E1, _mm256_add_epi32(_mm256_set1_epi32(ae[i + 1]),
+                                                   _mm256_loadu_si256((const __m256i *)(be + (size_t)(i + 1) * LANES8))));
     }
-    return cached;
+    for (; i < n; i++)
+        E0 = _mm256_max_epi32(E0, _mm256_add_epi32(_mm256_set1_epi32(ae[i]), _mm256_loadu_si256((const __m256i *)(be + (size_t)i * LANES8))));
+    return _mm256_max_epi32(E0, E1);
+}
+
+#define RZ (_MM_FROUND_TO_ZERO | _MM_FROUND_NO_EXC)
+#define RD (_MM_FROUND_TO_NEG_INF | _MM_FROUND_NO_EXC)
+/* trunc(a_i * b_i * sc): the product is exact, the scaling by a power of two too */
+#define TERM8(j) _mm512_roundscale_pd(_mm512_mul_pd(_mm512_mul_pd(_mm512_set1_pd(av[k0 + i + j]), \
+                                                                  _mm512_loadu_pd(bv + (size_t)(k0 + i + j) * LANES8)), sc), RZ)
+
+/* Sum of the n truncated terms of a chunk plus S0 (exact: integers below 2^40). */
+T512 __m512d chunk_sum8(int n, int k0, __m512d S0, __m512d sc, const double *av, const double *bv) {
+    __m512d S1 = _mm512_setzero_pd();
+    int i = 0;
+    for (; i + 2 <= n; i += 2) {
+        S0 = _mm512_add_pd(S0, TERM8(0));
+        S1 = _mm512_add_pd(S1, TERM8(1));
+    }
+    for (; i < n; i++) S0 = _mm512_add_pd(S0, TERM8(0));
+    return _mm512_add_pd(S0, S1);
+}
+
+T512 void nv_cols_body512(int kc, int nchunks, int F, const double *av, const int32_t *ae, const double *const *bvp,
+                          const int32_t *const *bep, double *const *cp, int *const *up_) {
+    __m512d acc[MAXP];
+    __m256i big[MAXP];
+    for (int p = 0; p < MAXP; p++) {
+        acc[p] = _mm512_loadu_pd(cp[p]);
+        big[p] = _mm256_setzero_si256();
+    }
+    const __m256i vF = _mm256_set1_epi32(F);
+    for (int t = 0; t < nchunks; t++) {
+        const int k0 = t * kc;
+#pragma GCC unroll 4
+        for (int p = 0; p < MAXP; p++) {
+            const double *bv = bvp[p];
+            const __m256i E = _mm256_max_epi32(max_product_exp8(kc, ae + k0, bep[p] + (size_t)k0 * LANES8), conv_exp_f32_512(acc[p]));
+            big[p] = _mm256_or_si256(big[p], _mm256_cmpgt_epi32(E, _mm256_set1_epi32(125)));
+            const __m512d sc = pow2_512(_mm256_sub_epi32(vF, E));
+            __m512d S = chunk_sum8(kc, k0, _mm512_roundscale_pd(_mm512_mul_pd(acc[p], sc), RZ), sc, av, bv);
+            /* RZ to fp32 as in the AVX2 body */
+            __m256i EF = _mm256_sub_epi32(E, vF);
+            __m256i q = _mm256_sub_epi32(_mm256_max_epi32(_mm256_add_epi32(exp_512(S), EF), _mm256_set1_epi32(-126)),
+                                         _mm256_set1_epi32(23));
+            __m512d r = _mm512_roundscale_pd(_mm512_mul_pd(S, pow2_512(_mm256_sub_epi32(EF, q))), RZ);
+            acc[p] = _mm512_mul_pd(r, pow2_512(q));
+        }
+    }
+    for (int p = 0; p < MAXP; p++) {
+        _mm512_storeu_pd(cp[p], acc[p]);
+        _mm256_storeu_si256((__m256i *)up_[p], big[p]);
+    }
+}
+
+__attribute__((target("avx512f,avx512vl,avx2,fma"))) static void nv_cols_avx512(const mf_mma_instr *I, int steps,
+                                                                                const double *av, const int32_t *ae,
+                                                                                const double *const *bv,
+                                                                                const int32_t *const *be,
+                                                                                double *const *c, int *const *unsafe) {
+    const int kc = I->k / I->halves, n = steps * I->halves, F = I->frac_bits;
+    switch (kc) {
+    case 4: nv_cols_body512(4, n, F, av, ae, bv, be, c, unsafe); break;
+    case 8: nv_cols_body512(8, n, F, av, ae, bv, be, c, unsafe); break;
+    case 16: nv_cols_body512(16, n, F, av, ae, bv, be, c, unsafe); break;
+    default: nv_cols_body512(kc, n, F, av, ae, bv, be, c, unsafe); break;
+    }
+}
+
+T512 void amd_cols_body512(int g, int groups, const double *av, const int32_t *ae, const double *const *bvp,
+                           const int32_t *const *bep, double *const *cp, int *const *up_) {
+    __m512d acc[MAXP];
+    __m256i big[MAXP];
+    for (int p = 0; p < MAXP; p++) {
+        acc[p] = _mm512_loadu_pd(cp[p]);
+        big[p] = _mm256_setzero_si256();
+    }
+    for (int t = 0; t < groups; t++) {
+        const int k0 = t * g;
+#pragma GCC unroll 4
+        for (int p = 0; p < MAXP; p++) {
+            const double *bv = bvp[p];
+            const __m256i Ep = max_product_exp8(g, ae + k0, bep[p] + (size_t)k0 * LANES8);
+            const __m512d sc = pow2_512(_mm256_sub_epi32(_mm256_set1_epi32(24), Ep));
+            __m512d S = chunk_sum8(g, k0, _mm512_setzero_pd(), sc, av, bv);
+            __m256i E = _mm256_max_epi32(Ep, conv_exp_f32_512(acc[p]));
+            big[p] = _mm256_or_si256(big[p], _mm256_cmpgt_epi32(E, _mm256_set1_epi32(125)));
+            __m512d s31 = _mm512_roundscale_pd(_mm512_mul_pd(S, pow2_512(_mm256_sub_epi32(_mm256_add_epi32(Ep, _mm256_set1_epi32(7)), E))), RD);
+            __m512d c24 = _mm512_roundscale_pd(_mm512_mul_pd(acc[p], pow2_512(_mm256_sub_epi32(_mm256_set1_epi32(24), E))), RD);
+            __m512d tot = _mm512_add_pd(s31, _mm512_mul_pd(c24, _mm512_set1_pd(128.0)));
+            __m512d v = _mm512_mul_pd(tot, pow2_512(_mm256_sub_epi32(E, _mm256_set1_epi32(31))));
+            acc[p] = _mm512_cvtps_pd(_mm512_cvtpd_ps(v));   /* RNE to fp32 */
+        }
+    }
+    for (int p = 0; p < MAXP; p++) {
+        _mm512_storeu_pd(cp[p], acc[p]);
+        _mm256_storeu_si256((__m256i *)up_[p], big[p]);
+    }
+}
+
+__attribute__((target("avx512f,avx512vl,avx2,fma"))) static void amd_cols_avx512(const mf_mma_instr *I, int steps,
+                                                                                 const double *av, const int32_t *ae,
+                                                                                 const double *const *bv,
+                                                                                 const int32_t *const *be,
+                                                                                 double *const *c, int *const *unsafe) {
+    const int g = I->group, groups = steps * I->k / g;
+    switch (g) {
+    case 4: amd_cols_body512(4, groups, av, ae, bv, be, c, unsafe); break;
+    case 8: amd_cols_body512(8, groups, av, ae, bv, be, c, unsafe); break;
+    default: amd_cols_body512(g, groups, av, ae, bv, be, c, unsafe); break;
+    }
 }
 #endif
 
-static void cols_portable(const mf_mma_instr *I, int steps, const double *av, const int32_t *ae, const double *bv,
-                          const int32_t *be, double *c, int *unsafe) {
-    for (int l = 0; l < LANES; l++) {
+/* ---- which kernel ---------------------------------------------------------- */
+
+/* The widest kernel this CPU runs. */
+static mf_emu_path cpu_best(void) {
+    static int cached = -1;
+    if (cached < 0) {
+        int best = MF_EMU_PATH_PORTABLE;
+#ifdef EMU_X86
+        __builtin_cpu_init();
+        if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) best = MF_EMU_PATH_AVX2;
+        if (best == MF_EMU_PATH_AVX2 && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512vl"))
+            best = MF_EMU_PATH_AVX512;
+#endif
+        cached = best;
+    }
+    return (mf_emu_path)cached;
+}
+
+static const char *const path_names[] = {[MF_EMU_PATH_AUTO] = "auto", [MF_EMU_PATH_PORTABLE] = "portable",
+                                         [MF_EMU_PATH_AVX2] = "avx2", [MF_EMU_PATH_AVX512] = "avx512"};
+
+static mf_emu_path forced_path = MF_EMU_PATH_AUTO;
+
+/* The kernel to use: a forced one, else MOEFLIP_EMU_PATH's (read once), else
+ * the widest; never one the CPU lacks. */
+static mf_emu_path current_path(void) {
+    static int env = -1;
+    if (env < 0) {
+        const char *v = getenv("MOEFLIP_EMU_PATH");
+        int p = MF_EMU_PATH_AUTO;
+        for (int i = MF_EMU_PATH_PORTABLE; v && i <= MF_EMU_PATH_AVX512; i++)
+            if (!strcmp(v, path_names[i])) p = i;
+        env = p;
+    }
+    mf_emu_path want = forced_path != MF_EMU_PATH_AUTO ? forced_path : (mf_emu_path)env;
+    mf_emu_path best = cpu_best();
+    return want == MF_EMU_PATH_AUTO || want > best ? best : want;
+}
+
+bool mf_emu_force_path(mf_emu_path p) {
+    forced_path = p;
+    return p <= cpu_best();
+}
+
+const char *mf_emu_path_name(void) { return path_names[current_path()]; }
+
+void mf_emu_force_portable(bool on) { forced_path = on ? MF_EMU_PATH_PORTABLE : MF_EMU_PATH_AUTO; }
+
+static void cols_portable(const mf_mma_instr *I, int steps, int lanes, const double *av, const int32_t *ae,
+                          const double *bv, const int32_t *be, double *c, int *unsafe) {
+    for (int l = 0; l < lanes; l++) {
         double acc = c[l];
         unsafe[l] = 0;
-        for (int kk = 0; kk < steps * I->k; kk++) unsafe[l] |= ae[kk] + be[(size_t)kk * LANES + l] > 125;
+        for (int kk = 0; kk < steps * I->k; kk++) unsafe[l] |= ae[kk] + be[(size_t)kk * lanes + l] > 125;
         if (I->kind == MF_MMA_NV_FUSED) {
             const int kc = I->k / I->halves;
             for (int t = 0; t < steps * I->halves; t++)
             {
-                acc = nv_chunk_scalar(kc, av + t * kc, ae + t * kc, bv + (size_t)t * kc * LANES + l,
-                                      be + (size_t)t * kc * LANES + l, LANES, acc, I->frac_bits);
+                acc = nv_chunk_scalar(kc, av + t * kc, ae + t * kc, bv + (size_t)t * kc * lanes + l,
+                                      be + (size_t)t * kc * lanes + l, (size_t)lanes, acc, I->frac_bits);
                 unsafe[l] |= !(fabs(acc) < 0x1p126);
             }
         } else {
             const int g = I->group;
             for (int t = 0; t < steps * I->k / g; t++)
             {
-                acc = amd_group_scalar(g, av + t * g, ae + t * g, bv + (size_t)t * g * LANES + l,
-                                       be + (size_t)t * g * LANES + l, LANES, acc);
+                acc = amd_group_scalar(g, av + t * g, ae + t * g, bv + (size_t)t * g * lanes + l,
+                                       be + (size_t)t * g * lanes + l, (size_t)lanes, acc);
                 unsafe[l] |= !(fabs(acc) < 0x1p126);
             }
         }
@@ -289,18 +473,17 @@ static void cols_portable(const mf_mma_instr *I, int steps, const double *av, co
     }
 }
 
-static bool force_portable_emu;
-void mf_emu_force_portable(bool on) { force_portable_emu = on; }
-
 /* Plain chain (acc = 1, split = 1) of the instruction over K for a block of
  * rows; returns false for lanes it could not do exactly (the caller redoes
  * them with the reference model). */
 typedef struct fast_ctx {
     const mf_mma_instr *I;
+    mf_emu_path path;
+    int lanes, group;      /* columns per panel; panels per row pass */
     int M, N, K, steps, Kp, panels;
     const uint64_t *A, *B, *C0;
     uint64_t *C;
-    double *av, *bv;       /* decoded A [M][Kp]; B in panels [panels][Kp][LANES] */
+    double *av, *bv;       /* decoded A [M][Kp]; B in panels [panels][Kp][lanes] */
     int32_t *ae, *be;
     bool *a_finite;        /* per row of A */
     bool b_finite;
@@ -320,24 +503,25 @@ static uint64_t reference_element(const fast_ctx *x, int i, int j) {
     return acc;
 }
 
-/* Row i against column panels p0 .. p0 + NVP - 1. */
+/* Row i against column panels p0 .. p0 + x->group - 1. */
 static void run_group(const fast_ctx *x, int i, int p0) {
     const mf_mma_instr *I = x->I;
-    const int np = x->panels - p0 < NVP ? x->panels - p0 : NVP;
-    double cs[NVP][LANES] = {{0}};
-    int unsafe[NVP][LANES] = {{0}};
-    const double *pbv[NVP];
-    const int32_t *pbe[NVP];
-    double *pc[NVP];
-    int *pu[NVP];
-    for (int pp = 0; pp < NVP; pp++) {
+    const int W = x->lanes, G = x->group;
+    const int np = x->panels - p0 < G ? x->panels - p0 : G;
+    double cs[MAXP][MAXL] = {{0}};
+    int unsafe[MAXP][MAXL] = {{0}};
+    const double *pbv[MAXP];
+    const int32_t *pbe[MAXP];
+    double *pc[MAXP];
+    int *pu[MAXP];
+    for (int pp = 0; pp < G; pp++) {
         int q = pp < np ? pp : np - 1;   /* a short group repeats its last panel into scratch lanes */
-        pbv[pp] = x->bv + (size_t)(p0 + q) * x->Kp * LANES;
-        pbe[pp] = x->be + (size_t)(p0 + q) * x->Kp * LANES;
+        pbv[pp] = x->bv + (size_t)(p0 + q) * x->Kp * W;
+        pbe[pp] = x->be + (size_t)(p0 + q) * x->Kp * W;
         pc[pp] = cs[pp];
         pu[pp] = unsafe[pp];
-        for (int l = 0; l < LANES; l++) {
-            int j = (p0 + q) * LANES + l;
+        for (int l = 0; l < W; l++) {
+            int j = (p0 + q) * W + l;
             uint32_t cb = x->C0 && j < x->N ? (uint32_t)x->C0[(size_t)i * x->N + j] : 0;
             float cf;
             memcpy(&cf, &cb, 4);
@@ -347,18 +531,27 @@ static void run_group(const fast_ctx *x, int i, int p0) {
     }
     const double *av = x->av + (size_t)i * x->Kp;
     const int32_t *ae = x->ae + (size_t)i * x->Kp;
-    int flags[NVP][LANES];
+    int flags[MAXP][MAXL];
     memcpy(flags, unsafe, sizeof flags);
+    const bool nv = I->kind == MF_MMA_NV_FUSED;
+    switch (x->path) {
 #ifdef EMU_X86
-    const bool avx = have_avx2() && !force_portable_emu;
-    if (avx && I->kind == MF_MMA_NV_FUSED) nv_cols_avx2(I, x->steps, av, ae, pbv, pbe, pc, pu);
-    else if (avx) amd_cols_avx2(I, x->steps, av, ae, pbv, pbe, pc, pu);
-    else
+    case MF_EMU_PATH_AVX512:
+        if (nv) nv_cols_avx512(I, x->steps, av, ae, pbv, pbe, pc, pu);
+        else amd_cols_avx512(I, x->steps, av, ae, pbv, pbe, pc, pu);
+        break;
+    case MF_EMU_PATH_AVX2:
+        if (nv) nv_cols_avx2(I, x->steps, av, ae, pbv, pbe, pc, pu);
+        else amd_cols_avx2(I, x->steps, av, ae, pbv, pbe, pc, pu);
+        break;
 #endif
-        for (int pp = 0; pp < np; pp++) cols_portable(I, x->steps, av, ae, pbv[pp], pbe[pp], pc[pp], pu[pp]);
+    default:
+        (void)nv;
+        for (int pp = 0; pp < np; pp++) cols_portable(I, x->steps, W, av, ae, pbv[pp], pbe[pp], pc[pp], pu[pp]);
+    }
     for (int pp = 0; pp < np; pp++)
-        for (int l = 0; l < LANES; l++) {
-            const int j = (p0 + pp) * LANES + l;
+        for (int l = 0; l < W; l++) {
+            const int j = (p0 + pp) * W + l;
             if (j >= x->N) continue;
             const double v = cs[pp][l];
             if (flags[pp][l] || unsafe[pp][l] || !x->a_finite[i] || !x->b_finite || !(fabs(v) < 0x1p128)) {
@@ -372,34 +565,52 @@ static void run_group(const fast_ctx *x, int i, int p0) {
         }
 }
 
+/* Memory on a cache-line boundary: a 64-byte AVX-512 load that straddles
+ * two lines costs about twice as much. */
+static void *alloc64(size_t bytes) {
+    bytes = (bytes + 63) / 64 * 64;
+    void *p = aligned_alloc(64, bytes ? bytes : 64);
+    if (!p) abort();
+    return p;
+}
+
 void mf_emu_gemm_fast(const mf_kschedule *s, int M, int N, int K, const uint64_t *A, const uint64_t *B,
                       const uint64_t *C0, uint64_t *C, int threads) {
     const mf_mma_instr *I = &s->instr;
-    fast_ctx x = {I, M, N, K, 0, 0, 0, A, B, C0, C, NULL, NULL, NULL, NULL, NULL, true};
+    fast_ctx x = {.I = I, .M = M, .N = N, .K = K, .A = A, .B = B, .C0 = C0, .C = C, .b_finite = true};
+    x.path = current_path();
+    x.lanes = x.path == MF_EMU_PATH_AVX512 ? LANES8 : LANES;
+    x.group = x.path == MF_EMU_PATH_AVX512 ? MAXP : NVP;
+    const int W = x.lanes;
     x.steps = (K + I->k - 1) / I->k;
     x.Kp = x.steps * I->k;
-    x.panels = (N + LANES - 1) / LANES;
+    x.panels = (N + W - 1) / W;
     const int min_e = fmt_min_exp(I->a_fmt), Kp = x.Kp;
     /* a zero's exponent: -126 (MMA-Sim), or far below anything when zero
      * products are left out of the largest exponent (the H200) */
     const int zero_e = I->kind == MF_MMA_NV_FUSED && I->zero_products_excluded ? -1000000 : -126;
     /* decode both operands once: values (exact doubles) and exponents */
-    x.bv = calloc((size_t)x.panels * Kp * LANES, sizeof(double));
-    x.be = malloc((size_t)x.panels * Kp * LANES * sizeof(int32_t));
-    x.av = calloc((size_t)M * Kp, sizeof(double));
-    x.ae = malloc((size_t)M * Kp * sizeof(int32_t));
+    x.bv = alloc64((size_t)x.panels * Kp * W * sizeof(double));
+    x.be = alloc64((size_t)x.panels * Kp * W * sizeof(int32_t));
+    x.av = alloc64((size_t)M * Kp * sizeof(double));
+    x.ae = alloc64((size_t)M * Kp * sizeof(int32_t));
     x.a_finite = malloc((size_t)M * sizeof(bool));
-    for (size_t i = 0; i < (size_t)x.panels * Kp * LANES; i++) x.be[i] = zero_e;
     bool b_finite = true;
+    /* panel by panel, so the writes are sequential; padding (columns past N,
+     * k past K) decodes as zeros */
 #pragma omp parallel for num_threads(threads) reduction(&& : b_finite) if (threads > 1 && (size_t)K * N > 16384)
-    for (int kk = 0; kk < K; kk++)
-        for (int j = 0; j < N; j++) {
-            double v = fmt_value(I->b_fmt, B[(size_t)kk * N + j]);
-            b_finite = b_finite && isfinite(v);
-            size_t at = ((size_t)(j / LANES) * Kp + kk) * LANES + (size_t)(j % LANES);
-            x.bv[at] = isfinite(v) ? v : 0.0;
-            x.be[at] = v == 0 ? zero_e : isfinite(v) ? conv_exp(v, min_e) : -126;
-        }
+    for (int pj = 0; pj < x.panels; pj++) {
+        double *bv = x.bv + (size_t)pj * Kp * W;
+        int32_t *be = x.be + (size_t)pj * Kp * W;
+        for (int kk = 0; kk < Kp; kk++)
+            for (int l = 0; l < W; l++) {
+                const int j = pj * W + l;
+                const double v = kk < K && j < N ? fmt_value(I->b_fmt, B[(size_t)kk * N + j]) : 0.0;
+                b_finite = b_finite && isfinite(v);
+                bv[(size_t)kk * W + l] = isfinite(v) ? v : 0.0;
+                be[(size_t)kk * W + l] = v == 0 ? zero_e : isfinite(v) ? conv_exp(v, min_e) : -126;
+            }
+    }
     x.b_finite = b_finite;
 #pragma omp parallel for num_threads(threads) if (threads > 1 && (size_t)M * Kp > 16384)
     for (int i = 0; i < M; i++) {
@@ -412,10 +623,10 @@ void mf_emu_gemm_fast(const mf_kschedule *s, int M, int N, int K, const uint64_t
         }
     }
     /* panel groups outermost: a group of B panels stays in cache while every row of A passes */
-    const int groups = (x.panels + NVP - 1) / NVP;
+    const int groups = (x.panels + x.group - 1) / x.group;
     const long tiles = (long)groups * M;
 #pragma omp parallel for schedule(static) num_threads(threads) if (threads > 1 && (double)M * N * K > 65536)
-    for (long t = 0; t < tiles; t++) run_group(&x, (int)(t % M), (int)(t / M) * NVP);
+    for (long t = 0; t < tiles; t++) run_group(&x, (int)(t % M), (int)(t / M) * x.group);
     free(x.av);
     free(x.ae);
     free(x.bv);

@@ -123,6 +123,15 @@ bool mf_emu_fast_supported(const mf_kschedule *s);
 void mf_emu_gemm_fast(const mf_kschedule *s, int M, int N, int K, const uint64_t *A, const uint64_t *B,
                       const uint64_t *C0, uint64_t *C, int threads);
 void mf_emu_force_portable(bool on);   /* tests compare the two */
+/* The fast path's kernels compute the same bits: AVX-512 (eight double lanes
+ * per column panel), AVX2 (four) and portable C. AUTO takes the widest the CPU
+ * runs; the environment variable MOEFLIP_EMU_PATH=avx512|avx2|portable picks
+ * one for a whole process (a kernel the CPU lacks falls back to its widest). */
+typedef enum mf_emu_path { MF_EMU_PATH_AUTO, MF_EMU_PATH_PORTABLE, MF_EMU_PATH_AVX2, MF_EMU_PATH_AVX512 } mf_emu_path;
+/* Forces a kernel (tests compare them); false when this CPU lacks it. */
+bool mf_emu_force_path(mf_emu_path p);
+/* The kernel the fast path runs now: "avx512", "avx2" or "portable". */
+const char *mf_emu_path_name(void);
 /* The reference path only (tests compare it with the fast one). */
 void mf_emu_gemm_reference(const mf_kschedule *s, int M, int N, int K, const uint64_t *A, const uint64_t *B,
                            const uint64_t *C0, uint64_t *C, int threads);

@@ -150,3 +150,82 @@ Test(gemm, numerics_profiles_parse) {
     cr_assert_eq(mf_numerics_parse(&n, "native", &err), MF_OK);
     cr_assert_eq(n.kind, MF_NUMERICS_NATIVE);
 }
+
+/* ---- the emulated GEMM's kernels --------------------------------------------
+ * mf_emu_force_path picks the fast path's kernel (MOEFLIP_EMU_PATH does the
+ * same for a whole process): AVX-512, AVX2 and portable C must give the same
+ * bits on the same inputs, and the same as the reference model. Shapes cover
+ * full and short panel groups of both widths (4 and 8 columns), operands
+ * wide exponent spreads, cancellation, zeros, subnormals, Inf/NaN and
+ * results near fp32's end. */
+
+static uint64_t emu_operand(mf_rng *r, mf_fmt f, int style) {
+    double v = mf_rng_normal(r);
+    if (style == 1) v = ldexp(v, (int)(mf_rng_next(r) % 60) - 30);
+    if (style == 2) v = mf_rng_next(r) % 3 == 0 ? 0.0 : ldexp(v, (int)(mf_rng_next(r) % 40) - (f == MF_FMT_F16 ? 30 : 140));
+    if (style == 3 && mf_rng_next(r) % 89 == 0) v = (mf_rng_next(r) & 1) ? INFINITY : NAN;
+    if (style == 4) v = ldexp(v, f == MF_FMT_F16 ? (int)(mf_rng_next(r) % 24) - 8 : (int)(mf_rng_next(r) % 250) - 125);
+    if (style == 5 && mf_rng_next(r) % 2) v = -v * 0x1p-3;   /* near-cancelling sums */
+    return f == MF_FMT_BF16 ? mf_f64_to_bf16(v) : mf_f64_to_f16(v);
+}
+
+static void emu_paths_agree(const char *arch, const char *name, bool hw_zero, int M, int N, int ksteps) {
+    mf_kschedule s = {.acc = 1, .split = 1, .reduce = MF_REDUCE_SEQ};
+    mf_error err = {0};
+    cr_assert_eq(mf_mma_lookup(&s.instr, arch, name, &err), MF_OK, "%s", err.msg);
+    s.instr.zero_products_excluded = hw_zero;
+    cr_assert(mf_emu_fast_supported(&s), "%s %s has a fast path", arch, name);
+    const int K = s.instr.k * ksteps;
+    const mf_fmt f = s.instr.a_fmt;
+    uint64_t *A = malloc(8 * (size_t)M * K), *B = malloc(8 * (size_t)K * N), *C0 = malloc(8 * (size_t)M * N);
+    uint64_t *R = malloc(8 * (size_t)M * N), *G = malloc(8 * (size_t)M * N);
+    static const mf_emu_path paths[] = {MF_EMU_PATH_PORTABLE, MF_EMU_PATH_AVX2, MF_EMU_PATH_AVX512};
+    static const char *names[] = {"portable", "avx2", "avx512"};
+    for (int style = 0; style < 6; style++) {
+        mf_rng r;
+        mf_rng_seed(&r, (uint64_t)(style * 7919 + M * 31 + N));
+        for (int i = 0; i < M * K; i++) A[i] = emu_operand(&r, f, style);
+        for (int i = 0; i < K * N; i++) B[i] = emu_operand(&r, f, style == 4 ? 4 : style % 4);
+        for (int i = 0; i < M * N; i++) {
+            float c = (float)mf_rng_normal(&r);
+            if (style == 2) c = (float)ldexp(c, -135);
+            if (style == 4) c = (float)ldexp(c, 120);
+            if (style == 0 && i % 5 == 0) c = -0.0f;
+            uint32_t u;
+            memcpy(&u, &c, 4);
+            C0[i] = u;
+        }
+        mf_emu_gemm_reference(&s, M, N, K, A, B, C0, R, 1);
+        for (int p = 0; p < 3; p++) {
+            if (!mf_emu_force_path(paths[p])) {
+                cr_log_info("this CPU has no %s kernel: not checked", names[p]);
+                continue;
+            }
+            cr_assert_str_eq(mf_emu_path_name(), names[p]);
+            for (int threads = 1; threads <= 2; threads++) {
+                memset(G, 0xff, 8 * (size_t)M * N);
+                mf_emu_gemm_fast(&s, M, N, K, A, B, C0, G, threads);
+                for (int i = 0; i < M * N; i++)
+                    cr_assert_eq(G[i], R[i], "%s %s style %d %dx%dx%d, %s kernel, %d threads: element %d %08llx, reference %08llx",
+                                 arch, name, style, M, N, K, names[p], threads, i, (unsigned long long)G[i],
+                                 (unsigned long long)R[i]);
+            }
+        }
+    }
+    mf_emu_force_path(MF_EMU_PATH_AUTO);
+    free(A); free(B); free(C0); free(R); free(G);
+}
+
+Test(emu_gemm, every_kernel_gives_the_same_bits) {
+    const int shapes[][3] = {{3, 5, 2}, {5, 37, 3}, {4, 64, 2}, {2, 100, 3}};   /* M, N, k-steps */
+    for (size_t i = 0; i < sizeof shapes / sizeof shapes[0]; i++) {
+        const int M = shapes[i][0], N = shapes[i][1], S = shapes[i][2];
+        emu_paths_agree("Hopper", "mma.m16n8k16.f32.bf16.bf16.f32", false, M, N, S);
+        emu_paths_agree("Hopper", "mma.m16n8k16.f32.bf16.bf16.f32", true, M, N, S);   /* the H200's zero rule */
+        emu_paths_agree("Hopper", "wgmma.m64n8k16.f32.f16.f16", false, M, N, S);
+        emu_paths_agree("Ampere", "mma.m16n8k16.f32.bf16.bf16.f32", false, M, N, S);
+        emu_paths_agree("Volta", "mma.m8n8k4.f32.f16.f16.f32", false, M, N, S);
+        emu_paths_agree("CDNA3", "mfma_f32_16x16x16_bf16", false, M, N, S);
+        emu_paths_agree("CDNA3", "mfma_f32_32x32x8_f16", false, M, N, S);
+    }
+}
