@@ -17,6 +17,8 @@ int cmd_import(int argc, char **argv);
 int cmd_heatmap(int argc, char **argv);
 int cmd_report(int argc, char **argv);
 int cmd_sweep(int argc, char **argv);
+int cmd_serve(int argc, char **argv);
+int cmd_push(int argc, char **argv);
 
 /* Prints "moeflip: <message>" and returns 1. */
 int cli_fail(const mf_error *err);

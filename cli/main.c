@@ -19,6 +19,8 @@ static const struct {
     {"report", cmd_report, "a self-contained HTML report of a diff.json"},
     {"sweep", cmd_sweep, "the main job: trace a reference and targets, diff, draw, report"},
     {"import", cmd_import, "read another tool's capture (CroVA) as a run"},
+    {"serve", cmd_serve, "the collector service: keeps pushed runs, serves diffs, heatmaps, reports, a web UI"},
+    {"push", cmd_push, "send a run to a moeflip serve"},
     {"mma", cmd_mma, "run the bit-accurate GPU matrix-instruction models on test vectors"},
 };
 

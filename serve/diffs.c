@@ -1,0 +1,372 @@
+/* Diffs on request: POST /api/diffs {"reference": NAME, "targets": [NAME...],
+ * "bootstrap": N} computes diff.json, report.html and every heatmap of every
+ * target in the thread pool (one diff at a time), into ROOT/.tmp, then renames
+ * the directory to ROOT/diffs/<id>. The id is a digest of the runs' manifests
+ * and the options, so a repeated request is answered from the cache; requests
+ * for a diff being computed wait for it. */
+#include "serve_int.h"
+#include "mf_diff.h"
+#include "mf_viz.h"
+
+#include <errno.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+int store_remove_tree(const char *path);
+
+#define MAX_TARGETS 16
+
+static const char *kinds[] = {"layer-expert", "layer-position", "margin", "flips-kl"};
+#define N_KINDS 4
+
+struct diff_job {
+    server *s;
+    char id[33];
+    char ref[MF_SERVE_NAME_MAX + 1];
+    char ref_dir[4200];
+    char targets[MAX_TARGETS][MF_SERVE_NAME_MAX + 1];
+    char target_dirs[MAX_TARGETS][4200];
+    int nt;
+    int bootstrap;
+    conn *waiters;
+    /* result */
+    int status;               /* 200, or an error status */
+    char msg[1200];
+    char *meta;               /* meta.json text */
+    uv_work_t work;
+    diff_job *next;
+};
+
+/* ---- the pool ---------------------------------------------------------------- */
+
+static void set_run_name(json_t *o, const char *name) {
+    if (json_is_object(o)) json_object_set_new(o, "run", json_string(name));
+}
+
+static int compute(diff_job *j, const char *dir, mf_error *err) {
+    mf_run *ref = NULL, *tg[MAX_TARGETS] = {0};
+    mf_diff_acc *accs[MAX_TARGETS] = {0};
+    int rc = mf_run_open(&ref, j->ref_dir, err);
+    for (int i = 0; i < j->nt && !rc; i++) rc = mf_run_open(&tg[i], j->target_dirs[i], err);
+    for (int i = 0; i < j->nt && !rc; i++) {
+        if ((rc = mf_diff_align(ref, tg[i], err))) {
+            mf_fail(err, rc, "%s cannot be compared with %s: they differ in model or tokens", j->targets[i], j->ref);
+            break;
+        }
+        accs[i] = mf_xcalloc(1, sizeof *accs[i]);
+        mf_diff_acc_init(accs[i], ref);
+        rc = mf_diff_acc_add_runs(accs[i], ref, tg[i], err);
+    }
+    char path[4400], out[4400];
+    snprintf(path, sizeof path, "%s/diff.json", dir);
+    mf_diff_opts o = {j->bootstrap, 20260820};
+    if (!rc) rc = mf_diff_write_json(path, ref, tg, accs, j->nt, NULL, NULL, &o, err);
+    for (int i = 0; i < j->nt; i++) {
+        if (accs[i]) mf_diff_acc_free(accs[i]);
+        free(accs[i]);
+        mf_run_close(tg[i]);
+    }
+    mf_run_close(ref);
+    if (rc) return rc;
+    /* the runs are named by their names, not by the server's directories */
+    json_t *d = json_load_file(path, 0, NULL);
+    if (!d) return mf_fail(err, MF_EFORMAT, "diff.json could not be read back");
+    set_run_name(json_object_get(d, "reference"), j->ref);
+    json_t *ts = json_object_get(d, "targets");
+    for (int i = 0; i < j->nt; i++) set_run_name(json_array_get(ts, (size_t)i), j->targets[i]);
+    char *text = json_dumps(d, JSON_INDENT(1));
+    json_decref(d);
+    rc = mf_write_file_atomic(path, text, strlen(text), err);
+    if (rc) {
+        free(text);
+        return rc;
+    }
+    snprintf(out, sizeof out, "%s/report.html", dir);
+    rc = mf_report_write(path, out, err);
+    if (!rc) {   /* the report names its diff.json: by its name, not the server's directory */
+        char *html;
+        size_t hl;
+        if ((rc = mf_read_file(out, &html, &hl, err)) == MF_OK) {
+            const size_t pl = strlen(path);
+            char *p;
+            while ((p = strstr(html, path))) {
+                memmove(p, p + pl - strlen("diff.json"), strlen(p + pl - strlen("diff.json")) + 1);
+            }
+            rc = mf_write_file_atomic(out, html, strlen(html), err);
+            free(html);
+        }
+    }
+    json_t *files = json_object(), *heat = json_array();
+    char base[128];
+    snprintf(base, sizeof base, "/api/diffs/%s/", j->id);
+    for (int t = 0; t < j->nt && !rc; t++) {
+        json_t *row = json_object();
+        for (int k = 0; k < N_KINDS; k++) {
+            char fn[64];
+            snprintf(fn, sizeof fn, "t%d-%s.png", t, kinds[k]);
+            snprintf(out, sizeof out, "%s/%s", dir, fn);
+            mf_error e2 = {0};
+            mf_heat_kind hk;
+            mf_heat_kind_parse(kinds[k], &hk);
+            if (mf_heatmap_file(text, t, hk, NULL, out, &e2) == MF_OK) {
+                char url[256];
+                snprintf(url, sizeof url, "%sheatmaps/%s", base, fn);
+                json_object_set_new(row, kinds[k], json_string(url));
+            }
+        }
+        json_array_append_new(heat, json_pack("{sssO}", "target", j->targets[t], "figures", row));
+        json_decref(row);
+    }
+    free(text);
+    if (rc) {
+        json_decref(files);
+        json_decref(heat);
+        return rc;
+    }
+    char when[32];
+    time_t now = time(NULL);
+    struct tm tmv;
+    strftime(when, sizeof when, "%Y-%m-%dT%H:%M:%SZ", gmtime_r(&now, &tmv));
+    json_t *tnames = json_array();
+    for (int i = 0; i < j->nt; i++) json_array_append_new(tnames, json_string(j->targets[i]));
+    char u1[256], u2[256];
+    snprintf(u1, sizeof u1, "%sdiff.json", base);
+    snprintf(u2, sizeof u2, "%sreport.html", base);
+    json_object_set_new(files, "diff", json_string(u1));
+    json_object_set_new(files, "report", json_string(u2));
+    json_object_set_new(files, "heatmaps", heat);
+    json_t *meta = json_pack("{sssssosiss so}", "id", j->id, "reference", j->ref, "targets", tnames, "bootstrap", j->bootstrap,
+                             "created", when, "files", files);
+    char *mt = json_dumps(meta, JSON_COMPACT);
+    json_decref(meta);
+    snprintf(path, sizeof path, "%s/meta.json", dir);
+    rc = mf_write_file_atomic(path, mt, strlen(mt), err);
+    free(mt);
+    return rc;
+}
+
+static void work_cb(uv_work_t *w) {
+    diff_job *j = w->data;
+    server *s = j->s;
+    char final[4300], mp[4400], tmp[4300];
+    snprintf(final, sizeof final, "%s/diffs/%s", s->root, j->id);
+    snprintf(mp, sizeof mp, "%s/meta.json", final);
+    uv_mutex_lock(&s->diff_lock);
+    mf_error err = {0};
+    size_t len;
+    if (mf_read_file(mp, &j->meta, &len, &err) == MF_OK) {   /* made before */
+        j->status = 200;
+        uv_mutex_unlock(&s->diff_lock);
+        return;
+    }
+    snprintf(tmp, sizeof tmp, "%s/.tmp/diff-%s", s->root, j->id);
+    if (mf_path_exists(tmp)) store_remove_tree(tmp);
+    if (mkdir(tmp, 0755) != 0) {
+        j->status = 500;
+        snprintf(j->msg, sizeof j->msg, "cannot make a directory for the diff: %s", strerror(errno));
+    } else if (compute(j, tmp, &err) != MF_OK) {
+        j->status = err.code == MF_EMISMATCH || err.code == MF_EFORMAT || err.code == MF_EINVAL ? 422 : 500;
+        snprintf(j->msg, sizeof j->msg, "diff of %s failed: %s", j->ref, err.msg);
+        store_remove_tree(tmp);
+    } else if (rename(tmp, final) != 0) {
+        j->status = 500;
+        snprintf(j->msg, sizeof j->msg, "cannot store the diff: %s", strerror(errno));
+        store_remove_tree(tmp);
+    } else if (mf_read_file(mp, &j->meta, &len, &err) != MF_OK) {
+        j->status = 500;
+        snprintf(j->msg, sizeof j->msg, "%s", err.msg);
+    } else {
+        j->status = 200;
+    }
+    /* the messages name runs, not directories */
+    char *p;
+    while ((p = strstr(j->msg, s->root))) memmove(p, p + strlen(s->root), strlen(p + strlen(s->root)) + 1);
+    uv_mutex_unlock(&s->diff_lock);
+}
+
+static void after_cb(uv_work_t *w, int status) {
+    (void)status;
+    diff_job *j = w->data;
+    server *s = j->s;
+    for (diff_job **pp = &s->jobs; *pp; pp = &(*pp)->next)
+        if (*pp == j) {
+            *pp = j->next;
+            break;
+        }
+    while (j->waiters) {
+        conn *c = j->waiters;
+        j->waiters = c->wait_next;
+        c->waiting = NULL;
+        c->wait_next = NULL;
+        if (j->status == 200) conn_respond(c, 200, "application/json", j->meta, strlen(j->meta));
+        else conn_error(c, j->status, "%s", j->msg);
+        conn_unref(c);
+    }
+    free(j->meta);
+    free(j);
+}
+
+void diffs_conn_gone(conn *c) {
+    diff_job *j = c->waiting;
+    if (!j) return;
+    for (conn **pp = &j->waiters; *pp; pp = &(*pp)->wait_next)
+        if (*pp == c) {
+            *pp = c->wait_next;
+            break;
+        }
+    c->waiting = NULL;
+    c->wait_next = NULL;
+    conn_unref(c);
+}
+
+/* ---- requests ------------------------------------------------------------------ */
+
+void diffs_post(conn *c, const char *body, size_t len) {
+    server *s = c->srv;
+    json_error_t jerr;
+    json_t *req = json_loadb(body, len, 0, &jerr);
+    if (!json_is_object(req)) {
+        json_decref(req);
+        conn_error(c, 400, "the body must be a JSON object {\"reference\": NAME, \"targets\": [NAME, ...]}");
+        return;
+    }
+    diff_job *j = mf_xcalloc(1, sizeof *j);
+    j->s = s;
+    j->bootstrap = s->o.diff_bootstrap;
+    const char *ref = json_string_value(json_object_get(req, "reference"));
+    json_t *targets = json_object_get(req, "targets"), *boot = json_object_get(req, "bootstrap");
+    int status = 0;
+    char msg[300] = "";
+    if (!ref || !mf_serve_name_valid(ref, strlen(ref))) status = 400, snprintf(msg, sizeof msg, "\"reference\" must be a run name");
+    else if (!json_is_array(targets) || json_array_size(targets) < 1 || json_array_size(targets) > MAX_TARGETS)
+        status = 400, snprintf(msg, sizeof msg, "\"targets\" must be a list of 1 to %d run names", MAX_TARGETS);
+    else if (boot && (!json_is_integer(boot) || json_integer_value(boot) < 0 || json_integer_value(boot) > 10000))
+        status = 400, snprintf(msg, sizeof msg, "\"bootstrap\" must be an integer from 0 to 10000");
+    if (!status) {
+        if (boot) j->bootstrap = (int)json_integer_value(boot);
+        j->nt = (int)json_array_size(targets);
+        run_entry *e = store_find(s, ref);
+        if (!e) status = 404, snprintf(msg, sizeof msg, "no run named %s", ref);
+        char key[8192];
+        int kl = 0;
+        if (e) {
+            snprintf(j->ref, sizeof j->ref, "%s", ref);
+            store_dir_of(s, ref, j->ref_dir, sizeof j->ref_dir);
+            kl = snprintf(key, sizeof key, "moeflip-diff 1|%d|%s|%s", j->bootstrap, ref,
+                          json_string_value(json_object_get(e->summary, "digest")));
+        }
+        for (int i = 0; i < j->nt && !status; i++) {
+            const char *t = json_string_value(json_array_get(targets, (size_t)i));
+            run_entry *te = t && mf_serve_name_valid(t, strlen(t)) ? store_find(s, t) : NULL;
+            if (!t || !mf_serve_name_valid(t, strlen(t))) status = 400, snprintf(msg, sizeof msg, "\"targets\" must hold run names");
+            else if (!te) status = 404, snprintf(msg, sizeof msg, "no run named %s", t);
+            else {
+                snprintf(j->targets[i], sizeof j->targets[i], "%s", t);
+                store_dir_of(s, t, j->target_dirs[i], sizeof j->target_dirs[i]);
+                kl += snprintf(key + kl, sizeof key - (size_t)kl, "|%s|%s", t, json_string_value(json_object_get(te->summary, "digest")));
+            }
+        }
+        if (!status) mf_digest_buffer(key, (size_t)kl, j->id);
+    }
+    json_decref(req);
+    if (status) {
+        free(j);
+        conn_error(c, status, "%s", msg);
+        return;
+    }
+    /* join a diff being computed */
+    diff_job *same = NULL;
+    for (diff_job *o = s->jobs; o && !same; o = o->next)
+        if (!strcmp(o->id, j->id)) same = o;
+    if (same) {
+        free(j);
+        j = same;
+    } else {
+        j->next = s->jobs;
+        s->jobs = j;
+        j->work.data = j;
+        if (uv_queue_work(s->loop, &j->work, work_cb, after_cb) != 0) abort();
+    }
+    c->waiting = j;
+    c->wait_next = j->waiters;
+    j->waiters = c;
+    conn_ref(c);
+}
+
+/* ---- reading a diff's files ------------------------------------------------------- */
+
+typedef struct read_job {
+    uv_work_t work;
+    conn *c;
+    char path[4400];
+    char *data;
+    size_t len;
+    int rc;
+    const char *ctype;
+} read_job;
+
+static void read_work(uv_work_t *w) {
+    read_job *r = w->data;
+    mf_error err = {0};
+    r->rc = mf_read_file(r->path, &r->data, &r->len, &err);
+}
+
+static void read_after(uv_work_t *w, int status) {
+    (void)status;
+    read_job *r = w->data;
+    if (conn_alive(r->c)) {
+        if (r->rc == MF_OK) conn_respond(r->c, 200, r->ctype, r->data, r->len);
+        else conn_error(r->c, 404, "no such diff or file");
+    }
+    conn_unref(r->c);
+    free(r->data);
+    free(r);
+}
+
+static bool is_hex32(const char *s, size_t n) {
+    if (n != 32) return false;
+    for (size_t i = 0; i < n; i++)
+        if (!((s[i] >= '0' && s[i] <= '9') || (s[i] >= 'a' && s[i] <= 'f'))) return false;
+    return true;
+}
+
+/* rest: "<id>", "<id>/diff.json", "<id>/report.html", "<id>/heatmaps/t<N>-<kind>.png" */
+void diffs_get(conn *c, const char *rest) {
+    const char *slash = strchr(rest, '/');
+    size_t idl = slash ? (size_t)(slash - rest) : strlen(rest);
+    if (!is_hex32(rest, idl)) {
+        conn_error(c, 404, "no such diff");
+        return;
+    }
+    const char *file = slash ? slash + 1 : "meta.json", *ctype = NULL;
+    if (!strcmp(file, "meta.json") || !strcmp(file, "diff.json")) ctype = "application/json";
+    else if (!strcmp(file, "report.html")) ctype = "text/html; charset=utf-8";
+    else if (!strncmp(file, "heatmaps/t", 10)) {
+        const char *p = file + 10;
+        int digits = 0;
+        while (p[digits] >= '0' && p[digits] <= '9') digits++;
+        if (digits >= 1 && digits <= 2 && p[digits] == '-') {
+            for (int k = 0; k < N_KINDS && !ctype; k++) {
+                size_t kl = strlen(kinds[k]);
+                if (!strncmp(p + digits + 1, kinds[k], kl) && !strcmp(p + digits + 1 + kl, ".png")) {
+                    ctype = "image/png";
+                    file += 9;   /* the file itself sits in the diff's directory */
+                }
+            }
+        }
+    }
+    if (!ctype) {
+        conn_error(c, 404, "no such file of a diff");
+        return;
+    }
+    read_job *r = mf_xcalloc(1, sizeof *r);
+    r->c = c;
+    r->ctype = ctype;
+    snprintf(r->path, sizeof r->path, "%s/diffs/%.32s/%s", c->srv->root, rest, file);
+    r->work.data = r;
+    conn_ref(c);
+    if (uv_queue_work(c->srv->loop, &r->work, read_work, read_after) != 0) abort();
+}

@@ -1,0 +1,163 @@
+/* serve/ internals shared by its files (not a public header). */
+#ifndef MF_SERVE_INT_H
+#define MF_SERVE_INT_H
+
+#include "mf_serve.h"
+
+#include <http_parser.h>
+#include <jansson.h>
+#include <uv.h>
+
+#define BODY_FORMAT_MAGIC "moeflip-run 1\n"
+#define MAX_URL 2048
+#define MAX_SMALL_BODY (64 * 1024)
+#define MAX_UPLOAD_FILES 4096
+#define STAGE_FLUSH (1u << 20)        /* hand staged upload bytes to the pool at this size */
+#define STAGE_PAUSE (8u << 20)        /* stop reading the socket while this much waits */
+
+typedef struct server server;
+typedef struct conn conn;
+typedef struct upload upload;
+typedef struct diff_job diff_job;
+
+/* ---- the run store (store.c) ------------------------------------------- */
+
+typedef struct run_entry {
+    char name[MF_SERVE_NAME_MAX + 1];
+    char *manifest;       /* manifest.json text */
+    size_t manifest_len;
+    json_t *summary;      /* what the list shows */
+} run_entry;
+
+/* hex-encodes a valid name: the directory under ROOT/runs */
+void store_dir_of(const server *s, const char *name, char *out, size_t cap);
+run_entry *store_find(server *s, const char *name);
+void store_add(server *s, run_entry *e);   /* takes e */
+/* The list endpoint's body, rebuilt only when the store changed. */
+const char *store_list_json(server *s, size_t *len);
+int store_open(server *s, mf_error *err);
+/* Reads ROOT/runs/<dir> in full (verifying it) into a new entry; name gets the decoded name. */
+int store_load_run(const char *dir, const char *name, run_entry **out, mf_error *err);
+
+/* ---- uploads (upload.c) -------------------------------------------------- */
+
+upload *upload_begin(conn *c, const char *name);
+/* Body bytes; returns false (and sets the response) when the body is refused. */
+bool upload_feed(upload *u, const char *data, size_t len);
+/* The request ended: hands the last bytes and the verification to the pool. */
+void upload_finish(upload *u);
+/* The connection is gone: the upload is dropped and its directory removed. */
+void upload_abort(upload *u);
+size_t upload_staged(const upload *u);
+
+/* ---- diffs (diffs.c) ------------------------------------------------------ */
+
+void diffs_post(conn *c, const char *body, size_t len);
+void diffs_get(conn *c, const char *rest);
+void diffs_conn_gone(conn *c);
+
+/* ---- connections and responses (http.c) -------------------------------- */
+
+typedef enum conn_state {
+    CS_HEADERS,     /* reading a request's headers */
+    CS_BODY,        /* reading its body */
+    CS_WAIT,        /* the pool is working on it; reading paused */
+    CS_DRAIN,       /* a response was sent with Connection: close: discarding what comes */
+    CS_CLOSING,
+} conn_state;
+
+struct conn {
+    server *srv;
+    uv_stream_t *stream;
+    union { uv_tcp_t tcp; uv_pipe_t pipe; } h;
+    uv_timer_t timer;
+    http_parser parser;
+    conn_state state;
+    bool reading;
+    bool responded;          /* the current request has its response (or it is being written) */
+    bool close_after;        /* close once written */
+    bool eof;
+    int writes;              /* writes in flight */
+    int refs;                /* handles open + work items holding the conn */
+    conn *prev, *next;
+    /* request */
+    char url[MAX_URL + 1];
+    size_t url_len;
+    bool url_overflow;
+    char hfield[32];
+    size_t hfield_len;
+    bool hfield_overflow;
+    int hkind;               /* which header value is being read */
+    char auth[MF_SERVE_TOKEN_MAX + 16];
+    size_t auth_len;
+    bool auth_overflow;
+    bool expect_continue;
+    int n_headers;
+    int route;               /* set at headers complete */
+    char arg[MAX_URL + 1];   /* the route's argument (a run name, a diff path) */
+    char *body;              /* small bodies (POST /api/diffs) */
+    size_t body_len;
+    upload *up;
+    diff_job *waiting;       /* the diff this request waits for */
+    conn *wait_next;
+    double started;
+    size_t got;              /* bytes of the current request received while reading its headers */
+    /* bytes received after a paused request, fed once it is answered */
+    char *leftover;
+    size_t leftover_len;
+};
+
+struct server {
+    uv_loop_t *loop;
+    mf_serve_opts o;
+    char root[4096];
+    char token[MF_SERVE_TOKEN_MAX + 1];
+    bool has_token;
+    char read_token[MF_SERVE_TOKEN_MAX + 1];
+    bool has_read_token;
+    uv_tcp_t listener;
+    bool listening;
+    uv_signal_t sigint, sigterm;
+    http_parser_settings settings;
+    conn *conns;
+    int n_conns;
+    int n_uploads;
+    uint64_t seq;            /* unique temporary names */
+    /* store */
+    run_entry **runs;
+    size_t n_runs, cap_runs;
+    char *list_cache;
+    size_t list_len;
+    /* diffs */
+    diff_job *jobs;
+    uv_mutex_t diff_lock;    /* one diff computation at a time */
+    bool stopping;
+    int lock_fd;
+};
+
+/* Sends a complete response (body copied). */
+void conn_respond(conn *c, int status, const char *ctype, const void *body, size_t len);
+/* {"error": msg} with the status. */
+void conn_error(conn *c, int status, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+void conn_json(conn *c, int status, json_t *j);   /* takes j */
+/* The pool answered a paused request: continue with what the client sent next. */
+void conn_resume(conn *c);
+void conn_ref(conn *c);
+void conn_unref(conn *c);
+void conn_close(conn *c);
+bool conn_alive(const conn *c);
+void conn_stop_reading(conn *c);
+void conn_start_reading(conn *c);
+
+/* Sets up the parser settings and the listener-independent state. */
+void server_init(server *s, uv_loop_t *loop, const mf_serve_opts *o);
+/* Adopts an accepted or opened stream as a connection (the fuzz target feeds a socketpair). */
+conn *server_adopt_pipe(server *s, int fd);
+void server_log(server *s, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+bool ct_token_equal(const char *given, size_t given_len, const char *secret);
+void hex_encode(const void *data, size_t n, char *out);
+
+/* The UI page (ui.c). */
+extern const char mf_serve_ui_html[];
+
+#endif

@@ -1,0 +1,239 @@
+/* The run store: names, the directory of each run, the index the list
+ * endpoint shows, and rebuilding it from disk at start. */
+#include "serve_int.h"
+#include "mf_trace.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <ftw.h>
+#include <string.h>
+#include <stdlib.h>
+#include <sys/file.h>
+#include <sys/stat.h>
+#include <dirent.h>
+#include <unistd.h>
+
+bool mf_serve_name_valid(const char *name, size_t len) {
+    if (len == 0 || len > MF_SERVE_NAME_MAX) return false;
+    for (size_t i = 0; i < len; i++) {
+        const char ch = name[i];
+        const bool alnum = (ch >= 'a' && ch <= 'z') || (ch >= 'A' && ch <= 'Z') || (ch >= '0' && ch <= '9');
+        if (i == 0 && !alnum) return false;
+        if (!alnum && ch != '.' && ch != '_' && ch != '-') return false;
+        if (ch == '.' && i + 1 < len && name[i + 1] == '.') return false;
+    }
+    return true;
+}
+
+int mf_serve_read_token(const char *path, char *token, size_t cap, mf_error *err) {
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0) return mf_fail(err, MF_EIO, "token file %s: %s", path, strerror(errno));
+    struct stat st;
+    if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
+        close(fd);
+        return mf_fail(err, MF_EINVAL, "token file %s: not a regular file", path);
+    }
+    if (st.st_mode & 077) {
+        close(fd);
+        return mf_fail(err, MF_EINVAL, "token file %s is accessible to group or others (mode %04o); chmod 600 it", path,
+                       (unsigned)(st.st_mode & 07777));
+    }
+    char buf[MF_SERVE_TOKEN_MAX + 3];
+    ssize_t n = read(fd, buf, sizeof buf);
+    close(fd);
+    if (n < 0) return mf_fail(err, MF_EIO, "token file %s: %s", path, strerror(errno));
+    size_t len = (size_t)n;
+    if (len && buf[len - 1] == '\n') len--;
+    if (len && buf[len - 1] == '\r') len--;
+    if (len < 8 || len > MF_SERVE_TOKEN_MAX || len >= cap)
+        return mf_fail(err, MF_EINVAL, "token file %s: the token must be 8 to %d characters on one line", path, MF_SERVE_TOKEN_MAX);
+    for (size_t i = 0; i < len; i++)
+        if (buf[i] <= ' ' || buf[i] > '~')
+            return mf_fail(err, MF_EINVAL, "token file %s: the token must be printable ASCII without spaces", path);
+    memcpy(token, buf, len);
+    token[len] = 0;
+    return MF_OK;
+}
+
+void store_dir_of(const server *s, const char *name, char *out, size_t cap) {
+    char hex[2 * MF_SERVE_NAME_MAX + 1];
+    hex_encode(name, strlen(name), hex);
+    snprintf(out, cap, "%s/runs/%s", s->root, hex);
+}
+
+static bool hex_decode(const char *hex, char *out, size_t cap) {
+    size_t n = strlen(hex);
+    if (n == 0 || n % 2 || n / 2 >= cap) return false;
+    for (size_t i = 0; i < n / 2; i++) {
+        int v = 0;
+        for (int k = 0; k < 2; k++) {
+            const char ch = hex[2 * i + (size_t)k];
+            v = v * 16 + (ch >= '0' && ch <= '9' ? ch - '0' : ch >= 'a' && ch <= 'f' ? ch - 'a' + 10 : -1000);
+        }
+        if (v < 0) return false;
+        out[i] = (char)v;
+    }
+    out[n / 2] = 0;
+    return true;
+}
+
+run_entry *store_find(server *s, const char *name) {
+    for (size_t i = 0; i < s->n_runs; i++)
+        if (!strcmp(s->runs[i]->name, name)) return s->runs[i];
+    return NULL;
+}
+
+static void entry_free(run_entry *e) {
+    if (!e) return;
+    free(e->manifest);
+    json_decref(e->summary);
+    free(e);
+}
+
+void store_add(server *s, run_entry *e) {
+    if (store_find(s, e->name)) {
+        entry_free(e);
+        return;
+    }
+    if (s->n_runs == s->cap_runs) {
+        s->cap_runs = s->cap_runs ? 2 * s->cap_runs : 16;
+        s->runs = realloc(s->runs, s->cap_runs * sizeof *s->runs);
+    }
+    s->runs[s->n_runs++] = e;
+    free(s->list_cache);
+    s->list_cache = NULL;
+}
+
+static int by_name(const void *a, const void *b) {
+    return strcmp((*(run_entry *const *)a)->name, (*(run_entry *const *)b)->name);
+}
+
+const char *store_list_json(server *s, size_t *len) {
+    if (!s->list_cache) {
+        if (s->n_runs) qsort(s->runs, s->n_runs, sizeof *s->runs, by_name);
+        json_t *arr = json_array();
+        for (size_t i = 0; i < s->n_runs; i++) json_array_append(arr, s->runs[i]->summary);
+        json_t *o = json_pack("{so}", "runs", arr);
+        char *t = json_dumps(o, JSON_COMPACT);
+        json_decref(o);
+        s->list_len = strlen(t);
+        s->list_cache = realloc(t, s->list_len + 2);
+        s->list_cache[s->list_len++] = '\n';
+        s->list_cache[s->list_len] = 0;
+    }
+    *len = s->list_len;
+    return s->list_cache;
+}
+
+static json_t *jget(json_t *o, const char *path) {
+    char key[64];
+    while (o && *path) {
+        size_t n = strcspn(path, ".");
+        snprintf(key, sizeof key, "%.*s", (int)n, path);
+        o = json_object_get(o, key);
+        path += n + (path[n] == '.');
+    }
+    return o;
+}
+
+static json_t *copy_or_null(json_t *v) { return v ? json_deep_copy(v) : json_null(); }
+
+/* Opens (verifies) a run directory and describes it. */
+int store_load_run(const char *dir, const char *name, run_entry **out, mf_error *err) {
+    *out = NULL;
+    mf_run *r;
+    int rc = mf_run_open(&r, dir, err);
+    if (rc) return rc;
+    json_t *m = json_loads(r->manifest_text, 0, NULL);
+    if (!m) {
+        mf_run_close(r);
+        return mf_fail(err, MF_EFORMAT, "%s: manifest is not JSON", dir);
+    }
+    run_entry *e = mf_xcalloc(1, sizeof *e);
+    snprintf(e->name, sizeof e->name, "%s", name);
+    e->manifest_len = strlen(r->manifest_text);
+    e->manifest = mf_xstrdup(r->manifest_text);
+    char digest[33];
+    mf_digest_buffer(e->manifest, e->manifest_len, digest);
+    uint64_t bytes = e->manifest_len, tokens = 0;
+    for (size_t i = 0; i < r->n_shards; i++) bytes += r->shard_bytes[i];
+    for (size_t i = 0; i < r->n_seqs; i++) tokens += (uint64_t)r->seqs[i].length;
+    json_t *model = json_object();
+    static const char *model_keys[] = {"architecture", "parameters", "n_layers", "n_experts", "top_k", "vocab", "weights_digest"};
+    for (size_t i = 0; i < sizeof model_keys / sizeof model_keys[0]; i++)
+        json_object_set_new(model, model_keys[i], copy_or_null(json_object_get(json_object_get(m, "model"), model_keys[i])));
+    e->summary = json_pack("{ss ss so s{so so} so so so so sI sI sI sb}", "name", name, "digest", digest, "model", model,
+                           "device", "kind", copy_or_null(jget(m, "device.kind")), "name", copy_or_null(jget(m, "device.name")),
+                           "numerics", copy_or_null(jget(m, "numerics")), "precision", copy_or_null(jget(m, "precision.name")),
+                           "record", copy_or_null(jget(m, "record")), "created", copy_or_null(jget(m, "created")),
+                           "sequences", (json_int_t)r->n_seqs, "tokens", (json_int_t)tokens, "bytes", (json_int_t)bytes,
+                           "complete", r->complete);
+    json_decref(m);
+    mf_run_close(r);
+    *out = e;
+    return MF_OK;
+}
+
+static int rm_entry(const char *path, const struct stat *sb, int flag, struct FTW *ftw) {
+    (void)sb;
+    (void)ftw;
+    return flag == FTW_DP ? rmdir(path) : unlink(path);
+}
+
+int store_remove_tree(const char *path);
+int store_remove_tree(const char *path) {
+    return nftw(path, rm_entry, 16, FTW_DEPTH | FTW_PHYS);
+}
+
+int store_open(server *s, mf_error *err) {
+    char p[4200];
+    int rc;
+    if ((rc = mf_mkdir_p(s->root, err))) return rc;
+    snprintf(p, sizeof p, "%s/.lock", s->root);
+    s->lock_fd = open(p, O_RDWR | O_CREAT | O_CLOEXEC, 0600);
+    if (s->lock_fd < 0) return mf_fail(err, MF_EIO, "%s: %s", p, strerror(errno));
+    if (flock(s->lock_fd, LOCK_EX | LOCK_NB) != 0)
+        return mf_fail(err, MF_EIO, "%s is in use by another moeflip serve", s->root);
+    /* uploads and diffs that were under way when the last server stopped are dropped */
+    snprintf(p, sizeof p, "%s/.tmp", s->root);
+    if (mf_path_exists(p) && store_remove_tree(p) != 0) return mf_fail(err, MF_EIO, "cannot empty %s: %s", p, strerror(errno));
+    static const char *subs[] = {".tmp", "runs", "diffs"};
+    for (int i = 0; i < 3; i++) {
+        snprintf(p, sizeof p, "%s/%s", s->root, subs[i]);
+        if ((rc = mf_mkdir_p(p, err))) return rc;
+    }
+    snprintf(p, sizeof p, "%s/runs", s->root);
+    DIR *d = opendir(p);
+    if (!d) return mf_fail(err, MF_EIO, "%s: %s", p, strerror(errno));
+    struct dirent *de;
+    while ((de = readdir(d))) {
+        if (de->d_name[0] == '.') continue;
+        char name[MF_SERVE_NAME_MAX + 1], dir[4500];
+        snprintf(dir, sizeof dir, "%s/%s", p, de->d_name);
+        if (!hex_decode(de->d_name, name, sizeof name) || !mf_serve_name_valid(name, strlen(name))) {
+            server_log(s, "ignoring %s: not a stored run's directory", dir);
+            continue;
+        }
+        run_entry *e;
+        mf_error e2 = {0};
+        if (store_load_run(dir, name, &e, &e2)) {
+            server_log(s, "run %s is left out: %s", name, e2.msg);
+            continue;
+        }
+        store_add(s, e);
+    }
+    closedir(d);
+    return MF_OK;
+}
+
+void store_free(server *s);
+void store_free(server *s) {
+    for (size_t i = 0; i < s->n_runs; i++) entry_free(s->runs[i]);
+    free(s->runs);
+    s->runs = NULL;
+    s->n_runs = s->cap_runs = 0;
+    free(s->list_cache);
+    s->list_cache = NULL;
+    if (s->lock_fd >= 0) close(s->lock_fd);
+    s->lock_fd = -1;
+}

@@ -1,0 +1,277 @@
+#include "test_serve_util.h"
+
+#include <criterion/criterion.h>
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <jansson.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <poll.h>
+#include <signal.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/time.h>
+#include <sys/wait.h>
+#include <arpa/inet.h>
+#include <unistd.h>
+
+const char *token_file(const char *dir) {
+    static char p[8][600];
+    static int next;
+    char *path = p[next++ % 8];
+    snprintf(path, 600, "%s/token", dir);
+    int fd = open(path, O_WRONLY | O_CREAT | O_TRUNC, 0600);
+    cr_assert(fd >= 0);
+    cr_assert_eq(write(fd, TEST_TOKEN "\n", strlen(TEST_TOKEN) + 1), (ssize_t)strlen(TEST_TOKEN) + 1);
+    close(fd);
+    chmod(path, 0600);
+    return path;
+}
+
+void server_start(test_server *s, const char *root, const char *extra) {
+    signal(SIGPIPE, SIG_IGN);
+    memset(s, 0, sizeof *s);
+    snprintf(s->root, sizeof s->root, "%s", root);
+    static int nth;
+    snprintf(s->err_path, sizeof s->err_path, "%s.serve-%d.err", root, nth++);
+    int fds[2];
+    cr_assert_eq(pipe(fds), 0);
+    char cmd[4096];
+    snprintf(cmd, sizeof cmd, "exec %s serve --root '%s' --listen 127.0.0.1:0 %s 2>'%s'", MF_TEST_BIN, root, extra ? extra : "",
+             s->err_path);
+    pid_t pid = fork();
+    cr_assert(pid >= 0);
+    if (pid == 0) {
+        dup2(fds[1], 1);
+        close(fds[0]);
+        close(fds[1]);
+        execl("/bin/sh", "sh", "-c", cmd, (char *)NULL);
+        _exit(127);
+    }
+    close(fds[1]);
+    s->pid = pid;
+    char line[1024];
+    size_t n = 0;
+    struct pollfd pf = {fds[0], POLLIN, 0};
+    while (n < sizeof line - 1 && !memchr(line, '\n', n)) {
+        cr_assert(poll(&pf, 1, 60000) > 0, "the server printed nothing for 60 s");
+        ssize_t r = read(fds[0], line + n, sizeof line - 1 - n);
+        if (r <= 0) break;
+        n += (size_t)r;
+        line[n] = 0;
+    }
+    line[n] = 0;
+    close(fds[0]);
+    const char *p = strstr(line, "http://127.0.0.1:");
+    cr_assert(p, "the server did not say where it listens: \"%s\"", line);
+    s->port = atoi(p + strlen("http://127.0.0.1:"));
+    cr_assert_gt(s->port, 0);
+}
+
+bool server_alive(test_server *s) {
+    int st;
+    return s->pid > 0 && waitpid(s->pid, &st, WNOHANG) == 0;
+}
+
+int server_stop(test_server *s, int sig) {
+    int st = -1;
+    if (s->pid <= 0) return st;
+    kill(s->pid, sig);
+    waitpid(s->pid, &st, 0);
+    s->pid = 0;
+    /* under the sanitizers the server reports any fault on stderr (and a leak when it exits) */
+    char *log = NULL;
+    size_t n;
+    mf_error e = {0};
+    if (mf_read_file(s->err_path, &log, &n, &e) == MF_OK) {
+        cr_assert_null(strstr(log, "Sanitizer"), "the server reported: %s", log);
+        cr_assert_null(strstr(log, "runtime error:"), "the server reported: %s", log);
+        free(log);
+    }
+    return st;
+}
+
+int http_connect(int port) {
+    int fd = socket(AF_INET, SOCK_STREAM, 0);
+    cr_assert(fd >= 0);
+    struct sockaddr_in a = {0};
+    a.sin_family = AF_INET;
+    a.sin_port = htons((uint16_t)port);
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    struct timeval tv = {30, 0};
+    setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+    setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof tv);
+    if (connect(fd, (struct sockaddr *)&a, sizeof a) != 0) {
+        close(fd);
+        return -1;
+    }
+    return fd;
+}
+
+bool send_all(int fd, const void *p, size_t n) {
+    const char *c = p;
+    while (n) {
+        ssize_t w = send(fd, c, n, MSG_NOSIGNAL);
+        if (w < 0 && errno == EINTR) continue;
+        if (w <= 0) return false;
+        c += w;
+        n -= (size_t)w;
+    }
+    return true;
+}
+
+void http_read(int fd, http_resp *r) {
+    memset(r, 0, sizeof *r);
+    size_t cap = 1 << 16, n = 0, hl = 0;   /* hl: length of the head, 0 until it is complete */
+    char *buf = malloc(cap + 1);
+    long clen = -1;
+    for (;;) {
+        if (n == cap) buf = realloc(buf, (cap *= 2) + 1);
+        ssize_t got = recv(fd, buf + n, cap - n, 0);
+        if (got < 0 && errno == EINTR) continue;
+        if (got <= 0) break;
+        n += (size_t)got;
+        buf[n] = 0;
+        char *end;
+        while (!hl && (end = strstr(buf, "\r\n\r\n"))) {
+            size_t h = (size_t)(end - buf);
+            if (!strncmp(buf, "HTTP/1.1 100", 12)) {   /* a 100 Continue comes before the answer */
+                memmove(buf, buf + h + 4, n - h - 4);
+                n -= h + 4;
+                buf[n] = 0;
+                continue;
+            }
+            hl = h;
+            buf[h] = 0;
+            const char *cl = strcasestr(buf, "\r\ncontent-length:");
+            if (cl) clen = atol(cl + 17);
+            buf[h] = '\r';
+        }
+        if (hl && clen >= 0 && n >= hl + 4 + (size_t)clen) break;
+    }
+    if (hl) {
+        snprintf(r->head, sizeof r->head, "%.*s", (int)(hl < sizeof r->head - 1 ? hl : sizeof r->head - 1), buf);
+        sscanf(buf, "HTTP/1.%*d %d", &r->status);
+        r->body_len = n - hl - 4;
+        r->body = malloc(r->body_len + 1);
+        memcpy(r->body, buf + hl + 4, r->body_len);
+        r->body[r->body_len] = 0;
+    } else {
+        r->body = calloc(1, 1);
+    }
+    free(buf);
+}
+
+void http_request(int port, const char *method, const char *path, const char *headers, const void *body, size_t len,
+                  http_resp *r) {
+    int fd = http_connect(port);
+    cr_assert(fd >= 0, "cannot connect to port %d", port);
+    char head[4096];
+    int hl = snprintf(head, sizeof head, "%s %s HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n%sContent-Length: %zu\r\n\r\n",
+                      method, path, headers ? headers : "", len);
+    bool ok = send_all(fd, head, (size_t)hl);
+    if (ok && len) send_all(fd, body, len);
+    http_read(fd, r);
+    close(fd);
+}
+
+void http_free(http_resp *r) {
+    free(r->body);
+    r->body = NULL;
+}
+
+const char *make_run(const char *dir, const char *name, const char *model, const char *opts) {
+    static char out[8][600];
+    static int next;
+    char *o = out[next++ % 8];
+    snprintf(o, 600, "%s/%s", dir, name);
+    char m[4200];
+    snprintf(m, sizeof m, "%s", fixture(model));
+    char err[2048];
+    int rc = run_moeflip(err, sizeof err, "trace -q --model '%s' --input '%s/tokens.jsonl' --out '%s' %s", m, m, o, opts);
+    cr_assert_eq(rc, 0, "trace failed: %s", err);
+    return o;
+}
+
+char *run_body(const char *dir, size_t *len) {
+    char p[4200], *man;
+    size_t ml;
+    mf_error e = {0};
+    snprintf(p, sizeof p, "%s/manifest.json", dir);
+    cr_assert_eq(mf_read_file(p, &man, &ml, &e), MF_OK, "%s", e.msg);
+    json_t *j = json_loads(man, 0, NULL), *shards = json_object_get(j, "shards");
+    size_t cap = ml + 4096;
+    for (size_t i = 0; i < json_array_size(shards); i++) cap += (size_t)json_integer_value(json_object_get(json_array_get(shards, i), "bytes")) + 128;
+    char *b = malloc(cap);
+    size_t n = (size_t)sprintf(b, "moeflip-run 1\nfile %zu manifest.json\n", ml);
+    memcpy(b + n, man, ml);
+    n += ml;
+    for (size_t i = 0; i < json_array_size(shards); i++) {
+        const char *f = json_string_value(json_object_get(json_array_get(shards, i), "file"));
+        char *data;
+        size_t dl;
+        snprintf(p, sizeof p, "%s/%s", dir, f);
+        cr_assert_eq(mf_read_file(p, &data, &dl, &e), MF_OK, "%s", e.msg);
+        n += (size_t)sprintf(b + n, "file %zu %s\n", dl, f);
+        memcpy(b + n, data, dl);
+        n += dl;
+        free(data);
+    }
+    n += (size_t)sprintf(b + n, "end\n");
+    json_decref(j);
+    free(man);
+    *len = n;
+    return b;
+}
+
+void name_hex(const char *name, char *out) {
+    static const char hx[] = "0123456789abcdef";
+    size_t i = 0;
+    for (; name[i]; i++) {
+        out[2 * i] = hx[(unsigned char)name[i] >> 4];
+        out[2 * i + 1] = hx[(unsigned char)name[i] & 15];
+    }
+    out[2 * i] = 0;
+}
+
+static int cmpstr(const void *a, const void *b) { return strcmp(*(char *const *)a, *(char *const *)b); }
+
+char *list_names(int port, const char *auth_header) {
+    http_resp r;
+    http_request(port, "GET", "/api/runs", auth_header, NULL, 0, &r);
+    cr_assert_eq(r.status, 200, "list: %d %s", r.status, r.body);
+    json_t *j = json_loads(r.body, 0, NULL), *runs = json_object_get(j, "runs");
+    cr_assert(json_is_array(runs), "list: %s", r.body);
+    size_t n = json_array_size(runs);
+    char **names = calloc(n + 1, sizeof *names);
+    size_t total = 1;
+    for (size_t i = 0; i < n; i++) {
+        names[i] = strdup(json_string_value(json_object_get(json_array_get(runs, i), "name")));
+        total += strlen(names[i]) + 1;
+    }
+    qsort(names, n, sizeof *names, cmpstr);
+    char *out = calloc(total, 1);
+    for (size_t i = 0; i < n; i++) {
+        if (i) strcat(out, ",");
+        strcat(out, names[i]);
+        free(names[i]);
+    }
+    free(names);
+    json_decref(j);
+    http_free(&r);
+    return out;
+}
+
+int dir_entries(const char *path) {
+    DIR *d = opendir(path);
+    if (!d) return -1;
+    int n = 0;
+    struct dirent *de;
+    while ((de = readdir(d)))
+        if (strcmp(de->d_name, ".") && strcmp(de->d_name, "..")) n++;
+    closedir(d);
+    return n;
+}
