@@ -4,12 +4,19 @@
 # 14M-parameter synthetic OLMoE; 64 prompts of 512 tokens; reference bf16,
 # target fp32. Best of 5 diffs, --bootstrap 0 (the bootstrap's cost grows
 # with resamples x sequences, not with data).
+# Usage: bench/diff_bench.sh [BUILD_DIR] [WORK_DIR]: with WORK_DIR the model and
+# runs are kept there and reused by the next call (for profiling).
 set -euo pipefail
 build=${1:-build}
 bin="$build/moeflip"
-work=$(mktemp -d)
-trap 'rm -rf "$work"' EXIT
-"$bin" synth --arch olmoe --size small --seed 1 -o "$work/model"
+if [ -n "${2:-}" ]; then
+  work=$2
+  mkdir -p "$work"
+else
+  work=$(mktemp -d)
+  trap 'rm -rf "$work"' EXIT
+fi
+[ -d "$work/model" ] || "$bin" synth --arch olmoe --size small --seed 1 -o "$work/model"
 python3 - "$work/p.jsonl" <<'PY'
 import random, sys
 random.seed(3)
@@ -21,6 +28,7 @@ echo "| record | run data (MB, both runs) | best diff time (s) | MB/s per core |
 echo "|---|---|---|---|"
 for rec in routing logits; do
   for p in bf16 fp32; do
+    [ -d "$work/$rec-$p" ] && [ -n "${2:-}" ] && continue
     "$bin" trace --model "$work/model" --input "$work/p.jsonl" --out "$work/$rec-$p" --record "$rec" --precision "$p" --threads 2 -q
   done
   mb=$(du -cm "$work/$rec-bf16" "$work/$rec-fp32" | tail -n1 | cut -f1)

@@ -141,28 +141,40 @@ int mf_diff_align(mf_run *ref, mf_run *tgt, mf_error *err) {
 
 /* Bin b (1..32) holds margins in [10^((b-1)/4 - 6), 10^(b/4 - 6)); bin 0 ties
  * (and anything not positive); bin 33 everything from 100 up. */
-static double bin_edges[MF_MARGIN_BINS - 1];
+#define EDGE_EXP_MIN (-32)   /* binary exponents of margins looked up in edges_below */
+#define EDGE_EXP_MAX 16
+static double bin_edges[MF_MARGIN_BINS + 1];   /* 33 edges, then two NaNs: no margin is <= them */
+static int edges_below[EDGE_EXP_MAX - EDGE_EXP_MIN + 1];   /* [e]: the number of edges below 2^e */
 
 static void init_edges(void) {
     if (bin_edges[0] != 0) return;
     for (int b = 0; b < MF_MARGIN_BINS - 1; b++) bin_edges[b] = pow(10.0, b / 4.0 - 6.0);
+    bin_edges[MF_MARGIN_BINS - 1] = bin_edges[MF_MARGIN_BINS] = NAN;
+    for (int e = EDGE_EXP_MIN; e <= EDGE_EXP_MAX; e++) {
+        int n = 0;
+        while (n < MF_MARGIN_BINS - 1 && bin_edges[n] < ldexp(1.0, e)) n++;
+        edges_below[e - EDGE_EXP_MIN] = n;
+    }
 }
 
+/* The number of edges <= m (they are sorted): those below 2^e, where 2^e <=
+ * m < 2^(e+1), from a table, then the two at most (edges are a factor 1.78
+ * apart) from 2^e up to m. */
 static int margin_bin(double m) {
     if (!(m > 0)) return 0;
-    int lo = 0, hi = MF_MARGIN_BINS - 1;   /* the number of edges <= m */
-    while (lo < hi) {
-        int mid = (lo + hi) / 2;
-        if (bin_edges[mid] <= m) lo = mid + 1;
-        else hi = mid;
-    }
+    uint64_t u;
+    memcpy(&u, &m, 8);
+    int e = (int)((u >> 52) & 0x7ff) - 1023;   /* subnormals read as -1023: below the table */
+    e = e < EDGE_EXP_MIN ? EDGE_EXP_MIN - 1 : e > EDGE_EXP_MAX ? EDGE_EXP_MAX : e;
+    int lo = e < EDGE_EXP_MIN ? 0 : edges_below[e - EDGE_EXP_MIN];
+    lo += bin_edges[lo] <= m;
+    lo += bin_edges[lo] <= m;
     return lo < 1 ? 1 : lo;
 }
 
-static double get(const mf_st_tensor *t, size_t i) { return mf_load_as_f64(t->data, t->dtype, i); }
-
-/* n consecutive values from element off, converted once per row (the hot path). */
-static void load_row(const mf_st_tensor *t, size_t off, int n, double *out) {
+/* Converts n values from element off; the compiler makes an AVX2 and a
+ * baseline copy and the loader picks one for the CPU. */
+__attribute__((target_clones("avx2", "default"))) static void load_row(const mf_st_tensor *t, size_t off, int n, double *out) {
     const uint8_t *p = t->data;
     switch (t->dtype) {
     case MF_BF16:
@@ -183,6 +195,32 @@ static void load_row(const mf_st_tensor *t, size_t off, int n, double *out) {
     default:
         for (int i = 0; i < n; i++) out[i] = mf_load_as_f64(p, t->dtype, off + (size_t)i);
     }
+}
+
+static double get(const mf_st_tensor *t, size_t i) { return mf_load_as_f64(t->data, t->dtype, i); }
+
+/* The largest of v[0..n), NaN left out: the first of the largest in index
+ * order, as a plain loop of `x > m ? x : m` would give. Four running maxima;
+ * only +0 and -0 compare equal with different bits, so a zero result is
+ * taken again in order. */
+static double max_unchosen(const double *v, int n) {
+    double m0 = -INFINITY, m1 = -INFINITY, m2 = -INFINITY, m3 = -INFINITY;
+    int e = 0;
+    for (; e + 4 <= n; e += 4) {
+        m0 = v[e] > m0 ? v[e] : m0;
+        m1 = v[e + 1] > m1 ? v[e + 1] : m1;
+        m2 = v[e + 2] > m2 ? v[e + 2] : m2;
+        m3 = v[e + 3] > m3 ? v[e + 3] : m3;
+    }
+    for (; e < n; e++) m0 = v[e] > m0 ? v[e] : m0;
+    m0 = m1 > m0 ? m1 : m0;
+    m0 = m2 > m0 ? m2 : m0;
+    m0 = m3 > m0 ? m3 : m0;
+    if (m0 == 0) {
+        m0 = -INFINITY;
+        for (e = 0; e < n; e++) m0 = v[e] > m0 ? v[e] : m0;
+    }
+    return m0;
 }
 
 static uint16_t get_u16(const mf_st_tensor *t, size_t i) {
@@ -274,17 +312,60 @@ static int add_sequence(mf_diff_acc *a, mf_run *ref, size_t si, mf_run *tgt, siz
     bool *all_equal = mf_xmalloc((size_t)n + 1);
     for (int t = 0; t < n; t++) all_equal[t] = true;
     int earliest_before = n;   /* smallest flipped position in any earlier layer */
+    /* one layer's rows at a time, converted to double in one pass per tensor */
+    double *rref = mf_xmalloc(sizeof(double) * ((size_t)n * E + 1)), *rtgt = mf_xmalloc(sizeof(double) * ((size_t)n * E + 1));
+    double *wref = mf_xmalloc(sizeof(double) * ((size_t)n * K + 1)), *wtgt = mf_xmalloc(sizeof(double) * ((size_t)n * K + 1));
+    double *sref = mf_xmalloc(sizeof(double) * ((size_t)n + 1)), *stgt = mf_xmalloc(sizeof(double) * ((size_t)n + 1));
+    double *rsq_at = mf_xmalloc(sizeof(double) * ((size_t)n + 1)), *unchosen = mf_xmalloc(sizeof(double) * ((size_t)E + 1));
+    const bool gates = R.w && T.w, shared = R.shared && T.shared;
+    /* the case's sums in registers, added to in the same order as before */
+    double router_sq = c->router_logit_sq_err, gate_sq = c->gate_sq_err, shared_sq_sum = c->shared_sq_err;
     for (int l = 0; l < L; l++) {
         int earliest_here = n;
+        int64_t n_set = 0, n_ord = 0, n_overlap = 0;
+        load_row(R.router, (size_t)l * n * E, n * E, rref);
+        load_row(T.router, (size_t)l * n * E, n * E, rtgt);
+        if (gates) {
+            load_row(R.w, (size_t)l * n * K, n * K, wref);
+            load_row(T.w, (size_t)l * n * K, n * K, wtgt);
+        }
+        if (shared) {
+            load_row(R.shared, (size_t)l * n, n, sref);
+            load_row(T.shared, (size_t)l * n, n, stgt);
+        }
+        /* each slot's squared router error, summed over experts in order;
+         * four slots side by side (independent sums, the same bits) */
+        int t0 = 0;
+        for (; t0 + 4 <= n; t0 += 4) {
+            const double *x = rref + (size_t)t0 * E, *y = rtgt + (size_t)t0 * E;
+            double s0 = 0, s1 = 0, s2 = 0, s3 = 0;
+            for (int e = 0; e < E; e++) {
+                const double d0 = x[e] - y[e], d1 = x[E + e] - y[E + e], d2 = x[2 * E + e] - y[2 * E + e],
+                             d3 = x[3 * E + e] - y[3 * E + e];
+                s0 += d0 * d0;
+                s1 += d1 * d1;
+                s2 += d2 * d2;
+                s3 += d3 * d3;
+            }
+            rsq_at[t0] = s0;
+            rsq_at[t0 + 1] = s1;
+            rsq_at[t0 + 2] = s2;
+            rsq_at[t0 + 3] = s3;
+        }
+        for (; t0 < n; t0++) {
+            const double *x = rref + (size_t)t0 * E, *y = rtgt + (size_t)t0 * E;
+            double s0 = 0;
+            for (int e = 0; e < E; e++) s0 += (x[e] - y[e]) * (x[e] - y[e]);
+            rsq_at[t0] = s0;
+        }
         for (int t = 0; t < n; t++) {
             const size_t slot = (size_t)l * n + t;
-            const size_t ko = slot * (size_t)K, eo = slot * (size_t)E;
+            const size_t ko = slot * (size_t)K;
             uint16_t A[K], B[K];
-            for (int i = 0; i < K; i++) {
-                A[i] = get_u16(R.ids, ko + i);
-                B[i] = get_u16(T.ids, ko + i);
-            }
-            bool ord = memcmp(A, B, sizeof A) == 0;   /* the common case: identical choices */
+            memcpy(A, R.ids->data + 2 * ko, sizeof A);
+            memcpy(B, T.ids->data + 2 * ko, sizeof B);
+            bool ord = true;   /* the common case: identical choices */
+            for (int i = 0; i < K; i++) ord &= A[i] == B[i];
             int overlap = K;
             if (!ord) {
                 overlap = 0;
@@ -292,20 +373,11 @@ static int add_sequence(mf_diff_acc *a, mf_run *ref, size_t si, mf_run *tgt, siz
                     for (int j = 0; j < K; j++) overlap += A[i] == B[j];
             }
             const bool set = overlap == K;
-            c->router_slots++;
-            c->router_set_equal += set;
-            c->router_ord_equal += ord;
-            c->layer_slots[l]++;
-            c->layer_set_equal[l] += set;
-            c->layer_ord_equal[l] += ord;
-            c->overlap += overlap;
-            double ref_row[E], tgt_row[E];
-            load_row(R.router, eo, E, ref_row);
-            load_row(T.router, eo, E, tgt_row);
-            double rsq = 0;
-            for (int e = 0; e < E; e++) rsq += (ref_row[e] - tgt_row[e]) * (ref_row[e] - tgt_row[e]);
-            c->router_logit_sq_err += rsq;
-            c->router_logit_count += E;
+            n_set += set;
+            n_ord += ord;
+            n_overlap += overlap;
+            const double *ref_row = rref + (size_t)t * E;
+            router_sq += rsq_at[t];
             /* the reference's margin: k-th minus (k+1)-th score, the lowest
              * score it dispatched against the highest it did not */
             double margin = INFINITY, kth_score = NAN;
@@ -313,14 +385,13 @@ static int add_sequence(mf_diff_acc *a, mf_run *ref, size_t si, mf_run *tgt, siz
             if (K < E) {
                 /* the chosen experts' scores masked out, then a plain maximum:
                  * a loop without branches, which the compiler vectorises */
-                double unchosen[E];
-                memcpy(unchosen, ref_row, sizeof unchosen);
+                memcpy(unchosen, ref_row, sizeof(double) * (size_t)E);
                 double kth = INFINITY, next = -INFINITY;
                 for (int i = 0; i < K; i++) {
                     kth = ref_row[A[i]] < kth ? ref_row[A[i]] : kth;
                     unchosen[A[i]] = -INFINITY;
                 }
-                for (int e = 0; e < E; e++) next = unchosen[e] > next ? unchosen[e] : next;
+                next = max_unchosen(unchosen, E);
                 margin = kth - next;
                 kth_score = kth;
                 tie = margin <= 0;   /* < 0 only when fp32 probabilities tied where the logits did not */
@@ -331,33 +402,30 @@ static int add_sequence(mf_diff_acc *a, mf_run *ref, size_t si, mf_run *tgt, siz
             a->margin_slots[(size_t)l * MF_MARGIN_BINS + bin]++;
             /* gate weights, aligned by expert id: experts in only one run count with 0 in the other */
             double slot_gate_sq = 0;
-            if (R.w && T.w) {
-                double wr[K], wt[K];
-                load_row(R.w, ko, K, wr);
-                load_row(T.w, ko, K, wt);
+            if (gates) {
+                const double *wr = wref + (size_t)t * K, *wt = wtgt + (size_t)t * K;
                 for (int i = 0; i < K; i++) {
                     double wb = 0;
-                    for (int j = 0; j < K; j++)
-                        if (B[j] == A[i]) wb = wt[j];
-                    c->gate_sq_err += (wr[i] - wb) * (wr[i] - wb);
+                    for (int j = 0; j < K; j++) wb = B[j] == A[i] ? wt[j] : wb;
+                    gate_sq += (wr[i] - wb) * (wr[i] - wb);
                     slot_gate_sq += (wr[i] - wb) * (wr[i] - wb);
                     c->gate_count++;
                 }
-                for (int j = 0; j < K; j++) {
+                for (int j = 0; j < K && !ord; j++) {   /* with the same ids in order, every B[j] is in A */
                     bool in_a = false;
                     for (int i = 0; i < K; i++) in_a |= A[i] == B[j];
                     if (!in_a) {
-                        c->gate_sq_err += wt[j] * wt[j];
+                        gate_sq += wt[j] * wt[j];
                         slot_gate_sq += wt[j] * wt[j];
                         c->gate_count++;
                     }
                 }
             }
             double shared_sq = NAN;
-            if (R.shared && T.shared) {
-                double d = get(R.shared, slot) - get(T.shared, slot);
+            if (shared) {
+                double d = sref[t] - stgt[t];
                 shared_sq = d * d;
-                c->shared_sq_err += d * d;
+                shared_sq_sum += d * d;
                 c->shared_count++;
             }
             mf_slot *sl = NULL;
@@ -385,7 +453,7 @@ static int add_sequence(mf_diff_acc *a, mf_run *ref, size_t si, mf_run *tgt, siz
                 for (int e = 0; e < E; e++) z += exp(ref_row[e] - mx);
                 sl->margin_prob = isfinite(margin) ? (exp(kth_score - mx) - exp(kth_score - margin - mx)) / z : NAN;
             }
-            if (sl && R.w && T.w) sl->gate_sq_err = slot_gate_sq;
+            if (sl && gates) sl->gate_sq_err = slot_gate_sq;
             if (set) continue;
             /* a flip: dropped = A \ B, added = B \ A */
             all_equal[t] = false;
@@ -426,7 +494,26 @@ static int add_sequence(mf_diff_acc *a, mf_run *ref, size_t si, mf_run *tgt, siz
             for (int i = 0; i < nd && i < na; i++) a->transitions[(size_t)drop[i] * E + add[i]]++;
         }
         if (earliest_here < earliest_before) earliest_before = earliest_here;
+        c->router_slots += n;
+        c->router_set_equal += n_set;
+        c->router_ord_equal += n_ord;
+        c->layer_slots[l] += n;
+        c->layer_set_equal[l] += n_set;
+        c->layer_ord_equal[l] += n_ord;
+        c->overlap += n_overlap;
+        c->router_logit_count += (int64_t)n * E;
     }
+    c->router_logit_sq_err = router_sq;
+    c->gate_sq_err = gate_sq;
+    c->shared_sq_err = shared_sq_sum;
+    free(rref);
+    free(rtgt);
+    free(wref);
+    free(wtgt);
+    free(sref);
+    free(stgt);
+    free(rsq_at);
+    free(unchosen);
     c->flip_count = (int)(a->n_flips - c->flip_first);
     c->pos_first = a->n_pos;
     c->pos_count = n;
@@ -475,6 +562,13 @@ int mf_diff_acc_add_runs(mf_diff_acc *a, mf_run *ref, mf_run *tgt, mf_error *err
 int mf_diff_acc_add_range(mf_diff_acc *a, mf_run *ref, mf_run *tgt, size_t first, size_t count, mf_error *err) {
     int rc = mf_diff_align(ref, tgt, err);
     if (rc) return rc;
+    size_t positions = a->n_pos;   /* room for every position at once: no copying as the array grows */
+    for (size_t i = first; i < first + count && i < ref->n_seqs; i++) positions += (size_t)ref->seqs[i].length;
+    if (positions > a->cap_pos) {
+        a->cap_pos = positions;
+        a->pos = realloc(a->pos, a->cap_pos * sizeof *a->pos);
+        if (!a->pos) abort();
+    }
     for (size_t i = first; i < first + count && i < ref->n_seqs; i++)
         if ((rc = add_sequence(a, ref, i, tgt, (size_t)find_seq(tgt, ref->seqs[i].id), err))) return rc;
     return MF_OK;

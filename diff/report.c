@@ -386,18 +386,121 @@ static json_t *crova_paired(const mf_diff_acc *a, const mf_diff_acc *b, const in
     return o;
 }
 
-/* Per sequence: tokens, each position's flipped-slot count and KL, and the
- * flipped slots as [layer, position, inherited] (for the layer x position
- * maps and the flips-KL plot). */
+/* ---- the per-sequence section, written by hand ------------------------------
+ * It holds most of diff.json's bytes (every position of every sequence), so it
+ * is streamed into the text one line per sequence instead of going through a
+ * jansson tree: the same schema and values (reals as jansson prints them at 17
+ * digits, strings escaped as jansson does). */
+
+typedef struct sbuf {
+    char *p;
+    size_t n, cap;
+} sbuf;
+
+static void sb_reserve(sbuf *b, size_t more) {
+    if (b->n + more + 1 <= b->cap) return;
+    size_t cap = b->cap ? b->cap : 4096;
+    while (cap < b->n + more + 1) cap *= 2;
+    b->p = realloc(b->p, cap);
+    if (!b->p) abort();
+    b->cap = cap;
+}
+
+static void sb_put(sbuf *b, const char *s, size_t n) {
+    sb_reserve(b, n);
+    memcpy(b->p + b->n, s, n);
+    b->n += n;
+    b->p[b->n] = 0;
+}
+
+static void sb_puts(sbuf *b, const char *s) { sb_put(b, s, strlen(s)); }
+
+static void sb_int(sbuf *b, long long v) {
+    char tmp[24], *q = tmp + sizeof tmp;
+    unsigned long long u = v < 0 ? 0ull - (unsigned long long)v : (unsigned long long)v;
+    do *--q = (char)('0' + u % 10);
+    while (u /= 10);
+    if (v < 0) *--q = '-';
+    sb_put(b, q, (size_t)(tmp + sizeof tmp - q));
+}
+
+/* A real as jansson writes it with JSON_REAL_PRECISION(17): %.17g, ".0" when
+ * it would read as an integer, no '+' or leading zeros in the exponent; null
+ * when not finite (num_or_null). */
+static void sb_real(sbuf *b, double x) {
+    if (!isfinite(x)) {
+        sb_put(b, "null", 4);
+        return;
+    }
+    char t[40];
+    int n = snprintf(t, sizeof t, "%.17g", x);
+    char *e = strchr(t, 'e');
+    if (!e && !strchr(t, '.')) {
+        memcpy(t + n, ".0", 3);
+        n += 2;
+    }
+    if (e) {
+        char *from = e + 1, *to = e + 1;
+        if (*from == '+') from++;
+        else if (*from == '-') to = ++from;
+        while (*from == '0' && from[1]) from++;
+        memmove(to, from, strlen(from) + 1);
+        n = (int)strlen(t);
+    }
+    sb_put(b, t, (size_t)n);
+}
+
+/* A JSON string: quotes, backslashes and control characters escaped as
+ * jansson escapes them; other bytes (valid UTF-8) as they are. */
+static void sb_str(sbuf *b, const char *s) {
+    sb_reserve(b, 6 * strlen(s) + 2);
+    char *o = b->p + b->n;
+    *o++ = '"';
+    for (const unsigned char *p = (const unsigned char *)s; *p; p++) {
+        const unsigned char c = *p;
+        if (c == '"' || c == '\\') {
+            *o++ = '\\';
+            *o++ = (char)c;
+        } else if (c < 0x20) {
+            *o++ = '\\';
+            switch (c) {
+            case '\b': *o++ = 'b'; break;
+            case '\f': *o++ = 'f'; break;
+            case '\n': *o++ = 'n'; break;
+            case '\r': *o++ = 'r'; break;
+            case '\t': *o++ = 't'; break;
+            default: o += sprintf(o, "u%04X", c);
+            }
+        } else *o++ = (char)c;
+    }
+    *o++ = '"';
+    b->n = (size_t)(o - b->p);
+    b->p[b->n] = 0;
+}
+
+/* Length of the well-formed UTF-8 character at p (RFC 3629: no overlong
+ * forms, no surrogates, at most U+10FFFF), 0 when there is none. */
+static int utf8_char(const unsigned char *p) {
+    const unsigned char c = p[0];
+    if (c < 0x80) return 1;
+    int len = (c & 0xe0) == 0xc0 ? 2 : (c & 0xf0) == 0xe0 ? 3 : (c & 0xf8) == 0xf0 ? 4 : 0;
+    if (!len || c == 0xc0 || c == 0xc1 || c > 0xf4) return 0;
+    for (int i = 1; i < len; i++)
+        if ((p[i] & 0xc0) != 0x80) return 0;
+    if (c == 0xe0 && p[1] < 0xa0) return 0;   /* overlong */
+    if (c == 0xed && p[1] >= 0xa0) return 0;  /* surrogates */
+    if (c == 0xf0 && p[1] < 0x90) return 0;   /* overlong */
+    if (c == 0xf4 && p[1] >= 0x90) return 0;  /* past U+10FFFF */
+    return len;
+}
+
 /* A token's text for display: valid UTF-8, control characters made visible. */
-static json_t *token_text(const mf_tokenizer *tk, int32_t id) {
+static void sb_token_text(sbuf *b, const mf_tokenizer *tk, int32_t id) {
     char *raw = mf_tokenizer_decode(tk, &id, 1), out[96];
     size_t n = 0;
     for (const unsigned char *p = (const unsigned char *)raw; *p && n < sizeof out - 8;) {
-        int len = *p < 0x80 ? 1 : (*p & 0xe0) == 0xc0 ? 2 : (*p & 0xf0) == 0xe0 ? 3 : (*p & 0xf8) == 0xf0 ? 4 : 0;
-        bool ok = len > 0;
-        for (int i = 1; ok && i < len; i++) ok = (p[i] & 0xc0) == 0x80;
-        if (!ok) {   /* a byte of a character split across tokens */
+        const int len = utf8_char(p);
+        if (!len) {   /* a byte of a character split across tokens */
             out[n++] = '?';
             p++;
         } else if (*p == '\n') {
@@ -415,46 +518,80 @@ static json_t *token_text(const mf_tokenizer *tk, int32_t id) {
     }
     out[n] = 0;
     free(raw);
-    return json_string(out);
+    sb_str(b, out);
 }
 
-static json_t *sequences_json(mf_diff_acc *a, const mf_tokenizer *tk) {
-    json_t *arr = json_array();
+/* Per sequence: tokens (and their texts), each position's flipped-slot count
+ * and KL, and the flipped slots as [layer, position, inherited] (for the
+ * layer x position maps and the flips-KL plot). indent: the array's depth. */
+static void sequences_text(sbuf *b, const mf_diff_acc *a, const mf_tokenizer *tk, int indent) {
+    if (!a->n_cases) {
+        sb_put(b, "[]", 2);
+        return;
+    }
+    sb_put(b, "[", 1);
     for (size_t ci = 0; ci < a->n_cases; ci++) {
         const mf_case *c = &a->cases[ci];
-        json_t *o = json_object(), *tok = json_array(), *cnt = json_array(), *kl = json_array(), *fl = json_array();
+        const mf_position *pos = a->pos + c->pos_first;
+        sb_reserve(b, (size_t)c->pos_count * 16 + (size_t)c->flip_count * 24 + 256);
+        sb_put(b, ci ? ",\n" : "\n", ci ? 2 : 1);
+        for (int i = 0; i < indent + 1; i++) sb_put(b, " ", 1);
+        sb_puts(b, "{\"id\": ");
+        sb_str(b, c->id);
+        sb_puts(b, ", \"tokens\": [");
+        for (int j = 0; j < c->pos_count; j++) {
+            if (j) sb_put(b, ", ", 2);
+            sb_int(b, pos[j].token);
+        }
+        sb_put(b, "]", 1);
+        if (tk) {
+            sb_puts(b, ", \"token_text\": [");
+            for (int j = 0; j < c->pos_count; j++) {
+                if (j) sb_put(b, ", ", 2);
+                sb_token_text(b, tk, pos[j].token);
+            }
+            sb_put(b, "]", 1);
+        }
+        sb_puts(b, ", \"flipped_slots\": [");
         bool has_kl = false;
         for (int j = 0; j < c->pos_count; j++) {
-            const mf_position *p = &a->pos[c->pos_first + (size_t)j];
-            json_array_append_new(tok, json_integer(p->token));
-            json_array_append_new(cnt, json_integer(p->flipped_slots));
-            json_array_append_new(kl, num_or_null(p->kl));
-            has_kl |= !isnan(p->kl);
+            if (j) sb_put(b, ", ", 2);
+            sb_int(b, pos[j].flipped_slots);
+            has_kl |= !isnan(pos[j].kl);
         }
+        sb_puts(b, "], \"kl\": ");
+        if (has_kl) {
+            sb_put(b, "[", 1);
+            for (int j = 0; j < c->pos_count; j++) {
+                if (j) sb_put(b, ", ", 2);
+                sb_real(b, pos[j].kl);
+            }
+            sb_put(b, "]", 1);
+        } else sb_put(b, "null", 4);
+        sb_puts(b, ", \"flips\": [");
         for (int j = 0; j < c->flip_count; j++) {
             const mf_flip *f = &a->flip_list[c->flip_first + (size_t)j];
-            json_array_append_new(fl, json_pack("[iib]", f->layer, f->pos, f->inherited));
+            if (j) sb_put(b, ", ", 2);
+            sb_put(b, "[", 1);
+            sb_int(b, f->layer);
+            sb_put(b, ", ", 2);
+            sb_int(b, f->pos);
+            sb_puts(b, f->inherited ? ", true]" : ", false]");
         }
-        json_object_set_new(o, "id", json_string(c->id));
-        json_object_set_new(o, "tokens", tok);
-        if (tk) {
-            json_t *txt = json_array();
-            size_t k;
-            json_t *v;
-            json_array_foreach(tok, k, v) json_array_append_new(txt, token_text(tk, (int32_t)json_integer_value(v)));
-            json_object_set_new(o, "token_text", txt);
-        }
-        json_object_set_new(o, "flipped_slots", cnt);
-        json_object_set_new(o, "kl", has_kl ? kl : json_null());
-        if (!has_kl) json_decref(kl);
-        json_object_set_new(o, "flips", fl);
-        json_array_append_new(arr, o);
+        sb_put(b, "]}", 2);
     }
-    return arr;
+    sb_put(b, "\n", 1);
+    for (int i = 0; i < indent; i++) sb_put(b, " ", 1);
+    sb_put(b, "]", 1);
 }
 
+/* Where target i's sequences go in the dumped tree: a string no run name
+ * holds (a control character), replaced by sequences_text afterwards. */
+#define SEQ_MARK "\001moeflip-sequences-"
+#define SEQ_MARK_DUMPED "\"\\u0001moeflip-sequences-"
+
 static json_t *target_json(mf_run *run, mf_diff_acc *a, mf_diff_acc *first, mf_diff_acc *floor_acc,
-                           const int *plan, int B, const mf_tokenizer *tk) {
+                           const int *plan, int B, int index) {
     json_t *t = run_info(run);
     const int L = a->L, E = a->E;
     json_object_set_new(t, "metrics", metrics_json(a, NULL, plan, B));
@@ -537,7 +674,7 @@ static json_t *target_json(mf_run *run, mf_diff_acc *a, mf_diff_acc *first, mf_d
     json_object_set_new(fl, "spearman_flipped_slots_vs_kl", num_or_null(spearman(a)));
     json_object_set_new(t, "flips", fl);
     if (floor_acc && floor_acc != a) json_object_set_new(t, "floor", json_pack("{s:o}", "excess", metrics_json(a, floor_acc, plan, B)));
-    json_object_set_new(t, "sequences", sequences_json(a, tk));
+    json_object_set_new(t, "sequences", json_sprintf(SEQ_MARK "%d", index));
     return t;
 }
 
@@ -566,8 +703,7 @@ int mf_diff_write_json(const char *path, mf_run *ref, mf_run **targets, mf_diff_
     json_decref(man);
     json_t *ts = json_array();
     for (int i = 0; i < n_targets; i++)
-        json_array_append_new(ts, target_json(targets[i], accs[i], accs[0], floor_acc, plan, o->bootstrap, tk));
-    mf_tokenizer_free(tk);
+        json_array_append_new(ts, target_json(targets[i], accs[i], accs[0], floor_acc, plan, o->bootstrap, i));
     json_object_set_new(root, "targets", ts);
     if (floor_acc) {
         json_t *f = run_info(floor_run);
@@ -577,8 +713,29 @@ int mf_diff_write_json(const char *path, mf_run *ref, mf_run **targets, mf_diff_
     free(plan);
     char *text = json_dumps(root, JSON_INDENT(1) | JSON_PRESERVE_ORDER | JSON_REAL_PRECISION(17));
     json_decref(root);
-    int rc = mf_write_file_atomic(path, text, strlen(text), err);
+    /* each target's marker string becomes its sequences, written by hand */
+    sbuf out = {0};
+    size_t need = strlen(text);   /* one allocation: no copying as the text grows */
+    for (int i = 0; i < n_targets; i++)
+        need += accs[i]->n_pos * (tk ? 48 : 16) + accs[i]->n_flips * 24 + accs[i]->n_cases * 128;
+    sb_reserve(&out, need);
+    const char *from = text;
+    for (const char *m; (m = strstr(from, SEQ_MARK_DUMPED));) {
+        sb_put(&out, from, (size_t)(m - from));
+        const char *q = m + strlen(SEQ_MARK_DUMPED);
+        const int i = atoi(q);
+        const char *line = m;   /* the key's line: its indent is the array's depth */
+        while (line > text && line[-1] != '\n') line--;
+        int indent = 0;
+        while (line[indent] == ' ') indent++;
+        sequences_text(&out, accs[i], tk, indent);
+        from = strchr(q, '"') + 1;
+    }
+    sb_puts(&out, from);
     free(text);
+    mf_tokenizer_free(tk);
+    int rc = mf_write_file_atomic(path, out.p, out.n, err);
+    free(out.p);
     return rc;
 }
 
