@@ -223,6 +223,47 @@ static double max_unchosen(const double *v, int n) {
     return m0;
 }
 
+/* The reference's margin at each of n slots: k-th minus (k+1)-th score, the
+ * lowest score it dispatched against the highest it did not (INFINITY, and
+ * the k-th score NaN, when it dispatched every expert). rows: [n][E] scores;
+ * ids: [n][K] as stored (u16). One pass over the slots, apart from the
+ * accumulation, so consecutive slots overlap; K a constant where it is 2, 4
+ * or 8. bin: the margin's bin. */
+static inline __attribute__((always_inline)) void ref_margins_k(const double *rows, const uint8_t *ids, int n, int E,
+                                                                const int K, double *margin, double *kth_out,
+                                                                int *bin, double *unchosen) {
+    for (int t = 0; t < n; t++) {
+        if (K >= E) {
+            margin[t] = INFINITY;
+            kth_out[t] = NAN;
+            continue;
+        }
+        const double *row = rows + (size_t)t * E;
+        uint16_t A[K];
+        memcpy(A, ids + 2 * (size_t)t * K, sizeof A);
+        /* the chosen experts' scores masked out, then a plain maximum */
+        for (int e = 0; e < E; e++) unchosen[e] = row[e];
+        double kth = INFINITY;
+        for (int i = 0; i < K; i++) {
+            kth = row[A[i]] < kth ? row[A[i]] : kth;
+            unchosen[A[i]] = -INFINITY;
+        }
+        margin[t] = kth - max_unchosen(unchosen, E);
+        kth_out[t] = kth;
+    }
+    for (int t = 0; t < n; t++) bin[t] = margin_bin(margin[t]);
+}
+
+static void ref_margins(const double *rows, const uint8_t *ids, int n, int E, int K, double *margin, double *kth_out,
+                        int *bin, double *unchosen) {
+    switch (K) {
+    case 2: ref_margins_k(rows, ids, n, E, 2, margin, kth_out, bin, unchosen); break;
+    case 4: ref_margins_k(rows, ids, n, E, 4, margin, kth_out, bin, unchosen); break;
+    case 8: ref_margins_k(rows, ids, n, E, 8, margin, kth_out, bin, unchosen); break;
+    default: ref_margins_k(rows, ids, n, E, K, margin, kth_out, bin, unchosen);
+    }
+}
+
 static uint16_t get_u16(const mf_st_tensor *t, size_t i) {
     uint16_t v;
     memcpy(&v, t->data + 2 * i, 2);
@@ -317,6 +358,8 @@ static int add_sequence(mf_diff_acc *a, mf_run *ref, size_t si, mf_run *tgt, siz
     double *wref = mf_xmalloc(sizeof(double) * ((size_t)n * K + 1)), *wtgt = mf_xmalloc(sizeof(double) * ((size_t)n * K + 1));
     double *sref = mf_xmalloc(sizeof(double) * ((size_t)n + 1)), *stgt = mf_xmalloc(sizeof(double) * ((size_t)n + 1));
     double *rsq_at = mf_xmalloc(sizeof(double) * ((size_t)n + 1)), *unchosen = mf_xmalloc(sizeof(double) * ((size_t)E + 1));
+    double *margin_at = mf_xmalloc(sizeof(double) * ((size_t)n + 1)), *kth_at = mf_xmalloc(sizeof(double) * ((size_t)n + 1));
+    int *bin_at = mf_xmalloc(sizeof(int) * ((size_t)n + 1));
     const bool gates = R.w && T.w, shared = R.shared && T.shared;
     /* the case's sums in registers, added to in the same order as before */
     double router_sq = c->router_logit_sq_err, gate_sq = c->gate_sq_err, shared_sq_sum = c->shared_sq_err;
@@ -358,14 +401,20 @@ static int add_sequence(mf_diff_acc *a, mf_run *ref, size_t si, mf_run *tgt, siz
             for (int e = 0; e < E; e++) s0 += (x[e] - y[e]) * (x[e] - y[e]);
             rsq_at[t0] = s0;
         }
+        ref_margins(rref, R.ids->data + 2 * (size_t)l * n * K, n, E, K, margin_at, kth_at, bin_at, unchosen);
         for (int t = 0; t < n; t++) {
             const size_t slot = (size_t)l * n + t;
             const size_t ko = slot * (size_t)K;
             uint16_t A[K], B[K];
             memcpy(A, R.ids->data + 2 * ko, sizeof A);
             memcpy(B, T.ids->data + 2 * ko, sizeof B);
-            bool ord = true;   /* the common case: identical choices */
-            for (int i = 0; i < K; i++) ord &= A[i] == B[i];
+            bool ord;   /* the common case: identical choices */
+            if (K == 4) {   /* the usual top-4: one 64-bit compare, no call */
+                uint64_t x, y;
+                memcpy(&x, A, 8);
+                memcpy(&y, B, 8);
+                ord = x == y;
+            } else ord = memcmp(A, B, sizeof A) == 0;
             int overlap = K;
             if (!ord) {
                 overlap = 0;
@@ -376,37 +425,24 @@ static int add_sequence(mf_diff_acc *a, mf_run *ref, size_t si, mf_run *tgt, siz
             n_set += set;
             n_ord += ord;
             n_overlap += overlap;
-            const double *ref_row = rref + (size_t)t * E;
             router_sq += rsq_at[t];
-            /* the reference's margin: k-th minus (k+1)-th score, the lowest
-             * score it dispatched against the highest it did not */
-            double margin = INFINITY, kth_score = NAN;
-            bool tie = false;
-            if (K < E) {
-                /* the chosen experts' scores masked out, then a plain maximum:
-                 * a loop without branches, which the compiler vectorises */
-                memcpy(unchosen, ref_row, sizeof(double) * (size_t)E);
-                double kth = INFINITY, next = -INFINITY;
-                for (int i = 0; i < K; i++) {
-                    kth = ref_row[A[i]] < kth ? ref_row[A[i]] : kth;
-                    unchosen[A[i]] = -INFINITY;
-                }
-                next = max_unchosen(unchosen, E);
-                margin = kth - next;
-                kth_score = kth;
-                tie = margin <= 0;   /* < 0 only when fp32 probabilities tied where the logits did not */
-            }
+            const double margin = margin_at[t], kth_score = kth_at[t];
+            const bool tie = margin <= 0;   /* < 0 only when fp32 probabilities tied where the logits did not */
             c->ties += tie;
             a->ties[l] += tie;
-            const int bin = margin_bin(margin);
+            const int bin = bin_at[t];
             a->margin_slots[(size_t)l * MF_MARGIN_BINS + bin]++;
             /* gate weights, aligned by expert id: experts in only one run count with 0 in the other */
             double slot_gate_sq = 0;
             if (gates) {
                 const double *wr = wref + (size_t)t * K, *wt = wtgt + (size_t)t * K;
+                double wtz[K + 1];   /* index K: the 0 of an expert the target did not choose */
+                memcpy(wtz, wt, sizeof(double) * (size_t)K);
+                wtz[K] = 0;
                 for (int i = 0; i < K; i++) {
-                    double wb = 0;
-                    for (int j = 0; j < K; j++) wb = B[j] == A[i] ? wt[j] : wb;
+                    int jm = K;   /* the last j with B[j] == A[i] */
+                    for (int j = 0; j < K; j++) jm = B[j] == A[i] ? j : jm;
+                    const double wb = wtz[jm];
                     gate_sq += (wr[i] - wb) * (wr[i] - wb);
                     slot_gate_sq += (wr[i] - wb) * (wr[i] - wb);
                     c->gate_count++;
@@ -448,6 +484,7 @@ static int add_sequence(mf_diff_acc *a, mf_run *ref, size_t si, mf_run *tgt, siz
                 sl->shared_sq_err = shared_sq;
                 sl->gate_sq_err = NAN;
                 /* the margin in probability units: softmax of the reference's scores */
+                const double *ref_row = rref + (size_t)t * E;
                 double mx = -INFINITY, z = 0;
                 for (int e = 0; e < E; e++) mx = ref_row[e] > mx ? ref_row[e] : mx;
                 for (int e = 0; e < E; e++) z += exp(ref_row[e] - mx);
@@ -514,6 +551,9 @@ static int add_sequence(mf_diff_acc *a, mf_run *ref, size_t si, mf_run *tgt, siz
     free(stgt);
     free(rsq_at);
     free(unchosen);
+    free(margin_at);
+    free(kth_at);
+    free(bin_at);
     c->flip_count = (int)(a->n_flips - c->flip_first);
     c->pos_first = a->n_pos;
     c->pos_count = n;
