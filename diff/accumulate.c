@@ -82,13 +82,10 @@ static mf_position *new_pos(mf_diff_acc *a) {
 
 /* ---- alignment ------------------------------------------------------------ */
 
-static char *manifest_field(mf_run *r, const char *obj, const char *key) {
-    json_t *m = json_loads(r->manifest_text, 0, NULL);
-    json_t *o = obj ? json_object_get(m, obj) : m;
-    const char *s = json_string_value(json_object_get(o, key));
-    char *out = mf_xstrdup(s ? s : "");
-    json_decref(m);
-    return out;
+/* The run's manifest's "model" object (parsed once per call; caller decrefs the root). */
+static json_t *manifest_model(const mf_run *r, json_t **root) {
+    *root = json_loads(r->manifest_text, 0, NULL);
+    return json_object_get(*root, "model");
 }
 
 static int find_seq(mf_run *r, const char *id) {
@@ -99,16 +96,21 @@ static int find_seq(mf_run *r, const char *id) {
 
 int mf_diff_align(mf_run *ref, mf_run *tgt, mf_error *err) {
     static const char *keys[] = {"architecture", "config_digest", "weights_digest"};
+    json_t *ra, *rb, *ma = manifest_model(ref, &ra), *mb = manifest_model(tgt, &rb);
     for (int k = 0; k < 3; k++) {
-        char *a = manifest_field(ref, "model", keys[k]), *b = manifest_field(tgt, "model", keys[k]);
-        int same = !strcmp(a, b);
-        if (!same)
+        const char *a = json_string_value(json_object_get(ma, keys[k])), *b = json_string_value(json_object_get(mb, keys[k]));
+        a = a ? a : "";
+        b = b ? b : "";
+        if (strcmp(a, b) != 0) {
             mf_fail(err, MF_EMISMATCH, "%s and %s are runs of different models (%s %s vs %s)", ref->dir, tgt->dir,
                     keys[k], a, b);
-        free(a);
-        free(b);
-        if (!same) return MF_EMISMATCH;
+            json_decref(ra);
+            json_decref(rb);
+            return MF_EMISMATCH;
+        }
     }
+    json_decref(ra);
+    json_decref(rb);
     for (size_t i = 0; i < ref->n_seqs; i++) {
         const char *id = ref->seqs[i].id;
         int j = find_seq(tgt, id);
