@@ -415,13 +415,39 @@ static void sb_put(sbuf *b, const char *s, size_t n) {
 
 static void sb_puts(sbuf *b, const char *s) { sb_put(b, s, strlen(s)); }
 
-static void sb_int(sbuf *b, long long v) {
-    char tmp[24], *q = tmp + sizeof tmp;
-    unsigned long long u = v < 0 ? 0ull - (unsigned long long)v : (unsigned long long)v;
-    do *--q = (char)('0' + u % 10);
+/* Decimal digits of v at o (at most 11 bytes); returns the end. */
+static inline char *put_int(char *o, int v) {
+    unsigned u = v < 0 ? 0u - (unsigned)v : (unsigned)v;
+    char tmp[10];
+    int n = 0;
+    do tmp[n++] = (char)('0' + u % 10);
     while (u /= 10);
-    if (v < 0) *--q = '-';
-    sb_put(b, q, (size_t)(tmp + sizeof tmp - q));
+    if (v < 0) *o++ = '-';
+    while (n) *o++ = tmp[--n];
+    return o;
+}
+
+static void sb_int(sbuf *b, int v) {
+    sb_reserve(b, 12);
+    b->n = (size_t)(put_int(b->p + b->n, v) - b->p);
+    b->p[b->n] = 0;
+}
+
+/* A JSON array of one int field of count positions: "[a, b, ...]". */
+static void sb_pos_ints(sbuf *b, const mf_position *pos, int count, bool tokens) {
+    sb_reserve(b, (size_t)count * 13 + 2);
+    char *o = b->p + b->n;
+    *o++ = '[';
+    for (int j = 0; j < count; j++) {
+        if (j) {
+            *o++ = ',';
+            *o++ = ' ';
+        }
+        o = put_int(o, tokens ? pos[j].token : pos[j].flipped_slots);
+    }
+    *o++ = ']';
+    b->n = (size_t)(o - b->p);
+    b->p[b->n] = 0;
 }
 
 /* A real as jansson writes it with JSON_REAL_PRECISION(17): %.17g, ".0" when
@@ -538,12 +564,8 @@ static void sequences_text(sbuf *b, const mf_diff_acc *a, const mf_tokenizer *tk
         for (int i = 0; i < indent + 1; i++) sb_put(b, " ", 1);
         sb_puts(b, "{\"id\": ");
         sb_str(b, c->id);
-        sb_puts(b, ", \"tokens\": [");
-        for (int j = 0; j < c->pos_count; j++) {
-            if (j) sb_put(b, ", ", 2);
-            sb_int(b, pos[j].token);
-        }
-        sb_put(b, "]", 1);
+        sb_puts(b, ", \"tokens\": ");
+        sb_pos_ints(b, pos, c->pos_count, true);
         if (tk) {
             sb_puts(b, ", \"token_text\": [");
             for (int j = 0; j < c->pos_count; j++) {
@@ -552,14 +574,11 @@ static void sequences_text(sbuf *b, const mf_diff_acc *a, const mf_tokenizer *tk
             }
             sb_put(b, "]", 1);
         }
-        sb_puts(b, ", \"flipped_slots\": [");
+        sb_puts(b, ", \"flipped_slots\": ");
+        sb_pos_ints(b, pos, c->pos_count, false);
         bool has_kl = false;
-        for (int j = 0; j < c->pos_count; j++) {
-            if (j) sb_put(b, ", ", 2);
-            sb_int(b, pos[j].flipped_slots);
-            has_kl |= !isnan(pos[j].kl);
-        }
-        sb_puts(b, "], \"kl\": ");
+        for (int j = 0; j < c->pos_count; j++) has_kl |= !isnan(pos[j].kl);
+        sb_puts(b, ", \"kl\": ");
         if (has_kl) {
             sb_put(b, "[", 1);
             for (int j = 0; j < c->pos_count; j++) {
