@@ -57,6 +57,7 @@ struct upload {
     /* pool-side state (one work item at a time) */
     bool made_dir;
     int fd;
+    uint64_t synced;          /* bytes of the open file whose writeback has been started */
     mf_digest_state *dg;
     wfile *files;
     size_t n_files;
@@ -167,10 +168,17 @@ static void run_ops(upload *u, const uint8_t *ops, size_t n) {
             u->fd = open(p, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
             if (u->fd < 0) werr(u, 500, "storing the upload failed: %s", strerror(errno));
             u->dg = mf_digest_new();
+            u->synced = 0;
         } else if (op == OP_DATA) {
+            wfile *f = &u->files[u->n_files - 1];
             write_all(u, a, alen);
             mf_digest_update(u->dg, a, alen);
-            u->files[u->n_files - 1].written += alen;
+            f->written += alen;
+            /* start writing back what has come so far, so the fsync at the end has little left to do */
+            if (f->written - u->synced >= (8u << 20)) {
+                (void)sync_file_range(u->fd, (off_t)u->synced, (off_t)(f->written - u->synced), SYNC_FILE_RANGE_WRITE);
+                u->synced = f->written;
+            }
         } else if (op == OP_CLOSE) {
             wfile *f = &u->files[u->n_files - 1];
             mf_digest_final(u->dg, f->digest);
