@@ -225,11 +225,23 @@ static double bin_center(int b) {
 
 static double phi(double x) { return 0.5 * erfc(-x / sqrt(2.0)); }
 
+/* The bins' centres, computed once (the fit evaluates nll about 50 times a layer). */
+static const double *bin_centers(void) {
+    static double c[MF_MARGIN_BINS];
+    static bool done;
+    if (!done) {
+        for (int b = 0; b < MF_MARGIN_BINS; b++) c[b] = bin_center(b);
+        done = true;
+    }
+    return c;
+}
+
 static double nll(const int64_t *slots, const int64_t *flips, double sigma) {
+    const double *centre = bin_centers();
     double s = 0;
     for (int b = 0; b < MF_MARGIN_BINS; b++) {
         if (!slots[b]) continue;
-        double p = phi(-bin_center(b) / sigma);
+        double p = phi(-centre[b] / sigma);
         p = p < 1e-300 ? 1e-300 : p > 1 - 1e-16 ? 1 - 1e-16 : p;
         s -= (double)flips[b] * log(p) + (double)(slots[b] - flips[b]) * log(1 - p);
     }
