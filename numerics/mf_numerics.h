@@ -138,7 +138,11 @@ void mf_emu_gemm_reference(const mf_kschedule *s, int M, int N, int K, const uin
 
 /* ---- numerics profiles ------------------------------------------------- */
 
-typedef enum mf_numerics_kind { MF_NUMERICS_NATIVE, MF_NUMERICS_FP64, MF_NUMERICS_EMU } mf_numerics_kind;
+/* MF_NUMERICS_FIXED: a GPU's own tensor-core instruction in a fixed schedule
+ * (mma.sync m16n8k16, one k16 chain per output, K ascending from zero): on
+ * a Hopper GPU it equals emu:hopper:mma.m16n8k16.f32.bf16.bf16.f32 bit for
+ * bit. GPUs only. */
+typedef enum mf_numerics_kind { MF_NUMERICS_NATIVE, MF_NUMERICS_FP64, MF_NUMERICS_EMU, MF_NUMERICS_FIXED } mf_numerics_kind;
 
 typedef struct mf_numerics {
     char name[160];        /* canonical spelling, recorded in the manifest */
@@ -148,7 +152,7 @@ typedef struct mf_numerics {
     mf_kschedule bf16, f16;
 } mf_numerics;
 
-/* "fp64", "native", "emu:ARCH[:INSTR][:acc=N][:split=N][:reduce=seq|tree]". */
+/* "fp64", "native", "fixed", "emu:ARCH[:INSTR][:acc=N][:split=N][:reduce=seq|tree]". */
 int mf_numerics_parse(mf_numerics *n, const char *spec, mf_error *err);
 /* The schedule for products of operands of this dtype, or NULL when the
  * product runs as an fp32 (or fp64) fma chain. */

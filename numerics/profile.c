@@ -1,6 +1,7 @@
 /* Numerics profiles: how every matrix product of a model is carried out.
  *   fp64              every product in double (the reference; goes with --precision fp64)
- *   native            the CPU's own fp32 fma chains (mf_gemm_f32)
+ *   native            the CPU's own fp32 fma chains (mf_gemm_f32); on a GPU, cuBLAS
+ *   fixed             GPUs only: our mma.sync kernel, one k16 chain per output
  *   emu:ARCH[:INSTR][:acc=N][:split=N][:tile=N][:reduce=seq|tree]
  *                     a vendor's matrix instruction, bit for bit, chained over K under
  *                     the schedule; ARCH volta, ampere, hopper, cdna2, cdna3.
@@ -36,8 +37,14 @@ int mf_numerics_parse(mf_numerics *n, const char *spec, mf_error *err) {
         snprintf(n->name, sizeof n->name, "native");
         return MF_OK;
     }
+    if (!strcmp(spec, "fixed")) {
+        n->kind = MF_NUMERICS_FIXED;
+        snprintf(n->name, sizeof n->name, "fixed");
+        return MF_OK;
+    }
     if (strncmp(spec, "emu:", 4))
-        return mf_fail(err, MF_EINVAL, "unknown numerics \"%s\" (fp64, native, emu:volta|ampere|hopper|cdna2|cdna3)", spec);
+        return mf_fail(err, MF_EINVAL, "unknown numerics \"%s\" (fp64, native, fixed, emu:volta|ampere|hopper|cdna2|cdna3)",
+                       spec);
     char buf[256];
     snprintf(buf, sizeof buf, "%s", spec + 4);
     char *save = NULL, *arch = strtok_r(buf, ":", &save);
