@@ -177,7 +177,15 @@ char *mf_tokenizer_decode(const mf_tokenizer *t, const int32_t *ids, int n);
 
 /* ---- synthetic checkpoints -------------------------------------------- */
 
-typedef enum mf_synth_size { MF_SYNTH_TINY, MF_SYNTH_SMALL } mf_synth_size;
+/* tiny (tests), small (CPU benchmarks), and three real models' dimensions
+ * (GPU benchmarks; the architecture is the real model's): OLMoE-1B-7B
+ * (6.9B parameters), Qwen1.5-MoE-A2.7B (14.3B), Mixtral-8x7B (46.7B: the
+ * writer holds the whole file in memory, about 94 GB). */
+typedef enum mf_synth_size {
+    MF_SYNTH_TINY, MF_SYNTH_SMALL, MF_SYNTH_OLMOE_1B_7B, MF_SYNTH_QWEN15_MOE_A27B, MF_SYNTH_MIXTRAL_8X7B
+} mf_synth_size;
+/* "tiny", "small", "olmoe-1b-7b", "qwen1.5-moe-a2.7b", "mixtral-8x7b"; -1 when unknown */
+int mf_synth_size_from_name(const char *name);
 
 /* Writes a deterministic random-weight bf16 checkpoint in Hub layout
  * (config.json, model.safetensors) plus tokens.jsonl into dir. */

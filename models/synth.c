@@ -1,24 +1,54 @@
 /* Deterministic random-weight checkpoints in Hub layout (bf16), for every
  * architecture, at two sizes: tiny (tests) and small (benchmarks; the OLMoE
- * one has ~14M parameters: hidden 256, 4 layers, 16 experts, top-4). */
+ * one has ~14M parameters: hidden 256, 4 layers, 16 experts, top-4), and at
+ * the dimensions of three real models for GPU benchmarks. */
 #include "archs.h"
 
 #include <jansson.h>
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
 typedef struct synth {
     mf_st_writer *st;
     mf_rng rng;
+    bool big;          /* real-model sizes: billions of values */
+    uint64_t seed, tensors;
 } synth;
+
+static uint64_t splitmix(uint64_t x) {
+    x += 0x9e3779b97f4a7c15ull;
+    x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
+    x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
+    return x ^ (x >> 31);
+}
 
 static void tensor(synth *s, const char *name, int64_t rows, int64_t cols, double mean, double std) {
     int64_t shape[2] = {rows, cols};
     size_t n = (size_t)rows * (size_t)(cols ? cols : 1);
     uint16_t *buf = mf_xmalloc(n * sizeof(uint16_t));
-    for (size_t i = 0; i < n; i++) buf[i] = mf_f64_to_bf16(mean + std * mf_rng_normal(&s->rng));
+    if (s->big) {
+        /* billions of values: uniform with the same mean and deviation, each
+         * value a hash of (seed, tensor, index), so threads need no shared state */
+        const uint64_t key = splitmix(s->seed ^ splitmix(++s->tensors));
+        const double half = std * sqrt(3.0);
+#pragma omp parallel for schedule(static)
+        for (size_t i = 0; i < n; i++) {
+            double u = (double)(splitmix(key + i) >> 11) * 0x1p-53;
+            buf[i] = mf_f64_to_bf16(mean + half * (2.0 * u - 1.0));
+        }
+    } else {
+        for (size_t i = 0; i < n; i++) buf[i] = mf_f64_to_bf16(mean + std * mf_rng_normal(&s->rng));
+    }
     mf_st_writer_add(s->st, name, MF_BF16, cols ? 2 : 1, shape, buf);
     free(buf);
+}
+
+int mf_synth_size_from_name(const char *name) {
+    static const char *names[] = {"tiny", "small", "olmoe-1b-7b", "qwen1.5-moe-a2.7b", "mixtral-8x7b"};
+    for (int i = 0; i < (int)(sizeof names / sizeof names[0]); i++)
+        if (!strcmp(name, names[i])) return i;
+    return -1;
 }
 
 #define W(rows, cols, ...) (snprintf(nm, sizeof nm, __VA_ARGS__), tensor(&s, nm, rows, cols, 0.0, std))
@@ -52,7 +82,21 @@ int mf_synth_write_like(const char *dir, mf_arch arch, mf_synth_size size, const
         I_dense = like->intermediate;
         if (like->shared_intermediate) I_shared = like->shared_intermediate;
     }
-    const double std = 0.05;
+    const bool big = size >= MF_SYNTH_OLMOE_1B_7B;
+    if (size == MF_SYNTH_OLMOE_1B_7B) {   /* allenai/OLMoE-1B-7B-0924 */
+        arch = MF_ARCH_OLMOE;
+        H = 2048, L = 16, nh = 16, nkv = 16, hd = 128, V = 50304, E = 64, K = 8, I_moe = 1024, I_dense = 1024;
+    } else if (size == MF_SYNTH_QWEN15_MOE_A27B) {   /* Qwen/Qwen1.5-MoE-A2.7B */
+        arch = MF_ARCH_QWEN2_MOE;
+        H = 2048, L = 24, nh = 16, nkv = 16, hd = 128, V = 151936, E = 60, K = 4, I_moe = 1408, I_dense = 5632,
+        I_shared = 5632;
+    } else if (size == MF_SYNTH_MIXTRAL_8X7B) {   /* mistralai/Mixtral-8x7B-v0.1 */
+        arch = MF_ARCH_MIXTRAL;
+        H = 4096, L = 32, nh = 32, nkv = 8, hd = 128, V = 32000, E = 8, K = 2, I_moe = 14336, I_dense = 14336;
+    }
+    /* random weights of deviation 0.05 keep activations bounded in the tiny
+     * models; at real widths the deviation shrinks as 1/sqrt(hidden) */
+    const double std = big ? 0.8 / sqrt((double)H) : 0.05;
     const mf_arch_desc *d = &mf_arch_table[arch];
     int rc = mf_mkdir_p(dir, err);
     if (rc) return rc;
@@ -99,7 +143,7 @@ int mf_synth_write_like(const char *dir, mf_arch arch, mf_synth_size size, const
     free(text);
     if (rc) return rc;
 
-    synth s = {mf_st_writer_new(), {{0}}};
+    synth s = {mf_st_writer_new(), {{0}}, big, seed, 0};
     mf_rng_seed(&s.rng, seed);
     W(V, H, "model.embed_tokens.weight");
     for (int l = 0; l < L; l++) {
@@ -155,12 +199,12 @@ int mf_synth_write_like(const char *dir, mf_arch arch, mf_synth_size size, const
     if (rc) return rc;
 
     /* prompts: tiny: three short sequences; small: four of 512 tokens (pp512) */
-    const int nseq = small ? 4 : 3;
+    const int nseq = small || big ? 4 : 3;
     static const int tiny_len[3] = {21, 13, 34};
     size_t cap = 1 << 16, len = 0;
     char *out = mf_xmalloc(cap);
     for (int q = 0; q < nseq; q++) {
-        int T = small ? 512 : tiny_len[q];
+        int T = small || big ? 512 : tiny_len[q];
         if (len + (size_t)T * 8 + 64 > cap) out = realloc(out, cap = 2 * cap + (size_t)T * 8 + 64);
         if (!out) abort();
         len += (size_t)snprintf(out + len, cap - len, "{\"id\": \"s%d\", \"tokens\": [", q);
