@@ -18,9 +18,9 @@ static const char *help =
     "  --input FILE         prompts, JSON lines\n"
     "  --out RUN            run directory to create\n"
     "  --precision P        fp64 (reference) | fp32 | bf16 | fp16   [bf16]\n"
-    "  --numerics P         native | fp64 | emu:ARCH[:INSTR][:acc=N][:split=N][:reduce=seq|tree]\n"
+    "  --numerics P         native | fp64 | fixed (GPU) | emu:ARCH[:INSTR][:acc=N][:split=N][:reduce=seq|tree]\n"
     "                       ARCH: volta ampere hopper cdna2 cdna3   [native; fp64 with --precision fp64]\n"
-    "  --device D           cpu   [cpu]\n"
+    "  --device D           cpu | cuda[:N] | hip[:N]   [cpu]\n"
     "  --threads N          CPU threads   [all cores]\n"
     "  --record LEVEL       routing | topk | logits | full   [logits if vocab <= 32768, else topk]\n"
     "  --resume             continue an interrupted run in RUN\n"
@@ -67,10 +67,8 @@ int cmd_trace(int argc, char **argv) {
     }
     if (optind < argc) return cli_usage_error("trace", "unexpected argument %s", argv[optind]);
     if (!model_dir || !input || !out) return cli_usage_error("trace", "--model, --input and --out are required");
-    if (strcmp(device, "cpu") != 0)
-        return cli_usage_error("trace", "device \"%s\" is not available in this build (cpu)", device);
     mf_trace_opts o = {model_dir, input, out, prec_name, numerics_s, record_s, (int)threads, resume, (int)shard_seqs,
-                       "trace", false};
+                       "trace", false, device};
     mf_error err = {0};
     mf_precision prec;
     mf_numerics num;

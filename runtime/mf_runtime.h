@@ -40,6 +40,37 @@ int mf_forward_cpu(const mf_model *m, const mf_run_opts *o, const int32_t *token
                    mf_error *err);
 void mf_seq_result_free(mf_seq_result *r);
 
+/* ---- GPUs (runtime/gpu: one source, built for CUDA and for HIP) ----------
+ *
+ * The same forward pass on a GPU, step for step, activations in double and
+ * the CPU's cast points, so that `fixed` and `emu:ARCH` runs equal the
+ * CPU's runs of the same instruction model bit for bit. Matrix products:
+ * native = cuBLAS (HIP: our MFMA kernel), experts grouped per expert in one
+ * launch; fixed = our mma.sync k16 chain; emu:ARCH = numerics/'s models in
+ * exact arithmetic on the GPU. */
+typedef struct mf_gpu mf_gpu;
+
+/* Whether this build has the backend ("cuda" or "hip"). */
+bool mf_gpu_built(const char *backend);
+/* device: "cuda", "cuda:N", "hip" or "hip:N". Uploads the model's weights once. */
+int mf_gpu_open(mf_gpu **out, const char *device, const mf_model *m, const mf_precision *prec, const mf_numerics *num,
+                mf_error *err);
+/* What a GPU forward hands back. The logits always reach the host, as fp32
+ * (exact: they hold bf16, fp16 or fp32 values) in a buffer of the GPU
+ * object (mf_gpu_host_logits, valid until the next forward); with
+ * MF_GPU_LOGITS also as doubles in r->logits. */
+enum { MF_GPU_ROUTING = 1u, MF_GPU_LOGITS = 2u, MF_GPU_ALL = 3u };
+/* One sequence; routing (ids, weights, router logits, shared gates) is copied
+ * back with MF_GPU_ROUTING. */
+int mf_gpu_forward(mf_gpu *g, const int32_t *tokens, int T, unsigned capture, mf_seq_result *r, mf_error *err);
+/* The last forward's logits [T, V] in host memory. */
+const float *mf_gpu_host_logits(const mf_gpu *g);
+/* "NVIDIA H200 (sm_90)" */
+const char *mf_gpu_describe(const mf_gpu *g);
+void mf_gpu_close(mf_gpu *g);
+/* Whether a device string names a GPU (anything but "cpu"). */
+bool mf_device_is_gpu(const char *device);
+
 /* RoPE tables [T, rot_dim] (cos, sin), as the policy computes them (exposed for tests). */
 void mf_rope_tables(const mf_config *cfg, const mf_precision *prec, int T, double *cos_t, double *sin_t);
 

@@ -167,7 +167,7 @@ static void write_run_experts(const char *dir, const hand *h, int experts) {
     mf_prompts ps = {&p, 1, "0"};
     mf_precision prec;
     mf_precision_parse(&prec, "fp32", &err);
-    mf_run_info info = {"hand", NULL, &prec, "cpu", "native", 1, MF_RECORD_LOGITS, "hand", &ps, 0, &cfg, "w", "hand"};
+    mf_run_info info = {"hand", NULL, &prec, "cpu", "native", 1, MF_RECORD_LOGITS, "hand", &ps, 0, &cfg, "w", "hand", NULL};
     mf_run_writer *w;
     cr_assert_eq(mf_run_create(&w, dir, &info, false, &err), MF_OK, "%s", err.msg);
     mf_seq_result r = {4, 3, 4, experts, 384, 64, NULL, NULL, NULL, NULL, NULL, NULL};

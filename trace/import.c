@@ -111,7 +111,7 @@ int mf_import_crova(const char *src_dir, const char *model_dir, const char *out_
         char from[4200];
         snprintf(from, sizeof from, "crova %s", src_dir);
         mf_run_info info = {model_dir, NULL, &prec, "imported", "unknown", 0, MF_RECORD_LOGITS, src_dir, &prompts, 0,
-                            &cfg, wdigest, from};
+                            &cfg, wdigest, from, NULL};
         rc = mf_run_create(&w, out_dir, &info, false, err);
         for (size_t i = 0; i < n && !rc; i++) {
             const mf_st_tensor *lg = mf_st_find(files[i], "logits"), *rl = mf_st_find(files[i], "router_logits");

@@ -55,7 +55,7 @@ typedef struct mf_run_info {
     const char *model_dir;
     const mf_model *model;
     const mf_precision *prec;
-    const char *device;       /* "cpu" */
+    const char *device;       /* "cpu", "cuda:0", ... */
     const char *numerics;     /* "native" | "fp64" */
     int threads;
     mf_record record;
@@ -66,6 +66,7 @@ typedef struct mf_run_info {
     const mf_config *cfg;
     const char *weights_digest;
     const char *imported_from;  /* e.g. "crova DIR"; experts are then derived, not dispatched */
+    const char *device_name;    /* a GPU's name and architecture (NULL: the CPU's) */
 } mf_run_info;
 
 typedef struct mf_run_writer mf_run_writer;
@@ -128,6 +129,7 @@ typedef struct mf_trace_opts {
     int shard_seqs;
     const char *label;       /* progress bar label */
     bool silent;             /* no closing line */
+    const char *device;      /* NULL or "cpu": the CPU; "cuda[:N]", "hip[:N]": a GPU */
 } mf_trace_opts;
 
 /* Parses and checks the precision and numerics of a trace. */

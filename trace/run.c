@@ -130,9 +130,9 @@ static json_t *build_manifest(const mf_run_info *in) {
     char name[256];
     cpu_name(name, sizeof name);
     json_object_set_new(dev, "kind", json_string(in->device));
-    json_object_set_new(dev, "name", json_string(m ? name : "unknown (imported)"));
+    json_object_set_new(dev, "name", json_string(in->device_name ? in->device_name : m ? name : "unknown (imported)"));
     json_object_set_new(dev, "threads", json_integer(in->threads));
-    json_object_set_new(dev, "kernel", json_string(m ? mf_gemm_kernel_name() : "unknown"));
+    json_object_set_new(dev, "kernel", json_string(in->device_name ? "runtime/gpu" : m ? mf_gemm_kernel_name() : "unknown"));
     json_object_set_new(man, "device", dev);
 
     json_object_set_new(man, "numerics", json_string(in->numerics));

@@ -11,6 +11,12 @@ int mf_trace_check(const mf_trace_opts *o, mf_precision *prec, mf_numerics *num,
     if (mf_numerics_parse(num, ns, err)) return MF_EINVAL;
     if ((prec->act == MF_F64) != (num->kind == MF_NUMERICS_FP64))
         return mf_fail(err, MF_EINVAL, "--precision fp64 and --numerics fp64 go together (every product in double)");
+    const bool gpu = o->device && mf_device_is_gpu(o->device);
+    if (num->kind == MF_NUMERICS_FIXED && !gpu)
+        return mf_fail(err, MF_EINVAL, "--numerics fixed is a GPU's own tensor-core chain (give --device cuda); on the "
+                       "CPU the same arithmetic is emu:hopper:mma.m16n8k16.f32.bf16.bf16.f32");
+    if (num->kind == MF_NUMERICS_FIXED && prec->act != MF_BF16 && prec->act != MF_F16)
+        return mf_fail(err, MF_EINVAL, "--numerics fixed runs bf16 or fp16 products; %s has none", prec->name);
     if (num->kind == MF_NUMERICS_EMU && (prec->act == MF_BF16 || prec->act == MF_F16) && !mf_numerics_schedule(num, prec->act))
         return mf_fail(err, MF_EINVAL, "%s has no %s matrix instruction", num->arch, mf_dtype_name(prec->act));
     return MF_OK;
@@ -36,9 +42,17 @@ int mf_trace(const mf_trace_opts *o, mf_error *err) {
     if ((rc = mf_prompts_load(&prompts, o->input, cfg.vocab, err))) return rc;
     mf_model *model = NULL;
     mf_run_writer *w = NULL;
+    mf_gpu *gpu = NULL;
+    const char *device = o->device ? o->device : "cpu";
+    if (mf_device_is_gpu(device) && record == MF_RECORD_FULL) {
+        rc = mf_fail(err, MF_EUNSUPPORTED, "--record full (router inputs) is recorded on the CPU only; use --record topk "
+                     "or logits on %s", device);
+        goto done;
+    }
     if ((rc = mf_runtime_load(&model, o->model_dir, &prec, err))) goto done;
-    mf_run_info info = {o->model_dir, model, &prec, "cpu", numerics.name, threads, record, o->input, &prompts,
-                        o->shard_seqs, NULL, NULL, NULL};
+    if (mf_device_is_gpu(device) && (rc = mf_gpu_open(&gpu, device, model, &prec, &numerics, err))) goto done;
+    mf_run_info info = {o->model_dir, model, &prec, device, numerics.name, threads, record, o->input, &prompts,
+                        o->shard_seqs, NULL, NULL, NULL, gpu ? mf_gpu_describe(gpu) : NULL};
     if ((rc = mf_run_create(&w, o->out, &info, o->resume, err))) goto done;
     mf_run_opts ro = {prec, threads, record == MF_RECORD_FULL, &numerics};
     uint64_t total = 0, done_tokens = 0, computed = 0;
@@ -53,7 +67,8 @@ int mf_trace(const mf_trace_opts *o, mf_error *err) {
             continue;
         }
         mf_seq_result r;
-        if ((rc = mf_forward_cpu(model, &ro, p->tokens, p->T, &r, err))) {
+        rc = gpu ? mf_gpu_forward(gpu, p->tokens, p->T, MF_GPU_ALL, &r, err) : mf_forward_cpu(model, &ro, p->tokens, p->T, &r, err);
+        if (rc) {
             mf_fail_wrap(err, "sequence %s", p->id);
             break;
         }
@@ -68,13 +83,14 @@ int mf_trace(const mf_trace_opts *o, mf_error *err) {
     if (!rc) rc = mf_run_writer_close(w, err);
     if (!rc && !o->silent) {
         const double secs = mf_now() - t0;
-        mf_log("moeflip: wrote %s: %zu sequences, %llu tokens (%llu computed in %.3f s, %.0f tokens/s), %s, %s on cpu, "
-               "%d threads",
+        mf_log("moeflip: wrote %s: %zu sequences, %llu tokens (%llu computed in %.3f s, %.0f tokens/s), %s, %s on %s",
                o->out, mf_run_writer_done(w), (unsigned long long)total, (unsigned long long)computed, secs,
-               secs > 0 ? (double)computed / secs : 0.0, prec.name, numerics.name, threads);
+               secs > 0 ? (double)computed / secs : 0.0, prec.name, numerics.name,
+               gpu ? mf_gpu_describe(gpu) : "cpu");
     }
 done:
     mf_run_writer_free(w);
+    mf_gpu_close(gpu);
     mf_model_free(model);
     mf_prompts_free(&prompts);
     return rc;

@@ -1,0 +1,718 @@
+/* The forward pass on a GPU, host side (C17): the CPU executor's sequence
+ * of steps (runtime/cpu/forward.c), each one a kernel of kernels.cu on one
+ * stream. Built once per backend (MF_GPU_BACKEND_CUDA or _HIP), the symbols
+ * named by GPU_FN.
+ *
+ * Weights are uploaded once, as fp32 rows padded to a multiple of 16 (their
+ * values are exact there: every GPU policy rounds weights to bf16, fp16 or
+ * fp32), with a bf16 or fp16 copy made on the device the first time a
+ * product needs it. Routing, dispatch and the experts run on the device, so
+ * a sequence needs no synchronisation until its outputs are copied back. */
+#include "mf_runtime.h"
+#include "gpu_api.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define MAX_CALLS 8192
+
+/* MF_GPU_PROFILE=1: wait after each step and add its time to its part
+ * (printed when the model is closed); for finding where the time goes. */
+enum { P_NORM, P_QKV, P_QKNORM, P_ROPE, P_SCORES, P_SOFTMAX, P_PV, P_O, P_ROUTER, P_ROUTE, P_DISPATCH, P_GATHER,
+       P_EXPERTS, P_COMBINE, P_SHARED, P_DENSE, P_HEAD, P_OUTPUT, P_N };
+static const char *const prof_names[P_N] = {
+    "norms+residuals", "q,k,v", "qk norm", "rope", "q.k", "softmax", "p.v", "o", "router", "route", "dispatch",
+    "gather", "experts", "combine", "shared expert", "dense mlp", "head", "copy out"};
+
+typedef struct gw {
+    float *f32;        /* [rows][kp], rows = experts * n */
+    void *h16;         /* the same as bf16 or f16, made when first needed */
+    int h16_fmt;
+    int n, k, kp, experts;
+    float *bias;       /* [n] or NULL */
+} gw;
+
+typedef struct glayer {
+    double *attn_norm, *ffn_norm, *q_norm, *k_norm;
+    gw q, k, v, o;
+    gw mlp_gate, mlp_up, mlp_down;
+    gw router, exp_gate, exp_up, exp_down;
+    gw sh_gate, sh_up, sh_down, sh_router;
+} glayer;
+
+typedef struct gpu {
+    gk_ctx *ctx;
+    char desc[256];
+    const mf_model *m;
+    mf_precision prec;
+    mf_numerics num;
+    int engine16;          /* engine of products with bf16/f16 operands */
+    bool fixed;
+    glayer *layers;
+    float *embed;          /* [V][H] */
+    double *final_norm;
+    gw head;
+    size_t weight_bytes;
+    /* scratch, sized for cap_T tokens */
+    int cap_T;
+    double *h, *x, *y, *q, *k, *v, *ctxv, *s, *g, *u, *ye, *sh, *probs;
+    float *cf;
+    void *opA, *opB;
+    double *cos_t, *sin_t;
+    int32_t *tokens;
+    uint16_t *ids;
+    double *topk_w, *router, *shared_gate, *router_in;
+    int *offset, *token, *row_of;
+    float *logits;         /* device [T][V] */
+    float *logits_host;    /* pinned */
+    /* which product a call id is, for messages */
+    int ncalls;
+    char calls[MAX_CALLS][40];
+    char msg[512];
+    bool prof;
+    double prof_t[P_N], prof_last;
+    int prof_forwards;
+} gpu;
+
+static void mark(gpu *G, int part) {
+    if (!G->prof) return;
+    char m[256];
+    GPU_FN(sync)(G->ctx, m, sizeof m);
+    const double now = mf_now();
+    G->prof_t[part] += now - G->prof_last;
+    G->prof_last = now;
+}
+
+static int gk_dt(mf_dtype t) {
+    switch (t) {
+    case MF_F32: return GK_F32;
+    case MF_BF16: return GK_BF16;
+    case MF_F16: return GK_F16;
+    default: return GK_F64;
+    }
+}
+
+static int gpu_fail(gpu *G, mf_error *err, const char *what) {
+    return mf_fail(err, MF_EIO, "%s: %s: %s", G->desc, what, G->msg);
+}
+
+/* ---- weights ---------------------------------------------------------- */
+
+static int round16(int k) { return (k + 15) / 16 * 16; }
+
+/* Uploads experts linears of one shape as one [experts * n][kp] block. */
+static int upload_linear(gpu *G, gw *w, const mf_linear *L, int experts, mf_error *err) {
+    memset(w, 0, sizeof *w);
+    if (!L || !L->w.data) return MF_OK;
+    const int n = L->out, k = L->in, kp = round16(k);
+    w->n = n;
+    w->k = k;
+    w->kp = kp;
+    w->experts = experts;
+    const size_t rows = (size_t)experts * n, bytes = rows * kp * sizeof(float);
+    float *host = mf_xcalloc(rows * kp, sizeof(float));
+    for (int e = 0; e < experts; e++) {
+        const mf_packed *p = &L[e].w;
+        const float *src = p->data;
+        float *dst = host + (size_t)e * n * kp;
+#pragma omp parallel for if ((size_t)n * k >= 1u << 20)
+        for (int j = 0; j < n; j++)
+            for (int kk = 0; kk < k; kk++)
+                dst[(size_t)j * kp + kk] = src[((size_t)(j / MF_NR_F32) * k + kk) * MF_NR_F32 + j % MF_NR_F32];
+    }
+    w->f32 = GPU_FN(alloc)(G->ctx, bytes);
+    int rc = !w->f32 || GPU_FN(upload)(G->ctx, w->f32, host, bytes);
+    free(host);
+    if (rc) return mf_fail(err, MF_ENOMEM, "%s: cannot hold %zu MB of weights", G->desc, bytes >> 20);
+    G->weight_bytes += bytes;
+    if (L->bias) {
+        float *b = mf_xmalloc((size_t)n * sizeof(float));
+        for (int j = 0; j < n; j++) b[j] = (float)L->bias[j];
+        w->bias = GPU_FN(alloc)(G->ctx, (size_t)n * sizeof(float));
+        rc = !w->bias || GPU_FN(upload)(G->ctx, w->bias, b, (size_t)n * sizeof(float));
+        free(b);
+        if (rc) return mf_fail(err, MF_ENOMEM, "%s: out of memory for a bias", G->desc);
+    }
+    return MF_OK;
+}
+
+static double *upload_doubles(gpu *G, const double *src, size_t n) {
+    if (!src) return NULL;
+    double *d = GPU_FN(alloc)(G->ctx, n * sizeof(double));
+    if (d && GPU_FN(upload)(G->ctx, d, src, n * sizeof(double))) {
+        GPU_FN(free)(G->ctx, d);
+        return NULL;
+    }
+    return d;
+}
+
+static void free_gw(gpu *G, gw *w) {
+    GPU_FN(free)(G->ctx, w->f32);
+    GPU_FN(free)(G->ctx, w->h16);
+    GPU_FN(free)(G->ctx, w->bias);
+}
+
+/* The weight in the operand format fmt (the bf16/f16 copy made on first use). */
+static const void *weight_as(gpu *G, gw *w, int fmt) {
+    if (fmt == GK_F32) return w->f32;
+    if (w->h16 && w->h16_fmt == fmt) return w->h16;
+    GPU_FN(free)(G->ctx, w->h16);
+    const size_t n = (size_t)w->experts * w->n * w->kp;
+    w->h16 = GPU_FN(alloc)(G->ctx, n * 2);
+    if (!w->h16) return NULL;
+    w->h16_fmt = fmt;
+    GPU_FN(convert_weights)(G->ctx, w->h16, fmt, w->f32, n);
+    return w->h16;
+}
+
+/* ---- scratch ------------------------------------------------------------ */
+
+static void free_scratch(gpu *G) {
+    void **bufs[] = {(void **)&G->h, (void **)&G->x, (void **)&G->y, (void **)&G->q, (void **)&G->k, (void **)&G->v,
+                     (void **)&G->ctxv, (void **)&G->s, (void **)&G->g, (void **)&G->u, (void **)&G->ye,
+                     (void **)&G->sh, (void **)&G->probs, (void **)&G->cf, &G->opA, &G->opB, (void **)&G->cos_t,
+                     (void **)&G->sin_t, (void **)&G->tokens, (void **)&G->ids, (void **)&G->topk_w,
+                     (void **)&G->router, (void **)&G->shared_gate, (void **)&G->router_in, (void **)&G->offset,
+                     (void **)&G->token, (void **)&G->row_of, (void **)&G->logits};
+    for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) {
+        GPU_FN(free)(G->ctx, *bufs[i]);
+        *bufs[i] = NULL;
+    }
+    GPU_FN(host_free)(G->logits_host);
+    G->logits_host = NULL;
+    G->cap_T = 0;
+}
+
+static size_t max_sz(size_t a, size_t b) { return a > b ? a : b; }
+
+static int ensure_scratch(gpu *G, int T, mf_error *err) {
+    if (T <= G->cap_T) return MF_OK;
+    free_scratch(G);
+    const mf_config *c = &G->m->cfg;
+    const size_t H = c->hidden, V = c->vocab, nh = c->n_heads, hd = c->head_dim;
+    const size_t nq = nh * hd, nk = (size_t)c->n_kv_heads * hd, E = c->n_experts > 0 ? c->n_experts : 1;
+    const size_t K = c->top_k > 0 ? c->top_k : 1, nm = c->n_moe_layers;
+    const size_t I = max_sz(max_sz(c->intermediate, c->moe_intermediate), c->shared_intermediate);
+    const size_t t = T, R = max_sz(t * K, t), Tp = round16(T);
+    const size_t Hp = round16((int)H), Ip = round16((int)I), hdp = round16((int)hd), nqp = round16((int)nq);
+    size_t cf = max_sz(max_sz(t * V, nh * t * t), max_sz(R * I, R * H));
+    cf = max_sz(cf, max_sz(t * nq, t * E));
+    size_t opa = max_sz(max_sz(R * Hp, R * Ip), max_sz(nh * t * Tp, max_sz(nh * t * hdp, t * nqp)));
+    size_t opb = max_sz(nh * t * hdp, nh * hd * Tp);
+    bool ok = true;
+#define GET(field, bytes) ok = ok && (G->field = GPU_FN(alloc)(G->ctx, (bytes))) != NULL
+    GET(h, t * H * 8);
+    GET(x, t * H * 8);
+    GET(y, t * H * 8);
+    GET(q, t * nq * 8);
+    GET(k, t * nk * 8);
+    GET(v, t * nk * 8);
+    GET(ctxv, t * nq * 8);
+    GET(s, nh * t * t * 8);
+    GET(g, R * I * 8);
+    GET(u, R * I * 8);
+    GET(ye, R * H * 8);
+    GET(sh, t * H * 8);
+    GET(probs, t * E * 8);
+    GET(cf, cf * 4);
+    GET(opA, opa * 4);
+    GET(opB, opb * 4);
+    GET(cos_t, t * hd * 8);
+    GET(sin_t, t * hd * 8);
+    GET(tokens, t * 4);
+    GET(ids, (nm ? nm : 1) * t * K * 2);
+    GET(topk_w, (nm ? nm : 1) * t * K * 8);
+    GET(router, (nm ? nm : 1) * t * E * 8);
+    GET(shared_gate, (nm ? nm : 1) * t * 8);
+    GET(offset, (2 * E + 1) * 4);
+    GET(token, R * 4);
+    GET(row_of, R * 4);
+    GET(logits, t * V * 4);
+#undef GET
+    if (ok) ok = (G->logits_host = GPU_FN(host_alloc)(t * V * 4)) != NULL;
+    if (!ok) {
+        free_scratch(G);
+        return mf_fail(err, MF_ENOMEM, "%s: not enough memory for a %d-token sequence", G->desc, T);
+    }
+    G->cap_T = T;
+    return MF_OK;
+}
+
+/* ---- products ------------------------------------------------------------ */
+
+/* An activation operand: element (b, row, col) at p[(b / group) * sb + row * sr + col * sc]. */
+typedef struct act_src {
+    const double *p;
+    size_t sb;
+    int group;
+    size_t sr, sc;
+} act_src;
+
+typedef struct prod {
+    const char *what;   /* for messages: "layer 3 q" */
+    int layer;
+    mf_dtype in, out;   /* operands hold `in` values; the result is rounded to `out` */
+    int M, N, K, batch;
+    act_src a;
+    bool a_packed;      /* A is already in G->opA (gathered expert rows) */
+    gw *w;              /* B: a weight, or */
+    act_src b;          /* an activation */
+    const int *offsets; /* grouped over experts */
+    double *dst;        /* or, for the logits, */
+    float *dst_f32;
+    size_t ldc, dst_bstride;
+} prod;
+
+static int engine_for(const gpu *G, int fmt, bool grouped) {
+    if (fmt == GK_F32) return G->num.kind == MF_NUMERICS_NATIVE && !grouped ? GK_ENGINE_BLAS : GK_ENGINE_CHAIN32;
+    if (G->engine16 == GK_ENGINE_BLAS && grouped) return GK_ENGINE_MMA;   /* grouped_mm is a tensor-core kernel, not cuBLAS */
+    return G->engine16;
+}
+
+static int product(gpu *G, prod *p, mf_error *err) {
+    const int fmt = gk_dt(p->in), Kp = round16(p->K);
+    gk_gemm g = {0};
+    g.engine = engine_for(G, fmt, p->offsets != NULL);
+    g.fmt = fmt;
+    g.M = p->M;
+    g.N = p->N;
+    g.K = p->K;
+    g.Kp = Kp;
+    g.batch = p->batch;
+    if (!p->a_packed)
+        GPU_FN(pack)(G->ctx, G->opA, fmt, p->batch, p->M, p->K, Kp, p->a.p, p->a.sb, p->a.group, p->a.sr, p->a.sc);
+    g.A = G->opA;
+    g.a_bstride = (size_t)p->M * Kp;
+    if (p->w) {
+        g.B = weight_as(G, p->w, fmt);
+        if (!g.B) return mf_fail(err, MF_ENOMEM, "%s: out of memory converting the weights of %s", G->desc, p->what);
+        g.b_bstride = (size_t)p->w->n * p->w->kp;
+        g.experts = p->w->experts;
+    } else {
+        GPU_FN(pack)(G->ctx, G->opB, fmt, p->batch, p->N, p->K, Kp, p->b.p, p->b.sb, p->b.group, p->b.sr, p->b.sc);
+        g.B = G->opB;
+        g.b_bstride = (size_t)p->N * Kp;
+    }
+    g.C = G->cf;
+    g.c_bstride = (size_t)p->M * p->N;
+    g.offsets = p->offsets;
+    if (g.engine == GK_ENGINE_EMU) {
+        const mf_kschedule *ks = mf_numerics_schedule(&G->num, p->in);
+        const mf_mma_instr *I = &ks->instr;
+        g.emu_kind = I->kind == MF_MMA_NV_FUSED ? GK_EMU_NV_FUSED : GK_EMU_AMD_GROUPED;
+        g.emu_k = I->k;
+        g.emu_chunk = I->kind == MF_MMA_NV_FUSED ? I->k / I->halves : I->group;
+        g.emu_frac = I->frac_bits;
+        g.emu_zero_excluded = I->zero_products_excluded;
+    }
+    g.call_id = G->ncalls;
+    if (G->ncalls < MAX_CALLS)
+        snprintf(G->calls[G->ncalls], sizeof G->calls[0], "layer %d %s", p->layer, p->what);
+    G->ncalls++;
+    if (GPU_FN(gemm)(G->ctx, &g, G->msg, sizeof G->msg)) return mf_fail(err, MF_EIO, "%s: %s: %s", G->desc, p->what, G->msg);
+    const float *bias = p->w ? p->w->bias : NULL;
+    if (p->dst_f32) GPU_FN(epilogue_f32)(G->ctx, p->dst_f32, G->cf, p->M, p->N, bias, gk_dt(p->out));
+    else GPU_FN(epilogue)(G->ctx, p->dst, G->cf, p->batch, p->M, p->N, p->ldc, p->dst_bstride, bias, gk_dt(p->out));
+    return MF_OK;
+}
+
+/* y[M, out] = x[M, in] . W^T (+ b), dense */
+static int linear(gpu *G, int layer, const char *what, gw *w, mf_dtype in, mf_dtype out, const double *x, int M,
+                  double *y, mf_error *err) {
+    prod p = {what, layer, in, out, M, w->n, w->k, 1, {x, 0, 1, (size_t)w->k, 1}, false, w, {0}, NULL, y, NULL,
+              (size_t)w->n, 0};
+    return product(G, &p, err);
+}
+
+/* ---- the model's parts ------------------------------------------------------ */
+
+typedef struct step {
+    gpu *G;
+    int T, l;
+    mf_dtype O;
+} step;
+
+static int attention(step *st, mf_dtype D, glayer *L, mf_error *err) {
+    gpu *G = st->G;
+    const mf_config *c = &G->m->cfg;
+    const int T = st->T, hd = c->head_dim, nh = c->n_heads, nkv = c->n_kv_heads;
+    const int nq = nh * hd, nk = nkv * hd, group = nh / nkv;
+    const double eps = (float)c->rms_eps;
+    int rc;
+    if ((rc = linear(G, st->l, "q", &L->q, D, D, G->x, T, G->q, err))) return rc;
+    /* k and v take the same operand: x is packed once */
+    prod pk = {"k", st->l, D, D, T, L->k.n, L->k.k, 1, {G->x, 0, 1, (size_t)L->k.k, 1}, true, &L->k, {0}, NULL,
+               G->k, NULL, (size_t)L->k.n, 0};
+    if ((rc = product(G, &pk, err))) return rc;
+    prod pv_ = pk;
+    pv_.what = "v";
+    pv_.w = &L->v;
+    pv_.dst = G->v;
+    if ((rc = product(G, &pv_, err))) return rc;
+    mark(G, P_QKV);
+    if (c->qk_norm == MF_QK_NORM_FULL) {
+        GPU_FN(rmsnorm)(G->ctx, G->q, G->q, T, nq, (size_t)nq, L->q_norm, eps, gk_dt(D), gk_dt(D));
+        GPU_FN(rmsnorm)(G->ctx, G->k, G->k, T, nk, (size_t)nk, L->k_norm, eps, gk_dt(D), gk_dt(D));
+    }
+    if (c->clip_qkv > 0) {
+        const double cl = mf_round_to(D, c->clip_qkv);
+        GPU_FN(clip)(G->ctx, G->q, (size_t)T * nq, cl);
+        GPU_FN(clip)(G->ctx, G->k, (size_t)T * nk, cl);
+        GPU_FN(clip)(G->ctx, G->v, (size_t)T * nk, cl);
+    }
+    if (c->qk_norm == MF_QK_NORM_PER_HEAD) {
+        GPU_FN(rmsnorm)(G->ctx, G->q, G->q, T * nh, hd, (size_t)hd, L->q_norm, eps, gk_dt(D), gk_dt(D));
+        GPU_FN(rmsnorm)(G->ctx, G->k, G->k, T * nkv, hd, (size_t)hd, L->k_norm, eps, gk_dt(D), gk_dt(D));
+    }
+    mark(G, P_QKNORM);
+    GPU_FN(rope)(G->ctx, G->q, T, nh, hd, (size_t)nq, G->cos_t, G->sin_t, gk_dt(D));
+    GPU_FN(rope)(G->ctx, G->k, T, nkv, hd, (size_t)nk, G->cos_t, G->sin_t, gk_dt(D));
+    mark(G, P_ROPE);
+    /* scores[h] = Q_h K_kh^T, every head at once */
+    prod qk = {"q.k", st->l, D, D, T, T, hd, nh, {G->q, (size_t)hd, 1, (size_t)nq, 1}, false, NULL,
+               {G->k, (size_t)hd, group, (size_t)nk, 1}, NULL, G->s, NULL, (size_t)T, (size_t)T * T};
+    if ((rc = product(G, &qk, err))) return rc;
+    mark(G, P_SCORES);
+    const double scale = (float)pow((double)hd, -0.5);   /* head_dim ** -0.5, as the CPU */
+    const int window = c->layer_sliding[st->l] ? c->sliding_window : 0;
+    GPU_FN(softmax_causal)(G->ctx, G->s, nh, T, scale, window, gk_dt(D));
+    mark(G, P_SOFTMAX);
+    /* ctx[:, h] = P_h V_kh */
+    prod pv = {"p.v", st->l, D, D, T, hd, T, nh, {G->s, (size_t)T * T, 1, (size_t)T, 1}, false, NULL,
+               {G->v, (size_t)hd, group, 1, (size_t)nk}, NULL, G->ctxv, NULL, (size_t)nq, (size_t)hd};
+    if ((rc = product(G, &pv, err))) return rc;
+    mark(G, P_PV);
+    rc = linear(G, st->l, "o", &L->o, D, D, G->ctxv, T, G->y, err);
+    mark(G, P_O);
+    return rc;
+}
+
+/* out = down(act(gate x) * up x) over M rows; x dense, or the gathered rows
+ * in opA when grouped (the expert weights hold every expert). */
+static int ffn(step *st, mf_dtype D, gw *gate, gw *up, gw *down, const double *x, int M, const int *offsets,
+               double *out, mf_error *err) {
+    gpu *G = st->G;
+    const int I = gate->n, H = gate->k;
+    int rc;
+    prod pg = {"gate", st->l, D, D, M, I, H, 1, {x, 0, 1, (size_t)H, 1}, offsets != NULL, gate, {0}, offsets,
+               G->g, NULL, (size_t)I, 0};
+    if ((rc = product(G, &pg, err))) return rc;
+    prod pu = pg;
+    pu.what = "up";
+    pu.w = up;
+    pu.dst = G->u;
+    if ((rc = product(G, &pu, err))) return rc;
+    GPU_FN(act_mul)(G->ctx, G->g, G->u, (size_t)M * I, (int)G->m->cfg.act, gk_dt(D));
+    prod pd = {"down", st->l, D, D, M, H, I, 1, {G->g, 0, 1, (size_t)I, 1}, false, down, {0}, offsets,
+               out, NULL, (size_t)H, 0};
+    return product(G, &pd, err);
+}
+
+static int moe(step *st, mf_dtype D, mf_dtype DR, glayer *L, int mi, mf_error *err) {
+    gpu *G = st->G;
+    const mf_config *c = &G->m->cfg;
+    const int T = st->T, H = c->hidden, E = c->n_experts, K = c->top_k, R = T * K;
+    double *logits = G->router + (size_t)mi * T * E;
+    int rc;
+    if ((rc = linear(G, st->l, "router", &L->router, DR, DR, G->x, T, logits, err))) return rc;
+    mark(G, P_ROUTER);
+    const mf_dtype wdt = c->route_rule == MF_ROUTE_SOFTMAX_TOPK_RENORM ? st->O : DR;
+    uint16_t *ids = G->ids + (size_t)mi * T * K;
+    double *w = G->topk_w + (size_t)mi * T * K;
+    GPU_FN(route)(G->ctx, logits, G->probs, T, E, K, c->norm_topk_prob, gk_dt(wdt), ids, w);
+    mark(G, P_ROUTE);
+    GPU_FN(dispatch)(G->ctx, ids, T, K, E, G->offset, G->token, G->row_of);
+    mark(G, P_DISPATCH);
+    GPU_FN(gather)(G->ctx, G->opA, gk_dt(D), round16(H), G->x, H, G->token, R);
+    mark(G, P_GATHER);
+    if ((rc = ffn(st, D, &L->exp_gate, &L->exp_up, &L->exp_down, G->x, R, G->offset, G->ye, err))) return rc;
+    mark(G, P_EXPERTS);
+    GPU_FN(combine)(G->ctx, G->y, G->ye, T, H, K, G->row_of, w, gk_dt(wdt == D ? D : st->O), gk_dt(st->O), gk_dt(D));
+    mark(G, P_COMBINE);
+    if (c->has_shared_expert) {
+        if ((rc = ffn(st, D, &L->sh_gate, &L->sh_up, &L->sh_down, G->x, T, NULL, G->sh, err))) return rc;
+        double *gate = G->shared_gate + (size_t)mi * T;
+        if ((rc = linear(G, st->l, "shared gate", &L->sh_router, D, D, G->x, T, gate, err))) return rc;
+        GPU_FN(shared_add)(G->ctx, G->y, G->sh, gate, T, H, gk_dt(D));
+        mark(G, P_SHARED);
+    }
+    return MF_OK;
+}
+
+/* ---- entry points ------------------------------------------------------------- */
+
+void GPU_FN(gpu_close)(void *impl) {
+    gpu *G = impl;
+    if (!G) return;
+    if (G->prof && G->prof_forwards) {
+        double total = 0;
+        for (int i = 0; i < P_N; i++) total += G->prof_t[i];
+        fprintf(stderr, "%s: %s, %s: mean of %d forwards, %.3f ms each (with a wait after every step)\n", G->desc,
+                G->num.name, G->prec.name, G->prof_forwards, total * 1e3 / G->prof_forwards);
+        for (int i = 0; i < P_N; i++)
+            fprintf(stderr, "  %-16s %8.3f ms  %5.1f%%\n", prof_names[i], G->prof_t[i] * 1e3 / G->prof_forwards,
+                    total > 0 ? 100 * G->prof_t[i] / total : 0.0);
+    }
+    if (G->ctx) {
+        free_scratch(G);
+        const mf_config *c = &G->m->cfg;
+        for (int l = 0; G->layers && l < c->n_layers; l++) {
+            glayer *L = &G->layers[l];
+            GPU_FN(free)(G->ctx, L->attn_norm);
+            GPU_FN(free)(G->ctx, L->ffn_norm);
+            GPU_FN(free)(G->ctx, L->q_norm);
+            GPU_FN(free)(G->ctx, L->k_norm);
+            gw *ws[] = {&L->q, &L->k, &L->v, &L->o, &L->mlp_gate, &L->mlp_up, &L->mlp_down, &L->router,
+                        &L->exp_gate, &L->exp_up, &L->exp_down, &L->sh_gate, &L->sh_up, &L->sh_down, &L->sh_router};
+            for (size_t i = 0; i < sizeof ws / sizeof ws[0]; i++) free_gw(G, ws[i]);
+        }
+        free_gw(G, &G->head);
+        GPU_FN(free)(G->ctx, G->embed);
+        GPU_FN(free)(G->ctx, G->final_norm);
+        GPU_FN(ctx_close)(G->ctx);
+    }
+    free(G->layers);
+    free(G);
+}
+
+const char *GPU_FN(gpu_describe)(const void *impl) { return ((const gpu *)impl)->desc; }
+
+int GPU_FN(gpu_open)(void **out, int device, const mf_model *m, const mf_precision *prec, const mf_numerics *num,
+                     mf_error *err) {
+    *out = NULL;
+    const mf_config *c = &m->cfg;
+    if (prec->opmath != MF_F32 || m->compute != MF_F32)
+        return mf_fail(err, MF_EUNSUPPORTED, "precision %s runs on the CPU only (GPUs run bf16, fp16, fp32, layercast, "
+                       "nomlp and selective policies)", prec->name);
+    if (c->rope.partial_rotary_factor != 1.0)
+        return mf_fail(err, MF_EUNSUPPORTED, "partial_rotary_factor %g is not supported for %s",
+                       c->rope.partial_rotary_factor, c->model_type);
+    if (c->top_k > 64 || c->n_experts > 1024)
+        return mf_fail(err, MF_EUNSUPPORTED, "%s: top-%d of %d experts is beyond the GPU router (top-64 of 1024)",
+                       c->model_type, c->top_k, c->n_experts);
+    gpu *G = calloc(1, sizeof *G);
+    if (!G) return mf_fail(err, MF_ENOMEM, "out of memory");
+    G->m = m;
+    G->prec = *prec;
+    G->num = *num;
+    const char *pe = getenv("MF_GPU_PROFILE");
+    G->prof = pe && *pe && strcmp(pe, "0") != 0;
+    char msg[256];
+    if (GPU_FN(ctx_open)(&G->ctx, device, G->desc, sizeof G->desc, msg, sizeof msg)) {
+        free(G);
+        return mf_fail(err, MF_EIO, "%s", msg);
+    }
+    int rc = MF_OK;
+#if defined(MF_GPU_BACKEND_HIP)
+    const bool hip = true;
+#else
+    const bool hip = false;
+#endif
+    switch (num->kind) {
+    case MF_NUMERICS_NATIVE: G->engine16 = hip ? GK_ENGINE_MMA : GK_ENGINE_BLAS; break;
+    case MF_NUMERICS_FIXED:
+        if (hip) {
+            rc = mf_fail(err, MF_EUNSUPPORTED, "numerics fixed is the CUDA mma.sync chain; on HIP, native is our MFMA chain");
+            goto done;
+        }
+        G->engine16 = GK_ENGINE_MMA;
+        break;
+    case MF_NUMERICS_EMU:
+        G->engine16 = GK_ENGINE_EMU;
+        for (int t = 0; t < 2; t++) {
+            const mf_kschedule *ks = num->has[t] ? (t ? &num->f16 : &num->bf16) : NULL;
+            if (!ks) continue;
+            if (!mf_emu_fast_supported(ks) || ks->acc != 1 || ks->split != 1) {
+                rc = mf_fail(err, MF_EUNSUPPORTED, "numerics %s: on a GPU, emulation runs plain k chains of NVIDIA "
+                             "fused or AMD CDNA3 bf16/f16 instructions (acc=1, split=1); run this one on the CPU",
+                             num->name);
+                goto done;
+            }
+        }
+        break;
+    default:
+        rc = mf_fail(err, MF_EUNSUPPORTED, "numerics %s runs on the CPU only", num->name);
+        goto done;
+    }
+    G->layers = mf_xcalloc((size_t)c->n_layers, sizeof(glayer));
+    for (int l = 0; l < c->n_layers && !rc; l++) {
+        const mf_layer *ML = &m->layers[l];
+        glayer *L = &G->layers[l];
+        const int H = c->hidden;
+        L->attn_norm = upload_doubles(G, ML->attn_norm, (size_t)H);
+        L->ffn_norm = upload_doubles(G, ML->ffn_norm, (size_t)H);
+        if (c->qk_norm == MF_QK_NORM_FULL) {
+            L->q_norm = upload_doubles(G, ML->q_norm, (size_t)c->n_heads * c->head_dim);
+            L->k_norm = upload_doubles(G, ML->k_norm, (size_t)c->n_kv_heads * c->head_dim);
+        } else if (c->qk_norm == MF_QK_NORM_PER_HEAD) {
+            L->q_norm = upload_doubles(G, ML->q_norm, (size_t)c->head_dim);
+            L->k_norm = upload_doubles(G, ML->k_norm, (size_t)c->head_dim);
+        }
+        if (!L->attn_norm || !L->ffn_norm || (c->qk_norm != MF_QK_NORM_NONE && (!L->q_norm || !L->k_norm))) {
+            rc = mf_fail(err, MF_ENOMEM, "%s: out of memory for the norms of layer %d", G->desc, l);
+            break;
+        }
+        if ((rc = upload_linear(G, &L->q, &ML->q, 1, err)) || (rc = upload_linear(G, &L->k, &ML->k, 1, err)) ||
+            (rc = upload_linear(G, &L->v, &ML->v, 1, err)) || (rc = upload_linear(G, &L->o, &ML->o, 1, err)))
+            break;
+        if (ML->is_moe) {
+            if ((rc = upload_linear(G, &L->router, &ML->router, 1, err)) ||
+                (rc = upload_linear(G, &L->exp_gate, ML->exp_gate, c->n_experts, err)) ||
+                (rc = upload_linear(G, &L->exp_up, ML->exp_up, c->n_experts, err)) ||
+                (rc = upload_linear(G, &L->exp_down, ML->exp_down, c->n_experts, err)))
+                break;
+            if (c->has_shared_expert &&
+                ((rc = upload_linear(G, &L->sh_gate, &ML->sh_gate, 1, err)) ||
+                 (rc = upload_linear(G, &L->sh_up, &ML->sh_up, 1, err)) ||
+                 (rc = upload_linear(G, &L->sh_down, &ML->sh_down, 1, err)) ||
+                 (rc = upload_linear(G, &L->sh_router, &ML->sh_router, 1, err))))
+                break;
+        } else if ((rc = upload_linear(G, &L->mlp_gate, &ML->mlp_gate, 1, err)) ||
+                   (rc = upload_linear(G, &L->mlp_up, &ML->mlp_up, 1, err)) ||
+                   (rc = upload_linear(G, &L->mlp_down, &ML->mlp_down, 1, err))) {
+            break;
+        }
+    }
+    if (!rc) rc = upload_linear(G, &G->head, &m->head, 1, err);
+    if (!rc) {
+        const size_t n = (size_t)c->vocab * c->hidden;
+        float *tab = mf_xmalloc(n * sizeof(float));
+#pragma omp parallel for if (n >= 1u << 20)
+        for (size_t i = 0; i < n; i++)
+            tab[i] = (float)mf_round_to(m->weight_round, mf_load_as_f64(m->embed->data, m->embed->dtype, i));
+        G->embed = GPU_FN(alloc)(G->ctx, n * sizeof(float));
+        if (!G->embed || GPU_FN(upload)(G->ctx, G->embed, tab, n * sizeof(float)))
+            rc = mf_fail(err, MF_ENOMEM, "%s: out of memory for the embedding", G->desc);
+        free(tab);
+        G->weight_bytes += n * sizeof(float);
+    }
+    if (!rc && !(G->final_norm = upload_doubles(G, m->final_norm, (size_t)c->hidden)))
+        rc = mf_fail(err, MF_ENOMEM, "%s: out of memory for the final norm", G->desc);
+done:
+    if (rc) {
+        GPU_FN(gpu_close)(G);
+        return rc;
+    }
+    *out = G;
+    return MF_OK;
+}
+
+const float *GPU_FN(gpu_host_logits)(const void *impl) { return ((const gpu *)impl)->logits_host; }
+
+int GPU_FN(gpu_forward)(void *impl, const int32_t *tokens, int T, unsigned capture, mf_seq_result *r, mf_error *err) {
+    gpu *G = impl;
+    const mf_model *m = G->m;
+    const mf_config *c = &m->cfg;
+    const mf_precision *P = &G->prec;
+    const int H = c->hidden, V = c->vocab;
+    memset(r, 0, sizeof *r);
+    if (T <= 0) return mf_fail(err, MF_EINVAL, "empty sequence");
+    for (int t = 0; t < T; t++)
+        if (tokens[t] < 0 || tokens[t] >= V)
+            return mf_fail(err, MF_EINVAL, "position %d: token id %d outside the vocabulary [0, %d)", t, tokens[t], V);
+    int rc = ensure_scratch(G, T, err);
+    if (rc) return rc;
+    G->ncalls = 0;
+    GPU_FN(emu_flag_reset)(G->ctx);
+    /* RoPE tables as the CPU makes them */
+    double *cs = mf_xmalloc((size_t)T * c->head_dim * sizeof(double)), *sn = mf_xmalloc((size_t)T * c->head_dim * sizeof(double));
+    mf_rope_tables(c, P, T, cs, sn);
+    for (size_t i = 0; i < (size_t)T * c->head_dim; i++) {
+        cs[i] = mf_round_to(P->act, cs[i]);
+        sn[i] = mf_round_to(P->act, sn[i]);
+    }
+    bool up_fail = GPU_FN(upload)(G->ctx, G->cos_t, cs, (size_t)T * c->head_dim * sizeof(double)) ||
+                   GPU_FN(upload)(G->ctx, G->sin_t, sn, (size_t)T * c->head_dim * sizeof(double)) ||
+                   GPU_FN(upload)(G->ctx, G->tokens, tokens, (size_t)T * sizeof(int32_t));
+    free(cs);
+    free(sn);
+    if (up_fail) return mf_fail(err, MF_EIO, "%s: copying the sequence to the GPU failed", G->desc);
+
+    const size_t TH = (size_t)T * H;
+    const mf_dtype Rd = P->act;
+    step st = {G, T, 0, P->opmath};
+    const double eps = (float)c->rms_eps;
+    if (G->prof) {
+        G->prof_forwards++;
+        G->prof_last = mf_now();
+    }
+    GPU_FN(embed)(G->ctx, G->h, G->embed, G->tokens, T, H, gk_dt(Rd));
+    int mi = 0;
+    for (int l = 0; l < c->n_layers && !rc; l++) {
+        glayer *L = &G->layers[l];
+        st.l = l;
+        const bool blk = mf_precision_layer_fp32(P, l, c->n_layers);
+        const mf_dtype S = blk ? MF_F32 : Rd;
+        const mf_dtype DN = blk ? MF_F32 : P->part[MF_PART_NORM], DA = blk ? MF_F32 : P->part[MF_PART_ATTN];
+        const mf_dtype DM = blk ? MF_F32 : P->part[MF_PART_MLP], DR = blk ? MF_F32 : P->part[MF_PART_ROUTER];
+        GPU_FN(rmsnorm)(G->ctx, G->x, G->h, T, H, (size_t)H, L->attn_norm, eps, gk_dt(DN), gk_dt(S));
+        GPU_FN(round_cast)(G->ctx, G->x, G->x, TH, gk_dt(DA));
+        mark(G, P_NORM);
+        if ((rc = attention(&st, DA, L, err))) break;
+        GPU_FN(residual)(G->ctx, G->h, G->y, TH, gk_dt(S));
+        GPU_FN(rmsnorm)(G->ctx, G->x, G->h, T, H, (size_t)H, L->ffn_norm, eps, gk_dt(DN), gk_dt(S));
+        GPU_FN(round_cast)(G->ctx, G->x, G->x, TH, gk_dt(DM));
+        mark(G, P_NORM);
+        if (m->layers[l].is_moe) {
+            rc = moe(&st, DM, DM == MF_F32 ? MF_F32 : DR, L, mi++, err);
+        } else {
+            rc = ffn(&st, DM, &L->mlp_gate, &L->mlp_up, &L->mlp_down, G->x, T, NULL, G->y, err);
+            mark(G, P_DENSE);
+        }
+        if (rc) break;
+        GPU_FN(residual)(G->ctx, G->h, G->y, TH, gk_dt(S));
+        GPU_FN(round_cast)(G->ctx, G->h, G->h, TH, gk_dt(Rd));
+        mark(G, P_NORM);
+    }
+    if (rc) return rc;
+    const mf_dtype DH = P->part[MF_PART_HEAD];
+    GPU_FN(rmsnorm)(G->ctx, G->x, G->h, T, H, (size_t)H, G->final_norm, eps, gk_dt(P->part[MF_PART_NORM]), gk_dt(Rd));
+    GPU_FN(round_cast)(G->ctx, G->x, G->x, TH, gk_dt(DH));
+    prod ph = {"head", c->n_layers, DH, DH, T, V, H, 1, {G->x, 0, 1, (size_t)H, 1}, false, &G->head, {0}, NULL,
+               NULL, G->logits, (size_t)V, 0};
+    if ((rc = product(G, &ph, err))) return rc;
+    mark(G, P_HEAD);
+
+    /* outputs, queued behind the work; one wait */
+    r->T = T;
+    r->n_moe = c->n_moe_layers;
+    r->k = c->top_k;
+    r->E = c->n_experts;
+    r->V = V;
+    r->H = H;
+    const size_t nm = (size_t)r->n_moe;
+    bool dl_fail = GPU_FN(download)(G->ctx, G->logits_host, G->logits, (size_t)T * V * sizeof(float));
+    if (nm && (capture & MF_GPU_ROUTING)) {
+        r->topk_ids = mf_xmalloc(nm * T * r->k * sizeof(uint16_t));
+        r->topk_w = mf_xmalloc(nm * T * r->k * sizeof(double));
+        r->router = mf_xmalloc(nm * T * r->E * sizeof(double));
+        dl_fail = dl_fail || GPU_FN(download)(G->ctx, r->topk_ids, G->ids, nm * T * r->k * sizeof(uint16_t)) ||
+                  GPU_FN(download)(G->ctx, r->topk_w, G->topk_w, nm * T * r->k * sizeof(double)) ||
+                  GPU_FN(download)(G->ctx, r->router, G->router, nm * T * r->E * sizeof(double));
+        if (c->has_shared_expert) {
+            r->shared_gate = mf_xmalloc(nm * T * sizeof(double));
+            dl_fail = dl_fail || GPU_FN(download)(G->ctx, r->shared_gate, G->shared_gate, nm * T * sizeof(double));
+        }
+    }
+    if (GPU_FN(sync)(G->ctx, G->msg, sizeof G->msg) || dl_fail) {
+        mf_seq_result_free(r);
+        return gpu_fail(G, err, "running the sequence");
+    }
+    const int flagged = GPU_FN(emu_flag)(G->ctx);
+    if (flagged != INT32_MAX) {
+        mf_seq_result_free(r);
+        return mf_fail(err, MF_EUNSUPPORTED, "%s: %s: %s met an infinite, NaN or out-of-range value, which the GPU "
+                       "emulator does not model; trace this one on the CPU", G->desc, G->num.name,
+                       flagged < MAX_CALLS ? G->calls[flagged] : "a product");
+    }
+    if (capture & MF_GPU_LOGITS) {
+        r->logits = mf_xmalloc((size_t)T * V * sizeof(double));
+        const float *lh = G->logits_host;
+#pragma omp parallel for if ((size_t)T * V > 1000000)
+        for (size_t i = 0; i < (size_t)T * V; i++) r->logits[i] = lh[i];
+    }
+    mark(G, P_OUTPUT);
+    return MF_OK;
+}

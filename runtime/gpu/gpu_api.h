@@ -1,0 +1,134 @@
+/* The GPU backends' internal interface: what runtime/gpu/forward.c asks of
+ * runtime/gpu/kernels.cu. The same two sources build the CUDA backend (nvcc)
+ * and the HIP backend (hipcc); GPU_FN gives each build its own symbols
+ * (mf_cuda_..., mf_hip_...) so both can live in one binary.
+ *
+ * Activations live on the device in double, as on the CPU, and every kernel
+ * rounds at the CPU executor's cast points with the same formulas: a GPU run
+ * under `fixed` or `emu:ARCH` numerics equals the CPU's run under the same
+ * instruction model bit for bit. Matrix products take operands packed into
+ * the instruction's input format ([batch][rows][Kp], K padded with zeros to
+ * a multiple of 16) and leave fp32 sums; an epilogue adds the bias in fp32
+ * and rounds to the output dtype. */
+#ifndef MF_GPU_API_H
+#define MF_GPU_API_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#if defined(MF_GPU_BACKEND_HIP)
+#define GPU_FN(name) mf_hip_##name
+#else
+#define GPU_FN(name) mf_cuda_##name
+#endif
+
+/* dtypes of rounding and of operands */
+enum { GK_F64 = 0, GK_F32 = 1, GK_BF16 = 2, GK_F16 = 3 };
+
+/* matrix engines */
+enum {
+    GK_ENGINE_BLAS,    /* cuBLAS (what PyTorch calls for a dense product) */
+    GK_ENGINE_MMA,     /* our tensor-core kernel: mma.sync m16n8k16 (CUDA) or MFMA 16x16x16 (HIP), k16 chain */
+    GK_ENGINE_CHAIN32, /* one fp32 fma chain per output, k ascending from zero: the CPU's native fp32 */
+    GK_ENGINE_EMU,     /* an instruction model of numerics/, in exact arithmetic */
+};
+
+enum { GK_EMU_NV_FUSED = 0, GK_EMU_AMD_GROUPED = 1 };
+
+enum { GK_ACT_SILU = 0, GK_ACT_GELU = 1, GK_ACT_GELU_TANH = 2 };
+
+typedef struct gk_ctx gk_ctx;
+
+typedef struct gk_gemm {
+    int engine, fmt;            /* fmt: GK_BF16, GK_F16 or GK_F32 operands */
+    int M, N, K, Kp;            /* C[M, N] = A[M, K] . B[N, K]^T; rows of A and B hold Kp values */
+    int batch;                  /* independent products (attention heads), strides below */
+    const void *A;
+    size_t a_bstride;
+    const void *B;
+    size_t b_bstride;           /* also the stride between experts' weights */
+    float *C;                   /* [batch][M][N] */
+    size_t c_bstride;
+    const int *offsets;         /* grouped (experts): rows offsets[e] .. offsets[e+1]-1 use expert e's B; NULL: dense */
+    int experts;
+    /* GK_ENGINE_EMU */
+    int emu_kind;               /* GK_EMU_NV_FUSED or GK_EMU_AMD_GROUPED */
+    int emu_k;                  /* the instruction's k: the chain runs over K rounded up to it */
+    int emu_chunk;              /* products summed at once: k / halves (NVIDIA), the group (AMD) */
+    int emu_frac;               /* NVIDIA: fraction bits F of the aligned sum */
+    int emu_zero_excluded;      /* NVIDIA: zero products take no part in the largest exponent */
+    int call_id;                /* reported when a value falls outside the exact model's range */
+} gk_gemm;
+
+/* Context: one device, one stream. Returns 0, or nonzero with a message. */
+int GPU_FN(ctx_open)(gk_ctx **out, int device, char *desc, size_t desc_n, char *msg, size_t msg_n);
+void GPU_FN(ctx_close)(gk_ctx *c);
+/* Device memory (NULL when it cannot be had). */
+void *GPU_FN(alloc)(gk_ctx *c, size_t bytes);
+void GPU_FN(free)(gk_ctx *c, void *p);
+void *GPU_FN(host_alloc)(size_t bytes);   /* pinned */
+void GPU_FN(host_free)(void *p);
+/* Host to device, complete on return. */
+int GPU_FN(upload)(gk_ctx *c, void *dst, const void *src, size_t bytes);
+/* Device to host, queued on the stream (complete after sync). */
+int GPU_FN(download)(gk_ctx *c, void *dst, const void *src, size_t bytes);
+int GPU_FN(zero)(gk_ctx *c, void *dst, size_t bytes);
+/* Waits for the stream. Returns 0, or nonzero with the first error's message. */
+int GPU_FN(sync)(gk_ctx *c, char *msg, size_t msg_n);
+/* The smallest call_id whose product met a value outside the emulator's exact
+ * range since the last reset (INT32_MAX: none); valid after sync. */
+int GPU_FN(emu_flag)(gk_ctx *c);
+void GPU_FN(emu_flag_reset)(gk_ctx *c);
+
+/* ---- elementwise (activations are double [rows][cols]) ---- */
+void GPU_FN(round_cast)(gk_ctx *c, double *dst, const double *src, size_t n, int dt);
+void GPU_FN(embed)(gk_ctx *c, double *h, const float *table, const int32_t *tokens, int T, int H, int dt);
+/* out[r] = round_S(round_D(w * round_D(round_O(v * rsqrt(mean(v^2) + eps))))), v = round_D(in[r]) */
+void GPU_FN(rmsnorm)(gk_ctx *c, double *out, const double *in, int rows, int n, size_t ld, const double *w, double eps,
+                     int D, int S);
+void GPU_FN(rope)(gk_ctx *c, double *x, int T, int heads, int hd, size_t row_stride, const double *cos_t,
+                  const double *sin_t, int D);
+void GPU_FN(clip)(gk_ctx *c, double *x, size_t n, double bound);
+/* h = round_S(h + round_S(y)) */
+void GPU_FN(residual)(gk_ctx *c, double *h, const double *y, size_t n, int S);
+/* s [heads][T][T]: scale, causal (sliding) mask, fp32 softmax, rounded to D; zeros where masked */
+void GPU_FN(softmax_causal)(gk_ctx *c, double *s, int heads, int T, double scale, int window, int D);
+/* g = round_D(round_D(act(g)) * u) */
+void GPU_FN(act_mul)(gk_ctx *c, double *g, const double *u, size_t n, int act, int D);
+/* Routing of T tokens: fp32 softmax, canonical top-k, optional renormalisation, weights rounded to wdt. */
+void GPU_FN(route)(gk_ctx *c, const double *logits, double *probs, int T, int E, int K, int norm, int wdt,
+                   uint16_t *ids, double *w);
+/* Rows grouped by expert (ascending), tokens ascending within one; offset
+ * has room for 2E + 1 ints (the counts follow the offsets). */
+void GPU_FN(dispatch)(gk_ctx *c, const uint16_t *ids, int T, int K, int E, int *offset, int *token, int *row_of);
+/* op[r][:] = x[token[r]][:] in the operand format, zero padded to Kp */
+void GPU_FN(gather)(gk_ctx *c, void *op, int fmt, int Kp, const double *x, int H, const int *token, int R);
+/* out[t] = round_out(sum_s round_sum(acc + round_prod(y[row_of[t,s]] * w[t,s]))) */
+void GPU_FN(combine)(gk_ctx *c, double *out, const double *y, int T, int H, int K, const int *row_of,
+                     const double *w, int prod, int sum, int outdt);
+/* Qwen2-MoE's shared expert: g = round_D(sigmoid(g)); out = round_D(out + round_D(g * s)) */
+void GPU_FN(shared_add)(gk_ctx *c, double *out, const double *s, double *g, int T, int H, int D);
+
+/* ---- matrix products ---- */
+/* dst[b][r][col] = src[(b / group) * sb + r * sr + col * sc] in fmt for col < cols, 0 up to colsp */
+void GPU_FN(pack)(gk_ctx *c, void *dst, int fmt, int batch, int rows, int cols, int colsp, const double *src,
+                  size_t sb, int group, size_t sr, size_t sc);
+/* dst[i] = src[i] as bf16 or f16 (weights hold values exact in that format) */
+void GPU_FN(convert_weights)(gk_ctx *c, void *dst, int fmt, const float *src, size_t n);
+/* Returns 0, or nonzero with a message (an engine this build lacks, a cuBLAS failure). */
+int GPU_FN(gemm)(gk_ctx *c, const gk_gemm *g, char *msg, size_t msg_n);
+/* dst[b * dst_bstride + i * ldc + j] = round_out(C[b][i][j] + bias[j]) (bias added in fp32) */
+void GPU_FN(epilogue)(gk_ctx *c, double *dst, const float *C, int batch, int M, int N, size_t ldc, size_t dst_bstride,
+                      const float *bias, int outdt);
+/* The same into float [M][N] (the logits: exact in their dtype, half the bytes to move). */
+void GPU_FN(epilogue_f32)(gk_ctx *c, float *dst, const float *C, int M, int N, const float *bias, int outdt);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif

@@ -1,0 +1,162 @@
+/* The GPU backends.
+ *
+ * recorded_h200_runs_equal_the_cpu_models runs everywhere: for every
+ * bit-exact check that tools/gpu_check.sh ran on an H200
+ * (tests/fixtures/gpu/h200-check.json: `fixed` = the card's own mma.sync,
+ * and the GPU's emu:ARCH kernels), the CPU's run of the matching instruction
+ * model must give outputs with the same digests as the H200 gave. The
+ * expected values are the hardware's, not the CPU's.
+ *
+ * The other tests need a toolkit or a device, and skip without one:
+ * live_checks_pass_on_this_gpu runs the whole validation on the GPU here
+ * (label "gpu"); hip_code_objects_hold_mfma reads the HIP backend's AMD
+ * code objects; a missing backend or device must give one clear line. */
+#include <criterion/criterion.h>
+#include <criterion/logging.h>
+
+#include "mf_runtime.h"
+#include "mf_trace.h"
+#include "testutil.h"
+
+#include <jansson.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+
+/* Digests of each output over all sequences, in order, as tools/gpu_check.c makes them. */
+static void digest_outputs(const mf_seq_result *r, size_t n, char out[5][33]) {
+    mf_digest_state *d[5];
+    for (int i = 0; i < 5; i++) d[i] = mf_digest_new();
+    for (size_t s = 0; s < n; s++) {
+        const size_t slots = (size_t)r[s].n_moe * r[s].T;
+        mf_digest_update(d[0], r[s].logits, (size_t)r[s].T * r[s].V * sizeof(double));
+        if (r[s].router) mf_digest_update(d[1], r[s].router, slots * r[s].E * sizeof(double));
+        if (r[s].topk_ids) mf_digest_update(d[2], r[s].topk_ids, slots * r[s].k * sizeof(uint16_t));
+        if (r[s].topk_w) mf_digest_update(d[3], r[s].topk_w, slots * r[s].k * sizeof(double));
+        if (r[s].shared_gate) mf_digest_update(d[4], r[s].shared_gate, slots * sizeof(double));
+    }
+    for (int i = 0; i < 5; i++) mf_digest_final(d[i], out[i]);
+}
+
+/* The CPU run of one recorded check: its checkpoint (a fixture, or the
+ * synthetic model it names, made again: synth is deterministic). */
+static void cpu_digests(const char *source, const char *prec_name, const char *num_name, char out[5][33]) {
+    char dir[4096], tok[4200];
+    if (!strncmp(source, "hf/", 3)) {
+        snprintf(dir, sizeof dir, "%s", fixture(source));
+    } else {
+        char arch[64], size[16];
+        unsigned seed;
+        cr_assert_eq(sscanf(source, "synth:%63[^:]:%15[^:]:%u", arch, size, &seed), 3, "source %s", source);
+        mf_error err = {0};
+        snprintf(dir, sizeof dir, "%s", temp_dir());
+        cr_assert_eq(mf_synth_write(dir, (mf_arch)mf_arch_from_name(arch), (mf_synth_size)mf_synth_size_from_name(size),
+                                    seed, &err), 0, "%s", err.msg);
+    }
+    snprintf(tok, sizeof tok, "%s/tokens.jsonl", dir);
+    mf_precision p;
+    mf_numerics n;
+    mf_error err = {0};
+    cr_assert_eq(mf_precision_parse(&p, prec_name, &err), 0, "%s", err.msg);
+    cr_assert_eq(mf_numerics_parse(&n, num_name, &err), 0, "%s", err.msg);
+    mf_model *m = NULL;
+    cr_assert_eq(mf_runtime_load(&m, dir, &p, &err), 0, "%s", err.msg);
+    mf_prompts ps;
+    cr_assert_eq(mf_prompts_load(&ps, tok, m->cfg.vocab, &err), 0, "%s", err.msg);
+    mf_seq_result *r = calloc(ps.n, sizeof *r);
+    mf_run_opts ro = {p, 2, false, &n};
+    for (size_t i = 0; i < ps.n; i++)
+        cr_assert_eq(mf_forward_cpu(m, &ro, ps.seq[i].tokens, ps.seq[i].T, &r[i], &err), 0, "%s", err.msg);
+    digest_outputs(r, ps.n, out);
+    for (size_t i = 0; i < ps.n; i++) mf_seq_result_free(&r[i]);
+    free(r);
+    mf_prompts_free(&ps);
+    mf_model_free(m);
+}
+
+Test(gpu, recorded_h200_runs_equal_the_cpu_models, .timeout = 900) {
+    json_error_t je;
+    json_t *doc = json_load_file(fixture("gpu/h200-check.json"), 0, &je);
+    cr_assert(doc, "h200-check.json: %s", je.text);
+    static const char *names[5] = {"logits", "router", "topk_ids", "topk_w", "shared_gate"};
+    size_t i, compared = 0;
+    json_t *c;
+    json_array_foreach(json_object_get(doc, "checks"), i, c) {
+        const char *kind = json_string_value(json_object_get(c, "kind"));
+        const char *source = json_string_value(json_object_get(c, "source"));
+        cr_assert(json_is_true(json_object_get(c, "pass")), "the H200 failed check %zu (%s)", i, source);
+        /* the 512-token synthetic models are checked live on the GPU; here they would take minutes under ASan */
+        if (strcmp(kind, "bit-exact") != 0 || strstr(source, ":small:")) continue;
+        const char *prec = json_string_value(json_object_get(c, "cpu_precision"));
+        const char *num = json_string_value(json_object_get(c, "cpu_numerics"));
+        char got[5][33];
+        cpu_digests(source, prec, num, got);
+        json_t *want = json_object_get(c, "gpu_digests");
+        for (int k = 0; k < 5; k++)
+            cr_expect_str_eq(got[k], json_string_value(json_object_get(want, names[k])),
+                             "%s %s: the CPU's %s differs from the H200's %s (%s)", source, prec, num,
+                             json_string_value(json_object_get(c, "gpu_numerics")), names[k]);
+        compared++;
+    }
+    cr_log_info("%zu recorded H200 runs reproduced by the CPU's instruction models", compared);
+    cr_expect_geq(compared, 50, "only %zu checks compared", compared);
+    json_decref(doc);
+}
+
+Test(gpu, live_checks_pass_on_this_gpu, .timeout = 1800) {
+#ifndef MF_GPU_CHECK_BIN
+    cr_skip_test("this build has no CUDA backend");
+#else
+    char cmd[8192];
+    snprintf(cmd, sizeof cmd, "%s validate %s %s/check.json > %s/log 2>&1", MF_GPU_CHECK_BIN, MF_TEST_FIXTURES,
+             temp_dir(), temp_dir());
+    int rc = system(cmd);
+    rc = WIFEXITED(rc) ? WEXITSTATUS(rc) : 1;
+    if (rc == 77) cr_skip_test("no CUDA GPU on this machine");
+    cr_expect_eq(rc, 0, "moeflip_gpu_check validate failed (%d); see its log", rc);
+#endif
+}
+
+Test(gpu, hip_code_objects_hold_mfma) {
+#ifndef MF_HIP_CODE_OBJECTS
+    cr_skip_test("this build has no HIP backend");
+#else
+    char list[4096];
+    snprintf(list, sizeof list, "%s", MF_HIP_CODE_OBJECTS);
+    int objects = 0;
+    for (char *save = NULL, *co = strtok_r(list, ",", &save); co; co = strtok_r(NULL, ",", &save)) {
+        char cmd[8192];
+        snprintf(cmd, sizeof cmd, "%s -d '%s' | grep -c v_mfma", MF_LLVM_OBJDUMP, co);
+        FILE *p = popen(cmd, "r");
+        cr_assert(p);
+        long n = 0;
+        cr_assert_eq(fscanf(p, "%ld", &n), 1, "%s printed nothing", cmd);
+        pclose(p);
+        cr_log_info("%s: %ld v_mfma instructions", co, n);
+        cr_expect_gt(n, 0, "%s holds no MFMA instruction", co);
+        objects++;
+    }
+    cr_expect_geq(objects, 2);
+#endif
+}
+
+Test(gpu, without_a_backend_or_device_the_command_says_so) {
+    char err[4096];
+    const char *out = temp_dir();
+    int rc = run_moeflip(err, sizeof err, "trace --model %s --input %s/tokens.jsonl --out %s/run --device hip:0",
+                         fixture("hf/olmoe"), fixture("hf/olmoe"), out);
+    cr_expect_eq(rc, 1, "exit status %d: %s", rc, err);
+    /* no AMD GPU anywhere we test: the HIP runtime finds none, or the build has no HIP backend */
+    const char *want = mf_gpu_built("hip") ? "no hip GPU on this machine" : "built without the HIP backend";
+    cr_expect(strstr(err, want) != NULL, "message: %s", err);
+    cr_expect(strchr(err, '\n') == strrchr(err, '\n'), "one line: %s", err);
+    rc = run_moeflip(err, sizeof err, "trace --model %s --input %s/tokens.jsonl --out %s/run2 --device tpu",
+                     fixture("hf/olmoe"), fixture("hf/olmoe"), out);
+    cr_expect_eq(rc, 1);
+    cr_expect(strstr(err, "unknown device \"tpu\"") != NULL, "message: %s", err);
+    rc = run_moeflip(err, sizeof err, "trace --model %s --input %s/tokens.jsonl --out %s/run3 --numerics fixed",
+                     fixture("hf/olmoe"), fixture("hf/olmoe"), out);
+    cr_expect_neq(rc, 0);
+    cr_expect(strstr(err, "emu:hopper:mma.m16n8k16") != NULL, "message: %s", err);
+}

@@ -1,0 +1,411 @@
+/* moeflip_gpu_check: validation and benchmarks of the GPU backend, on a GPU
+ * machine. It links only what the forward passes need (no cairo, no
+ * Criterion), so a build made elsewhere runs on a bare GPU image.
+ *
+ *   moeflip_gpu_check validate FIXTURES OUT.json
+ *       every check of tools/gpu_check.sh (and the gpu ctest label):
+ *       - fp32 on the GPU (cuBLAS, TF32 off) against the CPU's fp64 run:
+ *         logits and router logits within 1e-5 relative, the same experts
+ *         wherever fp64's logit margin (k-th minus (k+1)-th) exceeds 1e-6;
+ *       - `fixed` (mma.sync on the card) against the CPU's
+ *         emu:hopper:mma.m16n8k16 run, and the GPU's emu:ARCH against the
+ *         CPU's emu:ARCH: bit for bit, every output of every sequence.
+ *       OUT.json records each check with digests of the GPU's outputs: the
+ *       committed copy (tests/fixtures/gpu/) lets machines without a GPU
+ *       check the CPU models against what the H200 computed.
+ *   moeflip_gpu_check bench MODEL_DIR PRECISION REPS NUMERICS[,NUMERICS...] [OUT.json]
+ *       teacher-forced capture of the first prompt of MODEL_DIR/tokens.jsonl,
+ *       logits and routing copied to the host; tokens per second (median of
+ *       REPS after one warm-up), and for the first numerics the same without
+ *       copying the routing (the trace's overhead).
+ *   moeflip_gpu_check synth SIZE SEED DIR
+ *       moeflip synth --size SIZE, for machines that run only this tool.
+ * Exit status: 0 all passed, 1 a check failed or an error, 77 no GPU. */
+#include "mf_runtime.h"
+#include "mf_router.h"
+#include "mf_trace.h"
+
+#include <jansson.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#define EXIT_NO_GPU 77
+
+static const char *hf_cases[] = {"llama",     "llama_tied_llama3", "mixtral",          "mixtral_linear_v4cfg",
+                                 "olmoe",     "olmoe_dynamic",     "qwen2_moe",        "qwen2_moe_fused_sparse",
+                                 "qwen3_moe", "qwen3_moe_yarn_v4cfg", "tiny_olmoe"};
+
+static const char *hopper_mma = "emu:hopper:mma.m16n8k16.f32.bf16.bf16.f32";
+static const char *hopper_mma_f16 = "emu:hopper:mma.m16n8k16.f32.f16.f16.f32";
+
+typedef struct outputs {
+    size_t n;
+    mf_seq_result *r;
+    double secs;
+} outputs;
+
+static void free_outputs(outputs *o) {
+    for (size_t i = 0; o->r && i < o->n; i++) mf_seq_result_free(&o->r[i]);
+    free(o->r);
+    memset(o, 0, sizeof *o);
+}
+
+/* Every prompt of tokens on the CPU (device NULL) or a GPU. */
+static int run_all(outputs *o, const char *dir, const char *tokens, const char *prec_name, const char *num_name,
+                   const char *device, mf_error *err) {
+    memset(o, 0, sizeof *o);
+    mf_precision p;
+    mf_numerics n;
+    if (mf_precision_parse(&p, prec_name, err) || mf_numerics_parse(&n, num_name, err)) return MF_EINVAL;
+    mf_model *m = NULL;
+    int rc = mf_runtime_load(&m, dir, &p, err);
+    if (rc) return rc;
+    mf_prompts ps;
+    if ((rc = mf_prompts_load(&ps, tokens, m->cfg.vocab, err))) {
+        mf_model_free(m);
+        return rc;
+    }
+    o->n = ps.n;
+    o->r = mf_xcalloc(ps.n, sizeof(mf_seq_result));
+    mf_gpu *g = NULL;
+    if (device) rc = mf_gpu_open(&g, device, m, &p, &n, err);
+    mf_run_opts ro = {p, (int)sysconf(_SC_NPROCESSORS_ONLN), false, &n};
+    const double t0 = mf_now();
+    for (size_t i = 0; i < ps.n && !rc; i++) {
+        rc = device ? mf_gpu_forward(g, ps.seq[i].tokens, ps.seq[i].T, MF_GPU_ALL, &o->r[i], err)
+                    : mf_forward_cpu(m, &ro, ps.seq[i].tokens, ps.seq[i].T, &o->r[i], err);
+        if (rc) mf_fail_wrap(err, "%s, sequence %s", dir, ps.seq[i].id);
+    }
+    o->secs = mf_now() - t0;
+    mf_gpu_close(g);
+    mf_prompts_free(&ps);
+    mf_model_free(m);
+    if (rc) free_outputs(o);
+    return rc;
+}
+
+/* Digests of each output over all sequences, in order: what the committed
+ * record compares. */
+static json_t *digests(const outputs *o) {
+    mf_digest_state *d[5];
+    for (int i = 0; i < 5; i++) d[i] = mf_digest_new();
+    for (size_t s = 0; s < o->n; s++) {
+        const mf_seq_result *r = &o->r[s];
+        const size_t slots = (size_t)r->n_moe * r->T;
+        mf_digest_update(d[0], r->logits, (size_t)r->T * r->V * sizeof(double));
+        if (r->router) mf_digest_update(d[1], r->router, slots * r->E * sizeof(double));
+        if (r->topk_ids) mf_digest_update(d[2], r->topk_ids, slots * r->k * sizeof(uint16_t));
+        if (r->topk_w) mf_digest_update(d[3], r->topk_w, slots * r->k * sizeof(double));
+        if (r->shared_gate) mf_digest_update(d[4], r->shared_gate, slots * sizeof(double));
+    }
+    static const char *names[5] = {"logits", "router", "topk_ids", "topk_w", "shared_gate"};
+    json_t *j = json_object();
+    for (int i = 0; i < 5; i++) {
+        char hex[33];
+        mf_digest_final(d[i], hex);
+        json_object_set_new(j, names[i], json_string(hex));
+    }
+    return j;
+}
+
+static double rel_err(const double *a, const double *ref, size_t n) {
+    double d = 0, s = 0;
+    for (size_t i = 0; i < n; i++) {
+        d = fmax(d, fabs(a[i] - ref[i]));
+        s = fmax(s, fabs(ref[i]));
+    }
+    return s > 0 ? d / s : d;
+}
+
+static bool check_close(json_t *rec, const outputs *g, const outputs *ref) {
+    double lr = 0, rr = 0;
+    int differ = 0, compared = 0;
+    for (size_t s = 0; s < ref->n; s++) {
+        const mf_seq_result *a = &g->r[s], *b = &ref->r[s];
+        lr = fmax(lr, rel_err(a->logits, b->logits, (size_t)b->T * b->V));
+        if (!b->n_moe) continue;
+        const size_t slots = (size_t)b->n_moe * b->T;
+        rr = fmax(rr, rel_err(a->router, b->router, slots * b->E));
+        double *probs = mf_xmalloc((size_t)b->E * sizeof(double));
+        for (size_t i = 0; i < slots; i++) {
+            uint16_t ids[1024];
+            double w[1024];
+            mf_route_spec spec = {MF_ROUTE_KIND_SOFTMAX_TOPK, b->E, b->k, false, MF_F64, MF_F64};
+            mf_route_out ro = {ids, w, 0, 0, false};
+            mf_route(&spec, b->router + i * b->E, probs, &ro);
+            if (b->k < b->E && !(ro.margin_logit > 1e-6)) continue;
+            compared++;
+            bool same = true;   /* as sets: every expert of one is in the other */
+            for (int x = 0; x < b->k && same; x++) {
+                bool found = false;
+                for (int y = 0; y < b->k; y++) found |= a->topk_ids[i * b->k + x] == b->topk_ids[i * b->k + y];
+                same = found;
+            }
+            differ += !same;
+        }
+        free(probs);
+    }
+    json_object_set_new(rec, "logits_rel", json_real(lr));
+    json_object_set_new(rec, "router_rel", json_real(rr));
+    json_object_set_new(rec, "slots_compared", json_integer(compared));
+    json_object_set_new(rec, "slots_differ", json_integer(differ));
+    return lr <= 1e-5 && rr <= 1e-5 && differ == 0;
+}
+
+static size_t bits_differ(const double *a, const double *b, size_t n) {
+    size_t d = 0;
+    if (!a || !b) return a != b ? n : 0;
+    for (size_t i = 0; i < n; i++) d += memcmp(&a[i], &b[i], sizeof(double)) != 0;
+    return d;
+}
+
+static bool check_equal(json_t *rec, const outputs *g, const outputs *c) {
+    size_t logits = 0, bl = 0, br = 0, bi = 0, bw = 0, bg = 0;
+    for (size_t s = 0; s < c->n; s++) {
+        const mf_seq_result *a = &g->r[s], *b = &c->r[s];
+        logits += (size_t)b->T * b->V;
+        bl += bits_differ(a->logits, b->logits, (size_t)b->T * b->V);
+        if (!b->n_moe) continue;
+        const size_t slots = (size_t)b->n_moe * b->T;
+        br += bits_differ(a->router, b->router, slots * b->E);
+        bw += bits_differ(a->topk_w, b->topk_w, slots * b->k);
+        for (size_t i = 0; i < slots * b->k; i++) bi += a->topk_ids[i] != b->topk_ids[i];
+        if (b->shared_gate) bg += bits_differ(a->shared_gate, b->shared_gate, slots);
+    }
+    json_object_set_new(rec, "logits", json_integer((json_int_t)logits));
+    json_object_set_new(rec, "logits_differ", json_integer((json_int_t)bl));
+    json_object_set_new(rec, "router_differ", json_integer((json_int_t)br));
+    json_object_set_new(rec, "ids_differ", json_integer((json_int_t)bi));
+    json_object_set_new(rec, "weights_differ", json_integer((json_int_t)bw));
+    json_object_set_new(rec, "shared_gates_differ", json_integer((json_int_t)bg));
+    return !bl && !br && !bi && !bw && !bg;
+}
+
+typedef struct tally {
+    int passed, failed;
+    json_t *checks;
+} tally;
+
+/* One check: the GPU run of (precision, gpu numerics) against the CPU run of
+ * (cpu precision, cpu numerics). */
+static void check(tally *t, const char *label, const char *source, const char *dir, const char *tokens,
+                  const char *prec, const char *gpu_num, const char *cpu_prec, const char *cpu_num, bool exact) {
+    mf_error err = {0};
+    outputs g, c;
+    json_t *rec = json_object();
+    json_object_set_new(rec, "case", json_string(label));
+    json_object_set_new(rec, "source", json_string(source));
+    json_object_set_new(rec, "precision", json_string(prec));
+    json_object_set_new(rec, "gpu_numerics", json_string(gpu_num));
+    json_object_set_new(rec, "cpu_precision", json_string(cpu_prec));
+    json_object_set_new(rec, "cpu_numerics", json_string(cpu_num));
+    json_object_set_new(rec, "kind", json_string(exact ? "bit-exact" : "within 1e-5"));
+    bool pass = false;
+    if (run_all(&g, dir, tokens, prec, gpu_num, "cuda", &err) || run_all(&c, dir, tokens, cpu_prec, cpu_num, NULL, &err)) {
+        json_object_set_new(rec, "error", json_string(err.msg));
+        free_outputs(&g);
+    } else {
+        pass = exact ? check_equal(rec, &g, &c) : check_close(rec, &g, &c);
+        json_object_set_new(rec, "gpu_digests", digests(&g));
+        json_object_set_new(rec, "gpu_seconds", json_real(g.secs));
+        json_object_set_new(rec, "cpu_seconds", json_real(c.secs));
+        free_outputs(&g);
+        free_outputs(&c);
+    }
+    json_object_set_new(rec, "pass", json_boolean(pass));
+    char *line = json_dumps(rec, JSON_COMPACT | JSON_PRESERVE_ORDER);
+    printf("%s %s\n", pass ? "PASS" : "FAIL", line);
+    fflush(stdout);
+    free(line);
+    json_array_append_new(t->checks, rec);
+    pass ? t->passed++ : t->failed++;
+}
+
+static int validate(const char *fixtures, const char *out_path) {
+    char dir[4096], tok[4200], src[256];
+    {   /* is there a device at all? */
+        mf_error err = {0};
+        outputs probe;
+        snprintf(dir, sizeof dir, "%s/hf/llama", fixtures);
+        snprintf(tok, sizeof tok, "%s/tokens.jsonl", dir);
+        if (run_all(&probe, dir, tok, "fp32", "native", "cuda", &err)) {
+            fprintf(stderr, "moeflip_gpu_check: %s\n", err.msg);
+            return strstr(err.msg, "no cuda GPU") ? EXIT_NO_GPU : 1;
+        }
+        free_outputs(&probe);
+    }
+    tally t = {0, 0, json_array()};
+    for (size_t i = 0; i < sizeof hf_cases / sizeof hf_cases[0]; i++) {
+        snprintf(dir, sizeof dir, "%s/hf/%s", fixtures, hf_cases[i]);
+        snprintf(tok, sizeof tok, "%s/tokens.jsonl", dir);
+        snprintf(src, sizeof src, "hf/%s", hf_cases[i]);
+        check(&t, hf_cases[i], src, dir, tok, "fp32", "native", "fp64", "fp64", false);
+        check(&t, hf_cases[i], src, dir, tok, "bf16", "fixed", "bf16", hopper_mma, true);
+        check(&t, hf_cases[i], src, dir, tok, "bf16", "emu:cdna3", "bf16", "emu:cdna3", true);
+    }
+    char tmpl[] = "/tmp/moeflip-gpu-XXXXXX";
+    const char *root = mkdtemp(tmpl);
+    for (int a = 0; root && a < MF_ARCH_COUNT; a++) {
+        const char *name = mf_arch_name((mf_arch)a);
+        mf_error err = {0};
+        snprintf(dir, sizeof dir, "%s/%s", root, name);
+        if (mf_synth_write(dir, (mf_arch)a, MF_SYNTH_TINY, 7, &err)) {
+            fprintf(stderr, "moeflip_gpu_check: %s\n", err.msg);
+            return 1;
+        }
+        snprintf(tok, sizeof tok, "%s/tokens.jsonl", dir);
+        snprintf(src, sizeof src, "synth:%s:tiny:7", name);
+        check(&t, name, src, dir, tok, "fp32", "native", "fp64", "fp64", false);
+        check(&t, name, src, dir, tok, "bf16", "fixed", "bf16", hopper_mma, true);
+        check(&t, name, src, dir, tok, "fp16", "fixed", "fp16", hopper_mma_f16, true);
+        check(&t, name, src, dir, tok, "selective:router+head", "fixed", "selective:router+head", hopper_mma, true);
+        check(&t, name, src, dir, tok, "bf16", "emu:cdna3", "bf16", "emu:cdna3", true);
+        check(&t, name, src, dir, tok, "bf16", "emu:hopper", "bf16", "emu:hopper", true);
+        check(&t, name, src, dir, tok, "bf16", "emu:ampere", "bf16", "emu:ampere", true);
+        check(&t, name, src, dir, tok, "fp16", "emu:cdna3", "fp16", "emu:cdna3", true);
+        check(&t, name, src, dir, tok, "fp16", "emu:volta", "fp16", "emu:volta", true);
+    }
+    /* 512-token prompts (tiles, launches and the router's grid at a real length) */
+    static const mf_arch small_archs[] = {MF_ARCH_OLMOE, MF_ARCH_QWEN2_MOE};
+    for (size_t a = 0; root && a < sizeof small_archs / sizeof small_archs[0]; a++) {
+        const char *name = mf_arch_name(small_archs[a]);
+        mf_error err = {0};
+        snprintf(dir, sizeof dir, "%s/%s-small", root, name);
+        if (mf_synth_write(dir, small_archs[a], MF_SYNTH_SMALL, 3, &err)) {
+            fprintf(stderr, "moeflip_gpu_check: %s\n", err.msg);
+            return 1;
+        }
+        snprintf(tok, sizeof tok, "%s/tokens.jsonl", dir);
+        snprintf(src, sizeof src, "synth:%s:small:3", name);
+        check(&t, name, src, dir, tok, "fp32", "native", "fp64", "fp64", false);
+        check(&t, name, src, dir, tok, "bf16", "fixed", "bf16", hopper_mma, true);
+        check(&t, name, src, dir, tok, "bf16", "emu:cdna3", "bf16", "emu:cdna3", true);
+    }
+    json_t *doc = json_object();
+    json_object_set_new(doc, "checks", t.checks);
+    json_object_set_new(doc, "passed", json_integer(t.passed));
+    json_object_set_new(doc, "failed", json_integer(t.failed));
+    char *text = json_dumps(doc, JSON_INDENT(1) | JSON_PRESERVE_ORDER);
+    mf_error err = {0};
+    int rc = mf_write_file_atomic(out_path, text, strlen(text), &err);
+    free(text);
+    json_decref(doc);
+    printf("moeflip_gpu_check: %d checks passed, %d failed; record in %s\n", t.passed, t.failed, out_path);
+    if (rc) fprintf(stderr, "moeflip_gpu_check: %s\n", err.msg);
+    return t.failed || rc ? 1 : 0;
+}
+
+static int cmp_double(const void *a, const void *b) {
+    double x = *(const double *)a, y = *(const double *)b;
+    return x < y ? -1 : x > y;
+}
+
+static int bench(const char *dir, const char *prec_name, int reps, const char *nums, const char *out_path) {
+    mf_error err = {0};
+    mf_precision p;
+    if (mf_precision_parse(&p, prec_name, &err)) goto fail;
+    const double t_load = mf_now();
+    mf_model *m = NULL;
+    if (mf_runtime_load(&m, dir, &p, &err)) goto fail;
+    char tok[4200];
+    snprintf(tok, sizeof tok, "%s/tokens.jsonl", dir);
+    mf_prompts ps;
+    if (mf_prompts_load(&ps, tok, m->cfg.vocab, &err)) goto fail;
+    printf("model %s: %zu parameters, loaded in %.1f s; prompt %s, %d tokens, %s\n", dir, m->n_params,
+           mf_now() - t_load, ps.seq[0].id, ps.seq[0].T, prec_name);
+    json_t *doc = json_object(), *rows = json_array();
+    char list[1024];
+    snprintf(list, sizeof list, "%s", nums);
+    bool first = true;
+    for (char *save = NULL, *name = strtok_r(list, ",", &save); name; name = strtok_r(NULL, ",", &save)) {
+        mf_numerics n;
+        if (mf_numerics_parse(&n, name, &err)) goto fail;
+        mf_gpu *g = NULL;
+        const double t_open = mf_now();
+        if (mf_gpu_open(&g, "cuda", m, &p, &n, &err)) goto fail;
+        const double open_s = mf_now() - t_open;
+        for (int capture = 1; capture >= (first ? 0 : 1); capture--) {
+            double *t = mf_xmalloc((size_t)reps * sizeof(double));
+            for (int i = -1; i < reps; i++) {   /* i = -1: warm-up (weights converted, scratch allocated) */
+                mf_seq_result r;
+                const double t0 = mf_now();
+                if (mf_gpu_forward(g, ps.seq[0].tokens, ps.seq[0].T, capture ? MF_GPU_ROUTING : 0u, &r, &err)) goto fail;
+                if (i >= 0) t[i] = mf_now() - t0;
+                mf_seq_result_free(&r);
+            }
+            qsort(t, (size_t)reps, sizeof(double), cmp_double);
+            const double med = t[reps / 2], tps = ps.seq[0].T / med;
+            printf("%-28s capture %-8s median %.2f ms (min %.2f, max %.2f): %.0f tokens/s   (weights on the GPU in %.1f s)\n",
+                   n.name, capture ? "routing" : "logits", med * 1e3, t[0] * 1e3, t[reps - 1] * 1e3, tps, open_s);
+            json_t *row = json_object();
+            json_object_set_new(row, "numerics", json_string(n.name));
+            json_object_set_new(row, "capture_routing", json_boolean(capture));
+            json_object_set_new(row, "median_s", json_real(med));
+            json_object_set_new(row, "min_s", json_real(t[0]));
+            json_object_set_new(row, "max_s", json_real(t[reps - 1]));
+            json_object_set_new(row, "tokens_per_s", json_real(tps));
+            json_array_append_new(rows, row);
+            free(t);
+        }
+        first = false;
+        mf_gpu_close(g);
+    }
+    json_object_set_new(doc, "model", json_string(dir));
+    json_object_set_new(doc, "precision", json_string(prec_name));
+    json_object_set_new(doc, "tokens", json_integer(ps.seq[0].T));
+    json_object_set_new(doc, "rows", rows);
+    if (out_path) {
+        char *text = json_dumps(doc, JSON_INDENT(1) | JSON_PRESERVE_ORDER);
+        if (mf_write_file_atomic(out_path, text, strlen(text), &err)) goto fail;
+        free(text);
+    }
+    json_decref(doc);
+    mf_prompts_free(&ps);
+    mf_model_free(m);
+    return 0;
+fail:
+    fprintf(stderr, "moeflip_gpu_check: %s\n", err.msg);
+    return 1;
+}
+
+static bool have_gpu(void) {
+    if (!mf_gpu_built("cuda")) {
+        fprintf(stderr, "moeflip_gpu_check: this build has no CUDA backend\n");
+        return false;
+    }
+    return true;
+}
+
+int main(int argc, char **argv) {
+    if (argc == 5 && !strcmp(argv[1], "synth")) {
+        mf_error err = {0};
+        int size = mf_synth_size_from_name(argv[2]);
+        if (size < 0) {
+            fprintf(stderr, "moeflip_gpu_check: unknown size %s\n", argv[2]);
+            return 2;
+        }
+        const double t0 = mf_now();
+        if (mf_synth_write(argv[4], MF_ARCH_OLMOE, (mf_synth_size)size, strtoull(argv[3], NULL, 10), &err)) {
+            fprintf(stderr, "moeflip_gpu_check: %s\n", err.msg);
+            return 1;
+        }
+        printf("wrote %s in %.1f s\n", argv[4], mf_now() - t0);
+        return 0;
+    }
+    if (argc == 4 && !strcmp(argv[1], "validate")) {
+        if (!have_gpu()) return EXIT_NO_GPU;
+        return validate(argv[2], argv[3]);
+    }
+    if ((argc == 6 || argc == 7) && !strcmp(argv[1], "bench")) {
+        if (!have_gpu()) return EXIT_NO_GPU;
+        return bench(argv[2], argv[3], atoi(argv[4]), argv[5], argc == 7 ? argv[6] : NULL);
+    }
+    fprintf(stderr, "usage: moeflip_gpu_check validate FIXTURES OUT.json\n"
+                    "       moeflip_gpu_check bench MODEL_DIR PRECISION REPS NUMERICS[,...] [OUT.json]\n"
+                    "       moeflip_gpu_check synth SIZE SEED DIR\n");
+    return 2;
+}
