@@ -566,22 +566,22 @@ static void run_group(const fast_ctx *x, int i, int p0) {
         }
 }
 
-/* Decodes B's column panel pj into x->bv/x->be ([Kp][W]), row by row so the
- * writes are sequential; padding (columns past N, k past K) decodes as zeros.
- * W is a constant in each use. Returns whether every value was finite. */
-static inline __attribute__((always_inline)) bool decode_panel(fast_ctx *x, int pj, const int W, int min_e, int zero_e) {
+/* Decodes row kk of B (zeros past K and past N) into every column panel's
+ * row kk of x->bv/x->be; reading B row by row keeps its reads sequential. W
+ * is a constant in each use. Returns whether every value was finite. */
+static inline __attribute__((always_inline)) bool decode_row(fast_ctx *x, int kk, const int W, int min_e, int zero_e) {
     const mf_mma_instr *I = x->I;
-    const int Kp = x->Kp, j0 = pj * W, jn = x->N - j0 < W ? x->N - j0 : W;
-    double *bv = x->bv + (size_t)pj * x->pstride;
-    int32_t *be = x->be + (size_t)pj * x->pstride;
+    const uint64_t *row = x->B + (size_t)kk * x->N;
     bool finite = true;
-    for (int kk = 0; kk < Kp; kk++) {
-        const uint64_t *row = x->B + (size_t)kk * x->N + j0;
+    for (int pj = 0; pj < x->panels; pj++) {
+        double *bv = x->bv + (size_t)pj * x->pstride + (size_t)kk * W;
+        int32_t *be = x->be + (size_t)pj * x->pstride + (size_t)kk * W;
         for (int l = 0; l < W; l++) {
-            const double v = kk < x->K && l < jn ? fmt_value(I->b_fmt, row[l]) : 0.0;
+            const int j = pj * W + l;
+            const double v = kk < x->K && j < x->N ? fmt_value(I->b_fmt, row[j]) : 0.0;
             finite = finite && isfinite(v);
-            bv[(size_t)kk * W + l] = isfinite(v) ? v : 0.0;
-            be[(size_t)kk * W + l] = v == 0 ? zero_e : isfinite(v) ? conv_exp(v, min_e) : -126;
+            bv[l] = isfinite(v) ? v : 0.0;
+            be[l] = v == 0 ? zero_e : isfinite(v) ? conv_exp(v, min_e) : -126;
         }
     }
     return finite;
@@ -623,8 +623,8 @@ void mf_emu_gemm_fast(const mf_kschedule *s, int M, int N, int K, const uint64_t
     x.a_finite = malloc((size_t)M * sizeof(bool));
     bool b_finite = true;
 #pragma omp parallel for num_threads(threads) reduction(&& : b_finite) if (threads > 1 && (size_t)K * N > 16384)
-    for (int pj = 0; pj < x.panels; pj++)
-        b_finite = (W == LANES8 ? decode_panel(&x, pj, LANES8, min_e, zero_e) : decode_panel(&x, pj, LANES, min_e, zero_e)) && b_finite;
+    for (int kk = 0; kk < Kp; kk++)
+        b_finite = (W == LANES8 ? decode_row(&x, kk, LANES8, min_e, zero_e) : decode_row(&x, kk, LANES, min_e, zero_e)) && b_finite;
     x.b_finite = b_finite;
 #pragma omp parallel for num_threads(threads) if (threads > 1 && (size_t)M * Kp > 16384)
     for (int i = 0; i < M; i++) {
