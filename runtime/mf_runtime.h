@@ -55,16 +55,17 @@ bool mf_gpu_built(const char *backend);
 /* device: "cuda", "cuda:N", "hip" or "hip:N". Uploads the model's weights once. */
 int mf_gpu_open(mf_gpu **out, const char *device, const mf_model *m, const mf_precision *prec, const mf_numerics *num,
                 mf_error *err);
-/* What a GPU forward hands back. The logits always reach the host, as fp32
- * (exact: they hold bf16, fp16 or fp32 values) in a buffer of the GPU
- * object (mf_gpu_host_logits, valid until the next forward); with
- * MF_GPU_LOGITS also as doubles in r->logits. */
+/* What a GPU forward hands back. The logits always reach the host, in the
+ * head's dtype (bf16, fp16, or fp32 for wider heads: exact either way), in a
+ * buffer of the GPU object (mf_gpu_host_logits, valid until the next
+ * forward), as Hugging Face hands them over; with MF_GPU_LOGITS also as
+ * doubles in r->logits. */
 enum { MF_GPU_ROUTING = 1u, MF_GPU_LOGITS = 2u, MF_GPU_ALL = 3u };
 /* One sequence; routing (ids, weights, router logits, shared gates) is copied
  * back with MF_GPU_ROUTING. */
 int mf_gpu_forward(mf_gpu *g, const int32_t *tokens, int T, unsigned capture, mf_seq_result *r, mf_error *err);
-/* The last forward's logits [T, V] in host memory. */
-const float *mf_gpu_host_logits(const mf_gpu *g);
+/* The last forward's logits [T, V] in host memory, of *dtype (MF_BF16, MF_F16 or MF_F32). */
+const void *mf_gpu_host_logits(const mf_gpu *g, mf_dtype *dtype);
 /* "NVIDIA H200 (sm_90)" */
 const char *mf_gpu_describe(const mf_gpu *g);
 void mf_gpu_close(mf_gpu *g);

@@ -14,6 +14,7 @@
  *       committed copy (tests/fixtures/gpu/) lets machines without a GPU
  *       check the CPU models against what the H200 computed.
  *   moeflip_gpu_check bench MODEL_DIR PRECISION REPS NUMERICS[,NUMERICS...] [OUT.json]
+ *       (profile:NUMERICS: also print where the time goes, with a wait after every step)
  *       teacher-forced capture of the first prompt of MODEL_DIR/tokens.jsonl,
  *       logits and routing copied to the host; tokens per second (median of
  *       REPS after one warm-up), and for the first numerics the same without
@@ -322,6 +323,10 @@ static int bench(const char *dir, const char *prec_name, int reps, const char *n
     snprintf(list, sizeof list, "%s", nums);
     bool first = true;
     for (char *save = NULL, *name = strtok_r(list, ",", &save); name; name = strtok_r(NULL, ",", &save)) {
+        /* "profile:NUMERICS": the same with a wait after every step and the table of where the time goes */
+        const bool profile = !strncmp(name, "profile:", 8);
+        if (profile) name += 8;
+        setenv("MF_GPU_PROFILE", profile ? "1" : "0", 1);
         mf_numerics n;
         if (mf_numerics_parse(&n, name, &err)) goto fail;
         mf_gpu *g = NULL;
@@ -339,11 +344,12 @@ static int bench(const char *dir, const char *prec_name, int reps, const char *n
             }
             qsort(t, (size_t)reps, sizeof(double), cmp_double);
             const double med = t[reps / 2], tps = ps.seq[0].T / med;
-            printf("%-28s capture %-8s median %.2f ms (min %.2f, max %.2f): %.0f tokens/s   (weights on the GPU in %.1f s)\n",
-                   n.name, capture ? "routing" : "logits", med * 1e3, t[0] * 1e3, t[reps - 1] * 1e3, tps, open_s);
+            printf("%s%-28s capture %-8s median %.2f ms (min %.2f, max %.2f): %.0f tokens/s   (weights on the GPU in %.1f s)\n",
+                   profile ? "(profiled) " : "", n.name, capture ? "routing" : "logits", med * 1e3, t[0] * 1e3, t[reps - 1] * 1e3, tps, open_s);
             json_t *row = json_object();
             json_object_set_new(row, "numerics", json_string(n.name));
             json_object_set_new(row, "capture_routing", json_boolean(capture));
+            json_object_set_new(row, "profiled", json_boolean(profile));
             json_object_set_new(row, "median_s", json_real(med));
             json_object_set_new(row, "min_s", json_real(t[0]));
             json_object_set_new(row, "max_s", json_real(t[reps - 1]));

@@ -65,8 +65,9 @@ typedef struct gpu {
     uint16_t *ids;
     double *topk_w, *router, *shared_gate, *router_in;
     int *offset, *token, *row_of;
-    float *logits;         /* device [T][V] */
-    float *logits_host;    /* pinned */
+    void *logits;          /* device [T][V] in the head's dtype (bf16, f16: 2 bytes; else fp32) */
+    void *logits_host;     /* pinned, the same */
+    mf_dtype logits_dtype;
     /* which product a call id is, for messages */
     int ncalls;
     char calls[MAX_CALLS][40];
@@ -261,7 +262,7 @@ typedef struct prod {
     act_src b;          /* an activation */
     const int *offsets; /* grouped over experts */
     double *dst;        /* or, for the logits, */
-    float *dst_f32;
+    void *dst_packed;
     size_t ldc, dst_bstride;
 } prod;
 
@@ -313,7 +314,7 @@ static int product(gpu *G, prod *p, mf_error *err) {
     G->ncalls++;
     if (GPU_FN(gemm)(G->ctx, &g, G->msg, sizeof G->msg)) return mf_fail(err, MF_EIO, "%s: %s: %s", G->desc, p->what, G->msg);
     const float *bias = p->w ? p->w->bias : NULL;
-    if (p->dst_f32) GPU_FN(epilogue_f32)(G->ctx, p->dst_f32, G->cf, p->M, p->N, bias, gk_dt(p->out));
+    if (p->dst_packed) GPU_FN(epilogue_packed)(G->ctx, p->dst_packed, G->cf, p->M, p->N, bias, gk_dt(p->out));
     else GPU_FN(epilogue)(G->ctx, p->dst, G->cf, p->batch, p->M, p->N, p->ldc, p->dst_bstride, bias, gk_dt(p->out));
     return MF_OK;
 }
@@ -599,7 +600,10 @@ done:
     return MF_OK;
 }
 
-const float *GPU_FN(gpu_host_logits)(const void *impl) { return ((const gpu *)impl)->logits_host; }
+const void *GPU_FN(gpu_host_logits)(const void *impl, mf_dtype *dtype) {
+    *dtype = ((const gpu *)impl)->logits_dtype;
+    return ((const gpu *)impl)->logits_host;
+}
 
 int GPU_FN(gpu_forward)(void *impl, const int32_t *tokens, int T, unsigned capture, mf_seq_result *r, mf_error *err) {
     gpu *G = impl;
@@ -683,7 +687,9 @@ int GPU_FN(gpu_forward)(void *impl, const int32_t *tokens, int T, unsigned captu
     r->V = V;
     r->H = H;
     const size_t nm = (size_t)r->n_moe;
-    bool dl_fail = GPU_FN(download)(G->ctx, G->logits_host, G->logits, (size_t)T * V * sizeof(float));
+    G->logits_dtype = DH == MF_BF16 || DH == MF_F16 ? DH : MF_F32;
+    const size_t lbytes = (size_t)T * V * (G->logits_dtype == MF_F32 ? 4 : 2);
+    bool dl_fail = GPU_FN(download)(G->ctx, G->logits_host, G->logits, lbytes);
     if (nm && (capture & MF_GPU_ROUTING)) {
         r->topk_ids = mf_xmalloc(nm * T * r->k * sizeof(uint16_t));
         r->topk_w = mf_xmalloc(nm * T * r->k * sizeof(double));
@@ -709,9 +715,13 @@ int GPU_FN(gpu_forward)(void *impl, const int32_t *tokens, int T, unsigned captu
     }
     if (capture & MF_GPU_LOGITS) {
         r->logits = mf_xmalloc((size_t)T * V * sizeof(double));
-        const float *lh = G->logits_host;
-#pragma omp parallel for if ((size_t)T * V > 1000000)
-        for (size_t i = 0; i < (size_t)T * V; i++) r->logits[i] = lh[i];
+        const size_t n = (size_t)T * V;
+        const uint16_t *h16 = G->logits_host;
+        const float *f32 = G->logits_host;
+        const mf_dtype ld = G->logits_dtype;
+#pragma omp parallel for if (n > 1000000)
+        for (size_t i = 0; i < n; i++)
+            r->logits[i] = ld == MF_BF16 ? mf_bf16_to_f32(h16[i]) : ld == MF_F16 ? mf_f16_to_f32(h16[i]) : f32[i];
     }
     mark(G, P_OUTPUT);
     return MF_OK;

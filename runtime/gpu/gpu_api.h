@@ -124,8 +124,9 @@ int GPU_FN(gemm)(gk_ctx *c, const gk_gemm *g, char *msg, size_t msg_n);
 /* dst[b * dst_bstride + i * ldc + j] = round_out(C[b][i][j] + bias[j]) (bias added in fp32) */
 void GPU_FN(epilogue)(gk_ctx *c, double *dst, const float *C, int batch, int M, int N, size_t ldc, size_t dst_bstride,
                       const float *bias, int outdt);
-/* The same into float [M][N] (the logits: exact in their dtype, half the bytes to move). */
-void GPU_FN(epilogue_f32)(gk_ctx *c, float *dst, const float *C, int M, int N, const float *bias, int outdt);
+/* The same into [M][N] values of outdt itself (bf16 or f16 bits, else fp32): the
+ * logits, exact in their dtype, in the fewest bytes to move. */
+void GPU_FN(epilogue_packed)(gk_ctx *c, void *dst, const float *C, int M, int N, const float *bias, int outdt);
 
 #ifdef __cplusplus
 }

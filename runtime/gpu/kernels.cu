@@ -606,17 +606,20 @@ __global__ static void k_epilogue(double *dst, const float *C, int batch, int M,
     dst[b * dst_bstride + r * ldc + j] = rd(outdt, (double)v);
 }
 
-__global__ static void k_epilogue_f32(float *dst, const float *C, int M, int N, const float *bias, int outdt) {
+__global__ static void k_epilogue_packed(void *dst, const float *C, int M, int N, const float *bias, int outdt) {
     size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= (size_t)M * N) return;
     float v = C[i];
     if (bias) v = v + bias[i % N];
-    dst[i] = (float)rd(outdt, (double)v);
+    if (outdt == GK_BF16) ((uint16_t *)dst)[i] = bf16_bits((double)v);
+    else if (outdt == GK_F16) ((uint16_t *)dst)[i] = f16_bits((double)v);
+    else ((float *)dst)[i] = v;
 }
 
-extern "C" void GPU_FN(epilogue_f32)(gk_ctx *c, float *dst, const float *C, int M, int N, const float *bias, int outdt) {
+extern "C" void GPU_FN(epilogue_packed)(gk_ctx *c, void *dst, const float *C, int M, int N, const float *bias,
+                                        int outdt) {
     size_t n = (size_t)M * N;
-    if (n) k_epilogue_f32<<<blocks_for(n), THREADS, 0, c->stream>>>(dst, C, M, N, bias, outdt);
+    if (n) k_epilogue_packed<<<blocks_for(n), THREADS, 0, c->stream>>>(dst, C, M, N, bias, outdt);
 }
 
 extern "C" void GPU_FN(epilogue)(gk_ctx *c, double *dst, const float *C, int batch, int M, int N, size_t ldc,
@@ -777,14 +780,44 @@ __global__ static void k_emu(gk_gemm g, int *flag) {
 #define MBN 64
 #define MBK 32
 #define MPAD 8
+#define MSTAGES 3
 
-__device__ static uint32_t lds32(const uint16_t *p) { return *(const uint32_t *)p; }
+__device__ static unsigned smem_addr(const void *p) { return (unsigned)__cvta_generic_to_shared(p); }
 
-/* 128 threads, 2x2 warps of 32x32; each k16 step is one mma.sync per
- * 16x8 piece with the running fp32 sums as C: the same k16 chain, K
- * ascending from zero, as emu:hopper's plain schedule. */
+/* 16 bytes global -> shared without a register stop; src_bytes 0 fills zeros */
+__device__ static void cp_async16(void *dst, const void *src, int src_bytes) {
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem_addr(dst)), "l"(src), "r"(src_bytes));
+}
+__device__ static void cp_async_commit(void) { asm volatile("cp.async.commit_group;\n" ::); }
+template <int N> __device__ static void cp_async_wait(void) { asm volatile("cp.async.wait_group %0;\n" ::"n"(N)); }
+
+__device__ static void ldmatrix_x4(uint32_t r[4], const void *p) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(smem_addr(p)));
+}
+
+/* One stage: each of the 128 threads moves two 16-byte pieces of A's rows
+ * and two of B's (zeros past the rows, the columns or Kp). */
+__device__ static void mma_load_stage(uint16_t (*As)[MBK + MPAD], uint16_t (*Bs)[MBK + MPAD], const gk_gemm *g,
+                                      const uint16_t *A, const uint16_t *B, int r0, int r1, int n0, int tid, int k0) {
+    for (int p = 0; p < 2; p++) {
+        const int piece = tid + p * 128, row = piece >> 2, col = (piece & 3) * 8;
+        const int ar = r0 + row, bn = n0 + row;
+        const bool ka = k0 + col < g->Kp;
+        const bool va = ar < r1 && ka, vb = bn < g->N && ka;
+        cp_async16(&As[row][col], va ? (const void *)(A + (size_t)ar * g->Kp + k0 + col) : (const void *)A, va ? 16 : 0);
+        cp_async16(&Bs[row][col], vb ? (const void *)(B + (size_t)bn * g->Kp + k0 + col) : (const void *)B, vb ? 16 : 0);
+    }
+}
+
+/* 128 threads, 2x2 warps of 32x32, K in stages of 32 moved by cp.async
+ * MSTAGES - 1 stages ahead, fragments read with ldmatrix. Each k16 step is
+ * one mma.sync per 16x8 piece with the running fp32 sums as C: the same
+ * k16 chain, K ascending from zero, as emu:hopper's plain schedule (the
+ * staging changes when operands arrive, not the order of the sums). */
 __global__ static void __launch_bounds__(128) k_mma(gk_gemm g) {
-    __shared__ __align__(16) uint16_t As[MBM][MBK + MPAD], Bs[MBN][MBK + MPAD];
+    __shared__ __align__(16) uint16_t As[MSTAGES][MBM][MBK + MPAD], Bs[MSTAGES][MBN][MBK + MPAD];
     int e, r0, r1;
     if (!tile_rows(&g, blockIdx.y, MBM, &e, &r0, &r1)) return;
     const int b = blockIdx.z, n0 = blockIdx.x * MBN;
@@ -796,41 +829,29 @@ __global__ static void __launch_bounds__(128) k_mma(gk_gemm g) {
     for (int x = 0; x < 2; x++)
         for (int y = 0; y < 4; y++)
             for (int z = 0; z < 4; z++) acc[x][y][z] = 0.0f;
-    /* each thread moves two 16-byte pieces of A and two of B per stage */
-    uint4 ra[2], rb[2];
-    const uint4 zero4 = make_uint4(0, 0, 0, 0);
-    /* the next stage's loads are issued before this stage's products, so
-     * their latency hides behind the tensor cores */
-#define LOAD_STAGE(k0)                                                                                          \
-    for (int p = 0; p < 2; p++) {                                                                               \
-        int piece = tid + p * 128, row = piece >> 2, col = (piece & 3) * 8;                                     \
-        int ar = r0 + row, bn = n0 + row;                                                                       \
-        ra[p] = ar < r1 && (k0) + col < g.Kp ? *(const uint4 *)(A + (size_t)ar * g.Kp + (k0) + col) : zero4;   \
-        rb[p] = bn < g.N && (k0) + col < g.Kp ? *(const uint4 *)(B + (size_t)bn * g.Kp + (k0) + col) : zero4;  \
+    const int KT = (g.Kp + MBK - 1) / MBK;
+    for (int s = 0; s < MSTAGES - 1; s++) {
+        if (s < KT) mma_load_stage(As[s], Bs[s], &g, A, B, r0, r1, n0, tid, s * MBK);
+        cp_async_commit();
     }
-    LOAD_STAGE(0)
-    for (int k0 = 0; k0 < g.Kp; k0 += MBK) {
-        __syncthreads();
-        for (int p = 0; p < 2; p++) {
-            int piece = tid + p * 128, row = piece >> 2, col = (piece & 3) * 8;
-            *(uint4 *)&As[row][col] = ra[p];
-            *(uint4 *)&Bs[row][col] = rb[p];
-        }
-        __syncthreads();
-        if (k0 + MBK < g.Kp) LOAD_STAGE(k0 + MBK)
+    for (int kt = 0; kt < KT; kt++) {
+        cp_async_wait<MSTAGES - 2>();
+        __syncthreads();   /* stage kt has landed for everyone; slot (kt - 1) % MSTAGES is free */
+        const int next = kt + MSTAGES - 1;
+        if (next < KT) mma_load_stage(As[next % MSTAGES], Bs[next % MSTAGES], &g, A, B, r0, r1, n0, tid, next * MBK);
+        cp_async_commit();
+        const int slot = kt % MSTAGES, k0 = kt * MBK;
         for (int ks = 0; ks < MBK && k0 + ks < g.Kp; ks += 16) {
             uint32_t af[2][4], bf[4][2];
-            for (int mi = 0; mi < 2; mi++) {
-                int r = wm + mi * 16 + gq;
-                af[mi][0] = lds32(&As[r][ks + 2 * tq]);
-                af[mi][1] = lds32(&As[r + 8][ks + 2 * tq]);
-                af[mi][2] = lds32(&As[r][ks + 2 * tq + 8]);
-                af[mi][3] = lds32(&As[r + 8][ks + 2 * tq + 8]);
-            }
-            for (int ni = 0; ni < 4; ni++) {
-                int n = wn + ni * 8 + gq;
-                bf[ni][0] = lds32(&Bs[n][ks + 2 * tq]);
-                bf[ni][1] = lds32(&Bs[n][ks + 2 * tq + 8]);
+            for (int mi = 0; mi < 2; mi++)
+                ldmatrix_x4(af[mi], &As[slot][wm + mi * 16 + (lane & 15)][ks + (lane >> 4) * 8]);
+            for (int np = 0; np < 2; np++) {
+                uint32_t r[4];
+                ldmatrix_x4(r, &Bs[slot][wn + np * 16 + (lane & 7) + (lane >> 4) * 8][ks + ((lane >> 3) & 1) * 8]);
+                bf[2 * np][0] = r[0];
+                bf[2 * np][1] = r[1];
+                bf[2 * np + 1][0] = r[2];
+                bf[2 * np + 1][1] = r[3];
             }
             for (int mi = 0; mi < 2; mi++)
                 for (int ni = 0; ni < 4; ni++) {
@@ -850,6 +871,7 @@ __global__ static void __launch_bounds__(128) k_mma(gk_gemm g) {
                 }
         }
     }
+    cp_async_wait<0>();
     float *C = g.C + (size_t)b * g.c_bstride;
     for (int mi = 0; mi < 2; mi++)
         for (int ni = 0; ni < 4; ni++) {

@@ -9,7 +9,7 @@
                           const mf_numerics *num, mf_error *err);                                                \
     int prefix##_gpu_forward(void *impl, const int32_t *tokens, int T, unsigned capture, mf_seq_result *r,       \
                              mf_error *err);                                                                     \
-    const float *prefix##_gpu_host_logits(const void *impl);                                                     \
+    const void *prefix##_gpu_host_logits(const void *impl, mf_dtype *dtype);                                     \
     const char *prefix##_gpu_describe(const void *impl);                                                         \
     void prefix##_gpu_close(void *impl);
 DECLARE(mf_cuda)
@@ -100,14 +100,15 @@ int mf_gpu_forward(mf_gpu *g, const int32_t *tokens, int T, unsigned capture, mf
     return mf_fail(err, MF_EUNSUPPORTED, "no GPU backend in this build");
 }
 
-const float *mf_gpu_host_logits(const mf_gpu *g) {
+const void *mf_gpu_host_logits(const mf_gpu *g, mf_dtype *dtype) {
 #ifdef MF_HAVE_CUDA
-    if (g->b == BACKEND_CUDA) return mf_cuda_gpu_host_logits(g->impl);
+    if (g->b == BACKEND_CUDA) return mf_cuda_gpu_host_logits(g->impl, dtype);
 #endif
 #ifdef MF_HAVE_HIP
-    if (g->b == BACKEND_HIP) return mf_hip_gpu_host_logits(g->impl);
+    if (g->b == BACKEND_HIP) return mf_hip_gpu_host_logits(g->impl, dtype);
 #endif
     (void)g;
+    *dtype = MF_DTYPE_INVALID;
     return NULL;
 }
 
