@@ -151,6 +151,13 @@ Test(gpu, without_a_backend_or_device_the_command_says_so) {
     const char *want = mf_gpu_built("hip") ? "no hip GPU on this machine" : "built without the HIP backend";
     cr_expect(strstr(err, want) != NULL, "message: %s", err);
     cr_expect(strchr(err, '\n') == strrchr(err, '\n'), "one line: %s", err);
+    if (mf_gpu_built("cuda")) {
+        /* the module loads and finds its functions in the program; then the device query answers */
+        rc = run_moeflip(err, sizeof err, "trace --model %s --input %s/tokens.jsonl --out %s/run4 --device cuda:0",
+                         fixture("hf/olmoe"), fixture("hf/olmoe"), out);
+        cr_expect(strstr(err, "cannot load") == NULL, "the CUDA module: %s", err);
+        if (rc != 0) cr_expect(strstr(err, "no cuda GPU on this machine") != NULL, "message: %s", err);
+    }
     rc = run_moeflip(err, sizeof err, "trace --model %s --input %s/tokens.jsonl --out %s/run2 --device tpu",
                      fixture("hf/olmoe"), fixture("hf/olmoe"), out);
     cr_expect_eq(rc, 1);

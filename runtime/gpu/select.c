@@ -1,26 +1,106 @@
-/* Which GPU backend a device string names, and whether this build has it. */
+/* Which GPU backend a device string names, whether this build has it, and
+ * loading its module (libmoeflip_cuda.so, libmoeflip_hip.so) on first use:
+ * the vendor libraries come in only with a GPU run. The module looks for
+ * the core's functions in the program (built with exported symbols). */
 #include "mf_runtime.h"
 
+#include <dlfcn.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-
-#define DECLARE(prefix)                                                                                          \
-    int prefix##_gpu_open(void **out, int device, const mf_model *m, const mf_precision *prec,                   \
-                          const mf_numerics *num, mf_error *err);                                                \
-    int prefix##_gpu_forward(void *impl, const int32_t *tokens, int T, unsigned capture, mf_seq_result *r,       \
-                             mf_error *err);                                                                     \
-    const void *prefix##_gpu_host_logits(const void *impl, mf_dtype *dtype);                                     \
-    const char *prefix##_gpu_describe(const void *impl);                                                         \
-    void prefix##_gpu_close(void *impl);
-DECLARE(mf_cuda)
-DECLARE(mf_hip)
+#include <unistd.h>
 
 typedef enum { BACKEND_CUDA, BACKEND_HIP } backend;
 
+typedef struct backend_api {
+    int (*open)(void **out, int device, const mf_model *m, const mf_precision *prec, const mf_numerics *num,
+                mf_error *err);
+    int (*forward)(void *impl, const int32_t *tokens, int T, unsigned capture, mf_seq_result *r, mf_error *err);
+    const void *(*host_logits)(const void *impl, mf_dtype *dtype);
+    const char *(*describe)(const void *impl);
+    void (*close)(void *impl);
+} backend_api;
+
 struct mf_gpu {
-    backend b;
+    const backend_api *api;
     void *impl;
 };
+
+static const char *const backend_names[2] = {"cuda", "hip"};
+
+/* Directories to look in: $MOEFLIP_GPU_MODULE_DIR, the program's own, its
+ * parent (tests/ inside a build), the build directory it was made in. */
+static void *open_module(const char *file, char *why, size_t why_n) {
+    char dirs[4][4096] = {{0}};
+    const char *env = getenv("MOEFLIP_GPU_MODULE_DIR");
+    if (env) snprintf(dirs[0], sizeof dirs[0], "%s", env);
+    ssize_t n = readlink("/proc/self/exe", dirs[1], sizeof dirs[1] - 1);
+    if (n > 0) {
+        dirs[1][n] = 0;
+        char *slash = strrchr(dirs[1], '/');
+        if (slash) *slash = 0;
+        snprintf(dirs[2], sizeof dirs[2], "%s", dirs[1]);
+        slash = strrchr(dirs[2], '/');
+        if (slash) *slash = 0;
+        else dirs[2][0] = 0;
+    }
+#ifdef MF_GPU_MODULE_DIR
+    snprintf(dirs[3], sizeof dirs[3], "%s", MF_GPU_MODULE_DIR);
+#endif
+    why[0] = 0;
+    for (int i = 0; i < 4; i++) {
+        if (!dirs[i][0]) continue;
+        char path[4200];
+        if (strlen(dirs[i]) + strlen(file) + 2 > sizeof path) continue;
+        snprintf(path, sizeof path, "%.4096s/%.64s", dirs[i], file);
+        if (access(path, F_OK) != 0) continue;
+        void *h = dlopen(path, RTLD_NOW | RTLD_LOCAL);
+        if (h) return h;
+        snprintf(why, why_n, "%s", dlerror());
+        return NULL;
+    }
+    snprintf(why, why_n, "%s not found next to the program or in %s", file,
+#ifdef MF_GPU_MODULE_DIR
+             MF_GPU_MODULE_DIR
+#else
+             "the build directory"
+#endif
+    );
+    return NULL;
+}
+
+static int load_backend(backend b, const backend_api **out, mf_error *err) {
+    static backend_api apis[2];
+    static bool loaded[2];
+    if (loaded[b]) {
+        *out = &apis[b];
+        return MF_OK;
+    }
+    char file[64], why[1024], sym[64];
+    snprintf(file, sizeof file, "libmoeflip_%s.so", backend_names[b]);
+    void *h = open_module(file, why, sizeof why);
+    if (!h) return mf_fail(err, MF_EIO, "cannot load the %s backend: %s", backend_names[b], why);
+    backend_api *a = &apis[b];
+    struct {
+        const char *name;
+        void **slot;
+    } syms[] = {{"gpu_open", (void **)&a->open},
+                {"gpu_forward", (void **)&a->forward},
+                {"gpu_host_logits", (void **)&a->host_logits},
+                {"gpu_describe", (void **)&a->describe},
+                {"gpu_close", (void **)&a->close}};
+    for (size_t i = 0; i < sizeof syms / sizeof syms[0]; i++) {
+        snprintf(sym, sizeof sym, "mf_%s_%s", backend_names[b], syms[i].name);
+        *syms[i].slot = dlsym(h, sym);
+        if (!*syms[i].slot) {
+            dlclose(h);
+            return mf_fail(err, MF_EIO, "cannot load the %s backend: %s lacks %s", backend_names[b], file, sym);
+        }
+    }
+    loaded[b] = true;
+    *out = a;
+    return MF_OK;
+}
 
 bool mf_gpu_built(const char *name) {
 #ifdef MF_HAVE_CUDA
@@ -67,69 +147,27 @@ int mf_gpu_open(mf_gpu **out, const char *device, const mf_model *m, const mf_pr
     *out = NULL;
     backend b = BACKEND_CUDA;
     int index = 0, rc;
-    if ((rc = parse_device(device, &b, &index, err))) return rc;
+    const backend_api *api;
+    if ((rc = parse_device(device, &b, &index, err)) || (rc = load_backend(b, &api, err))) return rc;
     void *impl = NULL;
-#ifdef MF_HAVE_CUDA
-    if (b == BACKEND_CUDA) rc = mf_cuda_gpu_open(&impl, index, m, prec, num, err);
-#endif
-#ifdef MF_HAVE_HIP
-    if (b == BACKEND_HIP) rc = mf_hip_gpu_open(&impl, index, m, prec, num, err);
-#endif
-    (void)m;
-    (void)prec;
-    (void)num;
-    if (rc) return rc;
+    if ((rc = api->open(&impl, index, m, prec, num, err))) return rc;
     mf_gpu *g = mf_xmalloc(sizeof *g);
-    g->b = b;
+    g->api = api;
     g->impl = impl;
     *out = g;
     return MF_OK;
 }
 
 int mf_gpu_forward(mf_gpu *g, const int32_t *tokens, int T, unsigned capture, mf_seq_result *r, mf_error *err) {
-#ifdef MF_HAVE_CUDA
-    if (g->b == BACKEND_CUDA) return mf_cuda_gpu_forward(g->impl, tokens, T, capture, r, err);
-#endif
-#ifdef MF_HAVE_HIP
-    if (g->b == BACKEND_HIP) return mf_hip_gpu_forward(g->impl, tokens, T, capture, r, err);
-#endif
-    (void)tokens;
-    (void)T;
-    (void)capture;
-    (void)r;
-    return mf_fail(err, MF_EUNSUPPORTED, "no GPU backend in this build");
+    return g->api->forward(g->impl, tokens, T, capture, r, err);
 }
 
-const void *mf_gpu_host_logits(const mf_gpu *g, mf_dtype *dtype) {
-#ifdef MF_HAVE_CUDA
-    if (g->b == BACKEND_CUDA) return mf_cuda_gpu_host_logits(g->impl, dtype);
-#endif
-#ifdef MF_HAVE_HIP
-    if (g->b == BACKEND_HIP) return mf_hip_gpu_host_logits(g->impl, dtype);
-#endif
-    (void)g;
-    *dtype = MF_DTYPE_INVALID;
-    return NULL;
-}
+const void *mf_gpu_host_logits(const mf_gpu *g, mf_dtype *dtype) { return g->api->host_logits(g->impl, dtype); }
 
-const char *mf_gpu_describe(const mf_gpu *g) {
-#ifdef MF_HAVE_CUDA
-    if (g->b == BACKEND_CUDA) return mf_cuda_gpu_describe(g->impl);
-#endif
-#ifdef MF_HAVE_HIP
-    if (g->b == BACKEND_HIP) return mf_hip_gpu_describe(g->impl);
-#endif
-    (void)g;
-    return "none";
-}
+const char *mf_gpu_describe(const mf_gpu *g) { return g->api->describe(g->impl); }
 
 void mf_gpu_close(mf_gpu *g) {
     if (!g) return;
-#ifdef MF_HAVE_CUDA
-    if (g->b == BACKEND_CUDA) mf_cuda_gpu_close(g->impl);
-#endif
-#ifdef MF_HAVE_HIP
-    if (g->b == BACKEND_HIP) mf_hip_gpu_close(g->impl);
-#endif
+    g->api->close(g->impl);
     free(g);
 }
