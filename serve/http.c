@@ -223,6 +223,16 @@ static void write_raw(conn *c, char *head, size_t hlen, char *body, size_t blen)
     arm_timer(c, c->srv->o.idle_timeout_ms);
 }
 
+/* HTML pages may load nothing from elsewhere: the UI talks only to this server, a report has no scripts. */
+static const char *csp(const conn *c, const char *ctype) {
+    if (strncmp(ctype, "text/html", 9) != 0) return "";
+    if (c->route == R_UI)
+        return "Content-Security-Policy: default-src 'none'; script-src 'unsafe-inline'; style-src 'unsafe-inline'; "
+               "img-src blob: data:; connect-src 'self'; frame-src 'self'; base-uri 'none'; form-action 'none'\r\n";
+    return "Content-Security-Policy: default-src 'none'; style-src 'unsafe-inline'; img-src data:; base-uri 'none'; "
+           "form-action 'none'\r\n";
+}
+
 void conn_respond(conn *c, int status, const char *ctype, const void *body, size_t len) {
     if (c->state == CS_CLOSING || c->responded) return;
     c->responded = true;
@@ -240,8 +250,8 @@ void conn_respond(conn *c, int status, const char *ctype, const void *body, size
     char *head = NULL;
     int hl = asprintf(&head,
                       "HTTP/1.1 %d %s\r\nContent-Type: %s\r\nContent-Length: %zu\r\nCache-Control: no-store\r\n"
-                      "X-Content-Type-Options: nosniff\r\n%s%s%s\r\n",
-                      status, reason(status), ctype, len, c->close_after ? "Connection: close\r\n" : "",
+                      "X-Content-Type-Options: nosniff\r\n%s%s%s%s\r\n",
+                      status, reason(status), ctype, len, csp(c, ctype), c->close_after ? "Connection: close\r\n" : "",
                       status == 401 ? "WWW-Authenticate: Bearer\r\n" : "", status == 429 || status == 503 ? "Retry-After: 1\r\n" : "");
     if (hl < 0) abort();
     char *b = NULL;
@@ -320,6 +330,12 @@ static void on_read(uv_stream_t *st, ssize_t nread, const uv_buf_t *buf) {
 void conn_stop_reading(conn *c) {
     if (c->reading && c->state != CS_CLOSING) uv_read_stop(c->stream);
     c->reading = false;
+}
+
+void conn_resume_body(conn *c) {
+    if (c->state != CS_BODY || c->reading) return;
+    arm_timer(c, c->srv->o.idle_timeout_ms);
+    conn_start_reading(c);
 }
 
 void conn_start_reading(conn *c) {
@@ -602,7 +618,10 @@ static int on_body(http_parser *p, const char *at, size_t len) {
     arm_timer(c, c->srv->o.idle_timeout_ms);
     if (c->route == R_UPLOAD) {
         if (c->up && !upload_feed(c->up, at, len)) return 0;
-        if (c->up && upload_staged(c->up) >= STAGE_PAUSE) conn_stop_reading(c);
+        if (c->up && upload_staged(c->up) >= STAGE_PAUSE) {   /* the pool is behind: the client waits for us, not we for it */
+            conn_stop_reading(c);
+            uv_timer_stop(&c->timer);
+        }
         return 0;
     }
     if (c->route == R_DIFF_POST) {

@@ -148,6 +148,8 @@ void conn_close(conn *c);
 bool conn_alive(const conn *c);
 void conn_stop_reading(conn *c);
 void conn_start_reading(conn *c);
+/* An upload's staged bytes went to the pool: read the body again (with its idle timer). */
+void conn_resume_body(conn *c);
 
 /* Sets up the parser settings and the listener-independent state. */
 void server_init(server *s, uv_loop_t *loop, const mf_serve_opts *o);

@@ -354,7 +354,7 @@ static void after_cb(uv_work_t *w, int status) {
     } else if (u->stage_len >= STAGE_FLUSH) {
         submit(u, W_WRITE);
     }
-    if (u->stage_len < STAGE_PAUSE && c->state == CS_BODY) conn_start_reading(c);
+    if (u->stage_len < STAGE_PAUSE) conn_resume_body(c);
 }
 
 static void submit(upload *u, int kind) {

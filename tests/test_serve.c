@@ -583,7 +583,8 @@ Test(serve, fifty_concurrent_pushes_with_disconnects_then_crash_and_restart, .ti
     pusher ps[N];
     pthread_t th[N];
     mf_rng rng;
-    mf_rng_seed(&rng, (uint64_t)time(NULL));
+    const uint64_t seed = getenv("MOEFLIP_TEST_SEED") ? strtoull(getenv("MOEFLIP_TEST_SEED"), NULL, 10) : (uint64_t)time(NULL);
+    mf_rng_seed(&rng, seed);
     for (int i = 0; i < N; i++) {
         pusher *p = &ps[i];
         memset(p, 0, sizeof *p);
@@ -605,13 +606,14 @@ Test(serve, fifty_concurrent_pushes_with_disconnects_then_crash_and_restart, .ti
     int completed = 0;
     for (int i = 0; i < N; i++) {
         if (ps[i].cut < ps[i].len) continue;
-        cr_assert_eq(ps[i].status, 201, "%s: %d after %d tries", ps[i].name, ps[i].status, ps[i].tries);
+        cr_assert_eq(ps[i].status, 201, "%s: %d after %d tries (MOEFLIP_TEST_SEED=%llu)", ps[i].name, ps[i].status, ps[i].tries,
+                     (unsigned long long)seed);
         if (completed++) strcat(want, ",");
         strcat(want, ps[i].name);
     }
     cr_assert_gt(completed, 10);
     char *names = list_names(s.port, NULL);
-    cr_assert_str_eq(names, want);
+    cr_assert_str_eq(names, want, "MOEFLIP_TEST_SEED=%llu", (unsigned long long)seed);
     free(names);
     char p[700];
     snprintf(p, sizeof p, "%s/.tmp", root);

@@ -44,6 +44,7 @@ Test(serve_ui, load_pick_and_see_the_heatmaps_in_chromium, .timeout = 240) {
     http_request(s.port, "GET", "/", NULL, NULL, 0, &r);
     cr_assert_eq(r.status, 200);
     cr_assert(strstr(r.head, "Content-Type: text/html"));
+    cr_assert(strstr(r.head, "Content-Security-Policy: default-src 'none';"), "the browser is told to load nothing from elsewhere");
     cr_assert_null(strstr(r.body, "http://"), "no external resources");
     cr_assert_null(strstr(r.body, "https://"), "no external resources");
     cr_assert_null(strstr(r.body, "<link"), "no external stylesheets");
