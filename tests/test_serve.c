@@ -528,6 +528,7 @@ typedef struct pusher {
     size_t len;
     size_t cut;          /* disconnect after this many body bytes; len: complete */
     bool rst;            /* disconnect with a reset instead of a close */
+    int head_cut;        /* > 0: disconnect after this many bytes of the request's headers */
     int status;          /* final answer */
     int tries;
 } pusher;
@@ -542,6 +543,12 @@ static void *push_thread(void *arg) {
         }
         char head[512];
         int hl = snprintf(head, sizeof head, "PUT /api/runs/%s HTTP/1.1\r\nHost: x\r\n" AUTH "Content-Length: %zu\r\n\r\n", p->name, p->len);
+        if (p->head_cut > 0 && p->head_cut < hl) {
+            send_all(fd, head, (size_t)p->head_cut);
+            close(fd);
+            p->status = -1;
+            return NULL;
+        }
         send_all(fd, head, (size_t)hl);
         const size_t upto = p->cut < p->len ? p->cut : p->len;
         bool ok = true;
@@ -596,6 +603,7 @@ Test(serve, fifty_concurrent_pushes_with_disconnects_then_crash_and_restart, .ti
         if (mf_rng_uniform(&rng) < 0.4) {   /* disconnects anywhere from right after the headers to one byte short */
             p->cut = (size_t)(mf_rng_uniform(&rng) * (double)p->len);
             p->rst = mf_rng_uniform(&rng) < 0.5;
+            if (mf_rng_uniform(&rng) < 0.15) p->head_cut = 1 + (int)(mf_rng_uniform(&rng) * 90);   /* inside the headers */
         }
     }
     for (int i = 0; i < N; i++) pthread_create(&th[i], NULL, push_thread, &ps[i]);
@@ -848,5 +856,79 @@ Test(serve, diff_report_and_heatmaps_cached, .timeout = 120) {
     cr_assert_eq(r.status, 200);
     http_free(&r);
     json_decref(meta);
+    server_stop(&s, SIGKILL);
+}
+
+/* Real `moeflip push` processes killed at random moments: a push that exited 0 is stored and verifies;
+ * one that was killed is either absent or complete and verified; nothing partial. */
+Test(serve, push_processes_killed_at_random_moments, .timeout = 120) {
+    const char *d = temp_dir();
+    const char *run = make_run(d, "big", "hf/qwen2_moe", "--precision fp64 --record full");
+    char root[600], extra[700];
+    snprintf(root, sizeof root, "%s/root", d);
+    const char *tok = token_file(d);
+    snprintf(extra, sizeof extra, "--token-file '%s' --quiet", tok);
+    test_server s;
+    server_start(&s, root, extra);
+    enum { N = 12 };
+    pid_t pids[N];
+    bool killed[N];
+    int status[N];
+    mf_rng rng;
+    const uint64_t seed = getenv("MOEFLIP_TEST_SEED") ? strtoull(getenv("MOEFLIP_TEST_SEED"), NULL, 10) : (uint64_t)time(NULL);
+    mf_rng_seed(&rng, seed ^ 0x5eed);
+    for (int i = 0; i < N; i++) {
+        char name[32], url[64];
+        snprintf(name, sizeof name, "p%02d", i);
+        snprintf(url, sizeof url, "http://127.0.0.1:%d", s.port);
+        pids[i] = fork();
+        if (pids[i] == 0) {
+            execl(MF_TEST_BIN, MF_TEST_BIN, "push", "-q", run, "--name", name, "--to", url, "--token-file", tok, "--retries", "20",
+                  (char *)NULL);
+            _exit(127);
+        }
+    }
+    for (int i = 0; i < N; i++) {
+        killed[i] = mf_rng_uniform(&rng) < 0.5;
+        if (killed[i]) {
+            sleep_ms((int)(mf_rng_uniform(&rng) * 30));
+            kill(pids[i], SIGKILL);
+        }
+    }
+    int done_ok = 0;
+    for (int i = 0; i < N; i++) {
+        int st;
+        waitpid(pids[i], &st, 0);
+        status[i] = st;
+        if (WIFEXITED(st)) {
+            cr_assert_eq(WEXITSTATUS(st), 0, "push p%02d failed (MOEFLIP_TEST_SEED=%llu)", i, (unsigned long long)seed);
+            done_ok++;
+        } else {
+            cr_assert(killed[i] && WIFSIGNALED(st), "push p%02d ended oddly: %d", i, st);
+        }
+    }
+    cr_assert(server_alive(&s), "the server died");
+    char p[700];
+    snprintf(p, sizeof p, "%s/.tmp", root);
+    for (int i = 0; i < 200 && dir_entries(p) != 0; i++) sleep_ms(20);
+    cr_assert_eq(dir_entries(p), 0, "dropped uploads leave nothing behind");
+    server_stop(&s, SIGKILL);
+    server_start(&s, root, extra);
+    char *names = list_names(s.port, NULL);
+    int listed = 0;
+    for (int i = 0; i < N; i++) {
+        char name[32];
+        snprintf(name, sizeof name, "p%02d", i);
+        const bool present = strstr(names, name) != NULL;
+        if (WIFEXITED(status[i])) cr_assert(present, "%s exited 0 but is not stored", name);
+        if (present) {
+            assert_stored_verifies(root, name, run);
+            listed++;
+        }
+    }
+    snprintf(p, sizeof p, "%s/runs", root);
+    cr_assert_eq(dir_entries(p), listed, "no partial run directory");
+    cr_assert_geq(listed, done_ok);
+    free(names);
     server_stop(&s, SIGKILL);
 }
