@@ -1,7 +1,7 @@
 /* The forward pass on a GPU, host side (C17): the CPU executor's sequence
- * of steps (runtime/cpu/forward.c), each one a kernel of kernels.cu on one
- * stream. Built once per backend (MF_GPU_BACKEND_CUDA or _HIP), the symbols
- * named by GPU_FN.
+ * of steps (runtime/cpu/forward.c), each one a kernel of kernels.cu or
+ * gemm.cu on one stream. Built once per backend (MF_GPU_BACKEND_CUDA or
+ * _HIP) into its module, the symbols named by GPU_FN.
  *
  * Weights are uploaded once, as fp32 rows padded to a multiple of 16 (their
  * values are exact there: every GPU policy rounds weights to bf16, fp16 or

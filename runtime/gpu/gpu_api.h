@@ -1,7 +1,7 @@
 /* The GPU backends' internal interface: what runtime/gpu/forward.c asks of
- * runtime/gpu/kernels.cu. The same two sources build the CUDA backend (nvcc)
- * and the HIP backend (hipcc); GPU_FN gives each build its own symbols
- * (mf_cuda_..., mf_hip_...) so both can live in one binary.
+ * runtime/gpu/kernels.cu and gemm.cu. The same sources build the CUDA backend
+ * (nvcc) and the HIP backend (hipcc), each a module of its own; GPU_FN gives
+ * each its own symbols (mf_cuda_..., mf_hip_...).
  *
  * Activations live on the device in double, as on the CPU, and every kernel
  * rounds at the CPU executor's cast points with the same formulas: a GPU run

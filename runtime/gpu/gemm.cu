@@ -1,0 +1,420 @@
+/* Matrix products on the GPU: operands packed into an instruction's input
+ * format, the engines (cuBLAS; our mma.sync / MFMA k16 chain; the CPU's fp32
+ * fma chain; numerics/'s instruction models in exact arithmetic), and the
+ * epilogues that round the fp32 sums where the CPU rounds them. One source
+ * for CUDA and HIP. */
+#include "gpu_device.h"
+
+/* ------------------------------------------------------------- operands */
+
+__global__ static void k_pack(void *dst, int fmt, int batch, int rows, int cols, int colsp, const double *src,
+                              size_t sb, int group, size_t sr, size_t sc) {
+    size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    size_t per = (size_t)rows * colsp;
+    if (i >= (size_t)batch * per) return;
+    size_t b = i / per, r = (i % per) / colsp, col = i % colsp;
+    double v = (int)col < cols ? src[(b / group) * sb + r * sr + col * sc] : 0.0;
+    put_operand(dst, fmt, i, v);
+}
+
+extern "C" void GPU_FN(pack)(gk_ctx *c, void *dst, int fmt, int batch, int rows, int cols, int colsp,
+                             const double *src, size_t sb, int group, size_t sr, size_t sc) {
+    size_t n = (size_t)batch * rows * colsp;
+    if (n) k_pack<<<blocks_for(n), THREADS, 0, c->stream>>>(dst, fmt, batch, rows, cols, colsp, src, sb, group, sr, sc);
+}
+
+__global__ static void k_convert_weights(void *dst, int fmt, const float *src, size_t n) {
+    size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) put_operand(dst, fmt, i, (double)src[i]);
+}
+
+extern "C" void GPU_FN(convert_weights)(gk_ctx *c, void *dst, int fmt, const float *src, size_t n) {
+    if (n) k_convert_weights<<<blocks_for(n), THREADS, 0, c->stream>>>(dst, fmt, src, n);
+}
+
+__global__ static void k_epilogue(double *dst, const float *C, int batch, int M, int N, size_t ldc, size_t dst_bstride,
+                                  const float *bias, int outdt) {
+    size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    size_t per = (size_t)M * N;
+    if (i >= (size_t)batch * per) return;
+    size_t b = i / per, r = (i % per) / N, j = i % N;
+    float v = C[i];
+    if (bias) v = v + bias[j];
+    dst[b * dst_bstride + r * ldc + j] = rd(outdt, (double)v);
+}
+
+__global__ static void k_epilogue_packed(void *dst, const float *C, int M, int N, const float *bias, int outdt) {
+    size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= (size_t)M * N) return;
+    float v = C[i];
+    if (bias) v = v + bias[i % N];
+    if (outdt == GK_BF16) ((uint16_t *)dst)[i] = bf16_bits((double)v);
+    else if (outdt == GK_F16) ((uint16_t *)dst)[i] = f16_bits((double)v);
+    else ((float *)dst)[i] = v;
+}
+
+extern "C" void GPU_FN(epilogue_packed)(gk_ctx *c, void *dst, const float *C, int M, int N, const float *bias,
+                                        int outdt) {
+    size_t n = (size_t)M * N;
+    if (n) k_epilogue_packed<<<blocks_for(n), THREADS, 0, c->stream>>>(dst, C, M, N, bias, outdt);
+}
+
+extern "C" void GPU_FN(epilogue)(gk_ctx *c, double *dst, const float *C, int batch, int M, int N, size_t ldc,
+                                 size_t dst_bstride, const float *bias, int outdt) {
+    size_t n = (size_t)batch * M * N;
+    if (n) k_epilogue<<<blocks_for(n), THREADS, 0, c->stream>>>(dst, C, batch, M, N, ldc, dst_bstride, bias, outdt);
+}
+
+/* -------------------------------------------------------- matrix products */
+
+/* Which rows a block handles: dense, rows [by * BM, ...); grouped, the
+ * by-th row tile counted over experts in order. */
+__device__ static bool tile_rows(const gk_gemm *g, int by, int BM, int *e, int *r0, int *r1) {
+    if (!g->offsets) {
+        *e = 0;
+        *r0 = by * BM;
+        *r1 = g->M;
+        return *r0 < g->M;
+    }
+    for (int x = 0; x < g->experts; x++) {
+        int n = g->offsets[x + 1] - g->offsets[x], tiles = (n + BM - 1) / BM;
+        if (by < tiles) {
+            *e = x;
+            *r0 = g->offsets[x] + by * BM;
+            *r1 = g->offsets[x + 1];
+            return true;
+        }
+        by -= tiles;
+    }
+    return false;
+}
+
+static unsigned row_tiles(const gk_gemm *g, int BM) {
+    return (unsigned)((g->M + BM - 1) / BM + (g->offsets ? g->experts : 0));
+}
+
+/* ---- fp32 fma chain: the CPU's native fp32 product, element for element */
+
+#define CT 16
+__global__ static void k_chain32(gk_gemm g) {
+    __shared__ float As[CT][CT + 1], Bs[CT][CT + 1];
+    int e, r0, r1;
+    if (!tile_rows(&g, blockIdx.y, CT, &e, &r0, &r1)) return;
+    const int b = blockIdx.z, tx = threadIdx.x, ty = threadIdx.y;
+    const int i = r0 + ty, j = blockIdx.x * CT + tx;
+    const float *A = (const float *)g.A + (size_t)b * g.a_bstride;
+    const float *B = (const float *)g.B + (size_t)b * g.b_bstride + (size_t)e * g.b_bstride * (g.offsets != NULL);
+    float acc = 0;
+    for (int k0 = 0; k0 < g.K; k0 += CT) {
+        int ar = r0 + ty, bc = blockIdx.x * CT + ty;
+        As[ty][tx] = ar < r1 && k0 + tx < g.Kp ? A[(size_t)ar * g.Kp + k0 + tx] : 0.0f;
+        Bs[ty][tx] = bc < g.N && k0 + tx < g.Kp ? B[(size_t)bc * g.Kp + k0 + tx] : 0.0f;
+        __syncthreads();
+        int kn = g.K - k0 < CT ? g.K - k0 : CT;
+        for (int kk = 0; kk < kn; kk++) acc = fmaf(As[ty][kk], Bs[tx][kk], acc);
+        __syncthreads();
+    }
+    if (i < r1 && j < g.N) g.C[(size_t)b * g.c_bstride + (size_t)i * g.N + j] = acc;
+}
+
+/* ---- instruction models (numerics/emu_fast.c's formulas, one element per thread) */
+
+/* MMA-Sim's exponent of a value: unbiased for normal numbers, the format's
+ * minimum for subnormals. */
+__device__ static int value_exp(double v, int min_exp) {
+    int e;
+    frexp(v, &e);
+    return e - 1 < min_exp ? min_exp : e - 1;
+}
+
+/* NVIDIA fused dot-add of n products onto c: products aligned to the
+ * largest exponent E (c's included), truncated to F fraction bits, summed
+ * exactly, the sum truncated to fp32. */
+__device__ static double nv_chunk(int n, const double *av, const int *ae, const double *bv, const int *be, double c,
+                                  int F) {
+    int ec = c == 0 ? -126 : value_exp(c, -126);
+    int E = ec;
+    for (int i = 0; i < n; i++) E = max(E, ae[i] + be[i]);
+    double sc = ldexp(1.0, F - E), S = trunc(c * sc);
+    for (int i = 0; i < n; i++) S += trunc(av[i] * bv[i] * sc);
+    if (S == 0) return 0.0;
+    int es;
+    frexp(S, &es);
+    int ev = es - 1 + E - F;
+    int q = (ev < -126 ? -126 : ev) - 23;
+    return ldexp(trunc(ldexp(S, E - F - q)), q);
+}
+
+/* AMD CDNA3 grouped dot: products aligned to their largest exponent at 24
+ * bits, then added to c at 31 bits (both rounding down), one RNE rounding. */
+__device__ static double amd_group(int n, const double *av, const int *ae, const double *bv, const int *be, double c) {
+    int Ep = INT_MIN;
+    for (int i = 0; i < n; i++) Ep = max(Ep, ae[i] + be[i]);
+    double sp = ldexp(1.0, 24 - Ep), S = 0;
+    for (int i = 0; i < n; i++) S += trunc(av[i] * bv[i] * sp);
+    int ec = c == 0 ? -126 : value_exp((float)c, -126);
+    int E = Ep > ec ? Ep : ec;
+    double s31 = floor(ldexp(S, 7 + Ep - E));
+    double c24 = floor(ldexp(c, 24 - E));
+    return (double)(float)ldexp(s31 + c24 * 128.0, E - 31);
+}
+
+#define ET 16
+__global__ static void k_emu(gk_gemm g, int *flag) {
+    __shared__ double Av[ET][ET + 1], Bv[ET][ET + 1];
+    __shared__ int Ae[ET][ET + 1], Be[ET][ET + 1];
+    int e, r0, r1;
+    if (!tile_rows(&g, blockIdx.y, ET, &e, &r0, &r1)) return;
+    const int b = blockIdx.z, tx = threadIdx.x, ty = threadIdx.y;
+    const int i = r0 + ty, j = blockIdx.x * ET + tx;
+    const uint16_t *A = (const uint16_t *)g.A + (size_t)b * g.a_bstride;
+    const uint16_t *B = (const uint16_t *)g.B + (size_t)b * g.b_bstride + (size_t)e * g.b_bstride * (g.offsets != NULL);
+    const int min_e = g.fmt == GK_F16 ? -14 : -126;
+    const int zero_e = g.emu_kind == GK_EMU_NV_FUSED && g.emu_zero_excluded ? -1000000 : -126;
+    const int Kq = (g.K + g.emu_k - 1) / g.emu_k * g.emu_k;
+    double acc = 0;
+    bool unsafe = false;
+    for (int k0 = 0; k0 < Kq; k0 += ET) {
+        int ar = r0 + ty, bc = blockIdx.x * ET + ty;
+        uint16_t ab = ar < r1 && k0 + tx < g.Kp ? A[(size_t)ar * g.Kp + k0 + tx] : 0;
+        uint16_t bb = bc < g.N && k0 + tx < g.Kp ? B[(size_t)bc * g.Kp + k0 + tx] : 0;
+        double av = g.fmt == GK_F16 ? f16_value(ab) : bf16_value(ab);
+        double bv = g.fmt == GK_F16 ? f16_value(bb) : bf16_value(bb);
+        unsafe |= !isfinite(av) || !isfinite(bv);
+        Av[ty][tx] = isfinite(av) ? av : 0.0;
+        Bv[ty][tx] = isfinite(bv) ? bv : 0.0;
+        Ae[ty][tx] = av == 0 || !isfinite(av) ? (av == 0 ? zero_e : -126) : value_exp(av, min_e);
+        Be[ty][tx] = bv == 0 || !isfinite(bv) ? (bv == 0 ? zero_e : -126) : value_exp(bv, min_e);
+        __syncthreads();
+        double av_[ET], bv_[ET];
+        int ae_[ET], be_[ET];
+        for (int kk = 0; kk < ET; kk++) {
+            av_[kk] = Av[ty][kk];
+            ae_[kk] = Ae[ty][kk];
+            bv_[kk] = Bv[tx][kk];
+            be_[kk] = Be[tx][kk];
+            unsafe |= ae_[kk] + be_[kk] > 125;
+        }
+        for (int c0 = 0; c0 < ET && k0 + c0 < Kq; c0 += g.emu_chunk) {
+            if (g.emu_kind == GK_EMU_NV_FUSED)
+                acc = nv_chunk(g.emu_chunk, av_ + c0, ae_ + c0, bv_ + c0, be_ + c0, acc, g.emu_frac);
+            else
+                acc = amd_group(g.emu_chunk, av_ + c0, ae_ + c0, bv_ + c0, be_ + c0, acc);
+            unsafe |= !(fabs(acc) < 0x1p126);
+        }
+        __syncthreads();
+    }
+    if (i < r1 && j < g.N) {
+        g.C[(size_t)b * g.c_bstride + (size_t)i * g.N + j] = (float)acc;
+        if (unsafe) atomicMin(flag, g.call_id);
+    }
+}
+
+/* ---- tensor cores: a k16 chain of the hardware's own instruction */
+
+#if defined(GPU_CUDA)
+#define MBM 64
+#define MBN 64
+#define MBK 32
+#define MPAD 8
+#define MSTAGES 3
+
+__device__ static unsigned smem_addr(const void *p) { return (unsigned)__cvta_generic_to_shared(p); }
+
+/* 16 bytes global -> shared without a register stop; src_bytes 0 fills zeros */
+__device__ static void cp_async16(void *dst, const void *src, int src_bytes) {
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem_addr(dst)), "l"(src), "r"(src_bytes));
+}
+__device__ static void cp_async_commit(void) { asm volatile("cp.async.commit_group;\n" ::); }
+template <int N> __device__ static void cp_async_wait(void) { asm volatile("cp.async.wait_group %0;\n" ::"n"(N)); }
+
+__device__ static void ldmatrix_x4(uint32_t r[4], const void *p) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(smem_addr(p)));
+}
+
+/* One stage: each of the 128 threads moves two 16-byte pieces of A's rows
+ * and two of B's (zeros past the rows, the columns or Kp). */
+__device__ static void mma_load_stage(uint16_t (*As)[MBK + MPAD], uint16_t (*Bs)[MBK + MPAD], const gk_gemm *g,
+                                      const uint16_t *A, const uint16_t *B, int r0, int r1, int n0, int tid, int k0) {
+    for (int p = 0; p < 2; p++) {
+        const int piece = tid + p * 128, row = piece >> 2, col = (piece & 3) * 8;
+        const int ar = r0 + row, bn = n0 + row;
+        const bool ka = k0 + col < g->Kp;
+        const bool va = ar < r1 && ka, vb = bn < g->N && ka;
+        cp_async16(&As[row][col], va ? (const void *)(A + (size_t)ar * g->Kp + k0 + col) : (const void *)A, va ? 16 : 0);
+        cp_async16(&Bs[row][col], vb ? (const void *)(B + (size_t)bn * g->Kp + k0 + col) : (const void *)B, vb ? 16 : 0);
+    }
+}
+
+/* 128 threads, 2x2 warps of 32x32, K in stages of 32 moved by cp.async
+ * MSTAGES - 1 stages ahead, fragments read with ldmatrix. Each k16 step is
+ * one mma.sync per 16x8 piece with the running fp32 sums as C: the same
+ * k16 chain, K ascending from zero, as emu:hopper's plain schedule (the
+ * staging changes when operands arrive, not the order of the sums). */
+__global__ static void __launch_bounds__(128) k_mma(gk_gemm g) {
+    __shared__ __align__(16) uint16_t As[MSTAGES][MBM][MBK + MPAD], Bs[MSTAGES][MBN][MBK + MPAD];
+    int e, r0, r1;
+    if (!tile_rows(&g, blockIdx.y, MBM, &e, &r0, &r1)) return;
+    const int b = blockIdx.z, n0 = blockIdx.x * MBN;
+    const uint16_t *A = (const uint16_t *)g.A + (size_t)b * g.a_bstride;
+    const uint16_t *B = (const uint16_t *)g.B + (size_t)b * g.b_bstride + (size_t)e * g.b_bstride * (g.offsets != NULL);
+    const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, gq = lane >> 2, tq = lane & 3;
+    const int wm = (warp >> 1) * 32, wn = (warp & 1) * 32;
+    float acc[2][4][4];
+    for (int x = 0; x < 2; x++)
+        for (int y = 0; y < 4; y++)
+            for (int z = 0; z < 4; z++) acc[x][y][z] = 0.0f;
+    const int KT = (g.Kp + MBK - 1) / MBK;
+    for (int s = 0; s < MSTAGES - 1; s++) {
+        if (s < KT) mma_load_stage(As[s], Bs[s], &g, A, B, r0, r1, n0, tid, s * MBK);
+        cp_async_commit();
+    }
+    for (int kt = 0; kt < KT; kt++) {
+        cp_async_wait<MSTAGES - 2>();
+        __syncthreads();   /* stage kt has landed for everyone; slot (kt - 1) % MSTAGES is free */
+        const int next = kt + MSTAGES - 1;
+        if (next < KT) mma_load_stage(As[next % MSTAGES], Bs[next % MSTAGES], &g, A, B, r0, r1, n0, tid, next * MBK);
+        cp_async_commit();
+        const int slot = kt % MSTAGES, k0 = kt * MBK;
+        for (int ks = 0; ks < MBK && k0 + ks < g.Kp; ks += 16) {
+            uint32_t af[2][4], bf[4][2];
+            for (int mi = 0; mi < 2; mi++)
+                ldmatrix_x4(af[mi], &As[slot][wm + mi * 16 + (lane & 15)][ks + (lane >> 4) * 8]);
+            for (int np = 0; np < 2; np++) {
+                uint32_t r[4];
+                ldmatrix_x4(r, &Bs[slot][wn + np * 16 + (lane & 7) + (lane >> 4) * 8][ks + ((lane >> 3) & 1) * 8]);
+                bf[2 * np][0] = r[0];
+                bf[2 * np][1] = r[1];
+                bf[2 * np + 1][0] = r[2];
+                bf[2 * np + 1][1] = r[3];
+            }
+            for (int mi = 0; mi < 2; mi++)
+                for (int ni = 0; ni < 4; ni++) {
+                    float *d = acc[mi][ni];
+                    if (g.fmt == GK_F16)
+                        asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 "
+                                     "{%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
+                                     : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+                                     : "r"(af[mi][0]), "r"(af[mi][1]), "r"(af[mi][2]), "r"(af[mi][3]),
+                                       "r"(bf[ni][0]), "r"(bf[ni][1]));
+                    else
+                        asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 "
+                                     "{%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
+                                     : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+                                     : "r"(af[mi][0]), "r"(af[mi][1]), "r"(af[mi][2]), "r"(af[mi][3]),
+                                       "r"(bf[ni][0]), "r"(bf[ni][1]));
+                }
+        }
+    }
+    cp_async_wait<0>();
+    float *C = g.C + (size_t)b * g.c_bstride;
+    for (int mi = 0; mi < 2; mi++)
+        for (int ni = 0; ni < 4; ni++) {
+            int r = r0 + wm + mi * 16 + gq, col = n0 + wn + ni * 8 + 2 * tq;
+            for (int h = 0; h < 2; h++) {
+                int rr = r + 8 * h;
+                if (rr >= r1) continue;
+                if (col < g.N) C[(size_t)rr * g.N + col] = acc[mi][ni][2 * h];
+                if (col + 1 < g.N) C[(size_t)rr * g.N + col + 1] = acc[mi][ni][2 * h + 1];
+            }
+        }
+}
+#endif
+
+#if defined(GPU_HIP)
+typedef float f32x4 __attribute__((ext_vector_type(4)));
+typedef short i16x4 __attribute__((ext_vector_type(4)));
+typedef _Float16 f16x4 __attribute__((ext_vector_type(4)));
+
+/* One wavefront (64 lanes) per 16x16 tile, a k16 chain of MFMA
+ * 16x16x16 (bf16_1k or f16). Lane l holds A[l % 16][4 (l / 16) + 0..3],
+ * B[4 (l / 16) + 0..3][l % 16] and D[4 (l / 16) + 0..3][l % 16]. */
+__global__ static void __launch_bounds__(64) k_mfma(gk_gemm g) {
+    int e, r0, r1;
+    if (!tile_rows(&g, blockIdx.y, 16, &e, &r0, &r1)) return;
+    const int b = blockIdx.z, n0 = blockIdx.x * 16, lane = threadIdx.x;
+    const uint16_t *A = (const uint16_t *)g.A + (size_t)b * g.a_bstride;
+    const uint16_t *B = (const uint16_t *)g.B + (size_t)b * g.b_bstride + (size_t)e * g.b_bstride * (g.offsets != NULL);
+    const int row = r0 + lane % 16, col = n0 + lane % 16, kq = 4 * (lane / 16);
+    f32x4 acc = {0, 0, 0, 0};
+    for (int k0 = 0; k0 < g.Kp; k0 += 16) {
+        i16x4 a = {0, 0, 0, 0}, bb = {0, 0, 0, 0};
+        for (int x = 0; x < 4; x++) {
+            if (row < r1) a[x] = (short)A[(size_t)row * g.Kp + k0 + kq + x];
+            if (col < g.N) bb[x] = (short)B[(size_t)col * g.Kp + k0 + kq + x];
+        }
+        if (g.fmt == GK_F16) {
+            f16x4 ah, bh;
+            memcpy(&ah, &a, 8);
+            memcpy(&bh, &bb, 8);
+            acc = __builtin_amdgcn_mfma_f32_16x16x16f16(ah, bh, acc, 0, 0, 0);
+        } else {
+            acc = __builtin_amdgcn_mfma_f32_16x16x16bf16_1k(a, bb, acc, 0, 0, 0);
+        }
+    }
+    float *C = g.C + (size_t)b * g.c_bstride;
+    for (int x = 0; x < 4; x++) {
+        int rr = r0 + kq + x;
+        if (rr < r1 && col < g.N) C[(size_t)rr * g.N + col] = acc[x];
+    }
+}
+#endif
+
+#if defined(GPU_CUDA)
+static int blas_gemm(gk_ctx *c, const gk_gemm *g, char *msg, size_t msg_n) {
+    /* row-major C[M, N] = A[M, K] B[N, K]^T is column-major C^T = B^T' A: op(B) = T, op(A) = N,
+     * as torch.nn.functional.linear calls it */
+    const float one = 1.0f, zero = 0.0f;
+    cudaDataType_t t = g->fmt == GK_F32 ? CUDA_R_32F : g->fmt == GK_BF16 ? CUDA_R_16BF : CUDA_R_16F;
+    cublasStatus_t s = cublasGemmStridedBatchedEx(
+        c->blas, CUBLAS_OP_T, CUBLAS_OP_N, g->N, g->M, g->K, &one, g->B, t, g->Kp, (long long)g->b_bstride, g->A, t,
+        g->Kp, (long long)g->a_bstride, &zero, g->C, CUDA_R_32F, g->N, (long long)g->c_bstride, g->batch,
+        CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
+    if (s != CUBLAS_STATUS_SUCCESS) {
+        snprintf(msg, msg_n, "cuBLAS product %dx%dx%d failed (status %d)", g->M, g->N, g->K, (int)s);
+        return 1;
+    }
+    return 0;
+}
+#endif
+
+extern "C" int GPU_FN(gemm)(gk_ctx *c, const gk_gemm *g, char *msg, size_t msg_n) {
+    if (g->M <= 0 || g->N <= 0) return 0;
+    switch (g->engine) {
+    case GK_ENGINE_BLAS:
+#if defined(GPU_CUDA)
+        if (g->offsets) break;
+        return blas_gemm(c, g, msg, msg_n);
+#else
+        break;
+#endif
+    case GK_ENGINE_CHAIN32: {
+        dim3 grid((g->N + CT - 1) / CT, row_tiles(g, CT), g->batch), block(CT, CT);
+        k_chain32<<<grid, block, 0, c->stream>>>(*g);
+        return 0;
+    }
+    case GK_ENGINE_EMU: {
+        if (ET % g->emu_chunk || g->emu_k % g->emu_chunk) {
+            snprintf(msg, msg_n, "emulated product: chunk of %d products does not divide a 16-wide tile", g->emu_chunk);
+            return 1;
+        }
+        dim3 grid((g->N + ET - 1) / ET, row_tiles(g, ET), g->batch), block(ET, ET);
+        k_emu<<<grid, block, 0, c->stream>>>(*g, c->flag);
+        return 0;
+    }
+    case GK_ENGINE_MMA: {
+#if defined(GPU_CUDA)
+        dim3 grid((g->N + MBN - 1) / MBN, row_tiles(g, MBM), g->batch);
+        k_mma<<<grid, 128, 0, c->stream>>>(*g);
+#else
+        dim3 grid((g->N + 15) / 16, row_tiles(g, 16), g->batch);
+        k_mfma<<<grid, 64, 0, c->stream>>>(*g);
+#endif
+        return 0;
+    }
+    }
+    snprintf(msg, msg_n, "matrix engine %d is not available in the %s backend", g->engine, GPU_NAME);
+    return 1;
+}
