@@ -559,15 +559,27 @@ int mf_run_open(mf_run **out, const char *dir, mf_error *err) {
          * mapping that was hashed is the one the tensors are read from */
         char sp[4096], have[33];
         mf_path_join(sp, sizeof sp, dir, f);
-        mf_mmap m;
-        if ((rc = mf_mmap_open(&m, sp, err))) goto fail;
-        mf_digest_buffer(m.data, m.size, have);
-        mf_mmap_close(&m);
+        if (mf_st_open(&r->shards[i], sp, err) != MF_OK) {
+            /* unreadable as safetensors: say "damaged" if the bytes differ from the recorded ones */
+            mf_error e2 = {0};
+            mf_mmap m;
+            if ((rc = mf_mmap_open(&m, sp, &e2))) {
+                *err = e2;
+                goto fail;
+            }
+            mf_digest_buffer(m.data, m.size, have);
+            mf_mmap_close(&m);
+            if (strcmp(have, d) != 0)
+                rc = mf_fail(err, MF_EDIGEST, "%s: damaged shard: digest %s, the manifest records %s", sp, have, d);
+            else
+                rc = err->code ? err->code : MF_EFORMAT;
+            goto fail;
+        }
+        mf_digest_buffer(r->shards[i]->map.data, r->shards[i]->map.size, have);
         if (strcmp(have, d) != 0) {
             rc = mf_fail(err, MF_EDIGEST, "%s: damaged shard: digest %s, the manifest records %s", sp, have, d);
             goto fail;
         }
-        if ((rc = mf_st_open(&r->shards[i], sp, err))) goto fail;
     }
     r->n_seqs = json_array_size(seqs);
     r->seqs = mf_xcalloc(r->n_seqs + 1, sizeof *r->seqs);
