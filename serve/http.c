@@ -783,10 +783,11 @@ int server_listen(server *s, mf_error *err) {
         memmove(host, host + 1, hl - 2);
         host[hl - 2] = 0;
     }
+    if (!strcmp(host, "localhost")) snprintf(host, sizeof host, "127.0.0.1");
     struct sockaddr_storage addr;
     if (uv_ip4_addr(host, (int)port, (struct sockaddr_in *)&addr) != 0 &&
         uv_ip6_addr(host, (int)port, (struct sockaddr_in6 *)&addr) != 0)
-        return mf_fail(err, MF_EINVAL, "--listen %s: %s is not an IP address", s->o.listen, host);
+        return mf_fail(err, MF_EINVAL, "--listen %s: %s is not an IP address (127.0.0.1, ::1, 0.0.0.0, ...)", s->o.listen, host);
     uv_tcp_init(s->loop, &s->listener);
     s->listener.data = s;
     int rc = uv_tcp_bind(&s->listener, (const struct sockaddr *)&addr, 0);
