@@ -4,6 +4,7 @@
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <http_parser.h>
 #include <jansson.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
@@ -123,46 +124,104 @@ bool send_all(int fd, const void *p, size_t n) {
     return true;
 }
 
+/* Responses are parsed with http-parser too (HTTP_RESPONSE): status, headers as text, body. */
+typedef struct reader {
+    http_resp *r;
+    size_t head_len, cap;
+    bool in_value, done;
+} reader;
+
+static void head_append(reader *rd, const char *at, size_t len) {
+    http_resp *r = rd->r;
+    size_t room = sizeof r->head - 1 - rd->head_len;
+    size_t n = len < room ? len : room;
+    memcpy(r->head + rd->head_len, at, n);
+    rd->head_len += n;
+    r->head[rd->head_len] = 0;
+}
+
+static int rd_field(http_parser *p, const char *at, size_t len) {
+    reader *rd = p->data;
+    if (rd->in_value || rd->head_len == 0) head_append(rd, "\r\n", 2);
+    rd->in_value = false;
+    head_append(rd, at, len);
+    return 0;
+}
+
+static int rd_value(http_parser *p, const char *at, size_t len) {
+    reader *rd = p->data;
+    if (!rd->in_value) head_append(rd, ": ", 2);
+    rd->in_value = true;
+    head_append(rd, at, len);
+    return 0;
+}
+
+static int rd_body(http_parser *p, const char *at, size_t len) {
+    reader *rd = p->data;
+    http_resp *r = rd->r;
+    if (r->body_len + len + 1 > rd->cap) {
+        rd->cap = (r->body_len + len + 1) * 2;
+        r->body = realloc(r->body, rd->cap);
+    }
+    memcpy(r->body + r->body_len, at, len);
+    r->body_len += len;
+    r->body[r->body_len] = 0;
+    return 0;
+}
+
+static int rd_complete(http_parser *p) {
+    reader *rd = p->data;
+    if (p->status_code == 100) {   /* a 100 Continue comes before the answer */
+        rd->head_len = 0;
+        rd->r->head[0] = 0;
+        rd->in_value = false;
+        return 0;
+    }
+    rd->r->status = (int)p->status_code;
+    rd->done = true;
+    http_parser_pause(p, 1);
+    return 0;
+}
+
 void http_read(int fd, http_resp *r) {
     memset(r, 0, sizeof *r);
-    size_t cap = 1 << 16, n = 0, hl = 0;   /* hl: length of the head, 0 until it is complete */
-    char *buf = malloc(cap + 1);
-    long clen = -1;
-    for (;;) {
-        if (n == cap) buf = realloc(buf, (cap *= 2) + 1);
-        ssize_t got = recv(fd, buf + n, cap - n, 0);
+    r->body = calloc(1, 1);
+    reader rd = {.r = r, .cap = 1};
+    http_parser p;
+    http_parser_init(&p, HTTP_RESPONSE);
+    p.data = &rd;
+    http_parser_settings st;
+    http_parser_settings_init(&st);
+    st.on_header_field = rd_field;
+    st.on_header_value = rd_value;
+    st.on_body = rd_body;
+    st.on_message_complete = rd_complete;
+    char buf[65536];
+    while (!rd.done) {
+        ssize_t got = recv(fd, buf, sizeof buf, 0);
         if (got < 0 && errno == EINTR) continue;
-        if (got <= 0) break;
-        n += (size_t)got;
-        buf[n] = 0;
-        char *end;
-        while (!hl && (end = strstr(buf, "\r\n\r\n"))) {
-            size_t h = (size_t)(end - buf);
-            if (!strncmp(buf, "HTTP/1.1 100", 12)) {   /* a 100 Continue comes before the answer */
-                memmove(buf, buf + h + 4, n - h - 4);
-                n -= h + 4;
-                buf[n] = 0;
-                continue;
-            }
-            hl = h;
-            buf[h] = 0;
-            const char *cl = strcasestr(buf, "\r\ncontent-length:");
-            if (cl) clen = atol(cl + 17);
-            buf[h] = '\r';
+        if (got <= 0) {
+            http_parser_execute(&p, &st, NULL, 0);   /* the end of a response without a length */
+            break;
         }
-        if (hl && clen >= 0 && n >= hl + 4 + (size_t)clen) break;
+        size_t used = http_parser_execute(&p, &st, buf, (size_t)got);
+        if (HTTP_PARSER_ERRNO(&p) != HPE_OK && HTTP_PARSER_ERRNO(&p) != HPE_PAUSED) break;
+        (void)used;
     }
-    if (hl) {
-        snprintf(r->head, sizeof r->head, "%.*s", (int)(hl < sizeof r->head - 1 ? hl : sizeof r->head - 1), buf);
-        sscanf(buf, "HTTP/1.%*d %d", &r->status);
-        r->body_len = n - hl - 4;
-        r->body = malloc(r->body_len + 1);
-        memcpy(r->body, buf + hl + 4, r->body_len);
-        r->body[r->body_len] = 0;
+    if (rd.done || r->status) {
+        /* the status line first, as the server wrote it */
+        char line[64];
+        const size_t n = (size_t)snprintf(line, sizeof line, "HTTP/1.1 %d", r->status);
+        size_t hl = strlen(r->head);
+        if (hl + n >= sizeof r->head) hl = sizeof r->head - 1 - n;
+        memmove(r->head + n, r->head, hl);
+        memcpy(r->head, line, n);
+        r->head[n + hl] = 0;
     } else {
-        r->body = calloc(1, 1);
+        r->status = 0;
+        r->body_len = 0;
+        r->body[0] = 0;
     }
-    free(buf);
 }
 
 void http_request(int port, const char *method, const char *path, const char *headers, const void *body, size_t len,
