@@ -12,6 +12,7 @@
 #include <signal.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/prctl.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/time.h>
@@ -43,9 +44,13 @@ void server_start(test_server *s, const char *root, const char *extra) {
     char cmd[4096];
     snprintf(cmd, sizeof cmd, "exec %s serve --root '%s' --listen 127.0.0.1:0 %s 2>'%s'", MF_TEST_BIN, root, extra ? extra : "",
              s->err_path);
+    const pid_t parent = getpid();
     pid_t pid = fork();
     cr_assert(pid >= 0);
     if (pid == 0) {
+        /* a test that fails half-way must not leave its server running */
+        prctl(PR_SET_PDEATHSIG, SIGKILL);
+        if (getppid() != parent) _exit(1);
         dup2(fds[1], 1);
         close(fds[0]);
         close(fds[1]);
