@@ -47,7 +47,20 @@ int cmd_push(int argc, char **argv) {
     o.progress = !quiet;
     mf_push_result r;
     mf_error err = {0};
-    if (mf_push(&o, &r, &err)) return cli_fail(&err);
+    /* the client is a module: libcurl is loaded by this command only */
+    char why[1024];
+    void *module = mf_module_open("libmoeflip_push.so", why, sizeof why);
+    if (!module) {
+        mf_fail(&err, MF_EIO, "cannot load the push client: %s", why);
+        return cli_fail(&err);
+    }
+    int (*push)(const mf_push_opts *, mf_push_result *, mf_error *) =
+        (int (*)(const mf_push_opts *, mf_push_result *, mf_error *))mf_module_symbol(module, "mf_push");
+    if (!push) {
+        mf_fail(&err, MF_EIO, "cannot load the push client: libmoeflip_push.so lacks mf_push");
+        return cli_fail(&err);
+    }
+    if (push(&o, &r, &err)) return cli_fail(&err);
     if (!quiet)
         printf("pushed %s to %s: %.1f MB in %.2f s, verified by the server%s%s\n", r.name, o.url, (double)r.bytes / 1e6, r.seconds,
                r.existed ? " (it already held this run)" : "", r.attempts > 1 ? " after retries" : "");

@@ -185,6 +185,18 @@ void mf_progress_end(mf_progress *p);
 
 double mf_now(void);   /* monotonic seconds */
 
+/* ---- run-time modules ---------------------------------------------------
+ * Parts that bring large libraries (CUDA, ROCm, libcurl) are modules loaded
+ * when a command needs them, so no other command pays for loading them.
+ * Looked for in $MOEFLIP_MODULE_DIR, the program's directory, its parent, and
+ * the build directory. A module finds the core's functions in the program. */
+
+/* dlopen of `file` ("libmoeflip_cuda.so"); NULL with the reason in why. */
+void *mf_module_open(const char *file, char *why, size_t why_n);
+/* The function `name` of a module, or NULL. */
+void *mf_module_symbol(void *module, const char *name);
+void mf_module_close(void *module);
+
 /* ---- deterministic random numbers (splitmix64 seeded xoshiro256**) ---- */
 
 typedef struct mf_rng { uint64_t s[4]; } mf_rng;

@@ -6,6 +6,8 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <dlfcn.h>
+#include <stdio.h>
 #include <unistd.h>
 
 static bool log_quiet;
@@ -113,4 +115,42 @@ char *mf_xstrdup(const char *s) {
     char *d = mf_xmalloc(n);
     memcpy(d, s, n);
     return d;
+}
+
+void *mf_module_open(const char *file, char *why, size_t why_n) {
+    char dirs[4][4096] = {{0}};
+    const char *env = getenv("MOEFLIP_MODULE_DIR");
+    if (env) snprintf(dirs[0], sizeof dirs[0], "%s", env);
+    ssize_t n = readlink("/proc/self/exe", dirs[1], sizeof dirs[1] - 1);
+    if (n > 0) {   /* the program's directory, and its parent (tests/ inside a build) */
+        dirs[1][n] = 0;
+        char *slash = strrchr(dirs[1], '/');
+        if (slash) *slash = 0;
+        snprintf(dirs[2], sizeof dirs[2], "%s", dirs[1]);
+        slash = strrchr(dirs[2], '/');
+        if (slash) *slash = 0;
+        else dirs[2][0] = 0;
+    }
+#ifdef MF_MODULE_DIR
+    snprintf(dirs[3], sizeof dirs[3], "%s", MF_MODULE_DIR);
+#endif
+    why[0] = 0;
+    for (int i = 0; i < 4; i++) {
+        char path[4200];
+        if (!dirs[i][0] || strlen(dirs[i]) + strlen(file) + 2 > sizeof path) continue;
+        snprintf(path, sizeof path, "%.4096s/%.64s", dirs[i], file);
+        if (access(path, F_OK) != 0) continue;
+        void *h = dlopen(path, RTLD_NOW | RTLD_LOCAL);
+        if (h) return h;
+        snprintf(why, why_n, "%s", dlerror());
+        return NULL;
+    }
+    snprintf(why, why_n, "%s not found next to the program or in its build directory", file);
+    return NULL;
+}
+
+void *mf_module_symbol(void *module, const char *name) { return dlsym(module, name); }
+
+void mf_module_close(void *module) {
+    if (module) dlclose(module);
 }

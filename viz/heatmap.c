@@ -195,11 +195,6 @@ static void cell(mf_figure *f, double x, double y, double w, double h, const cha
     va_end(ap);
 }
 
-void mf_figure_free(mf_figure *f) {
-    free(f->cells);
-    memset(f, 0, sizeof *f);
-}
-
 static double clampd(double x, double lo, double hi) { return x < lo ? lo : x > hi ? hi : x; }
 
 /* Tick spacing: label every `step` cells so labels stay `min_px` apart. */
@@ -519,21 +514,6 @@ static void draw(cairo_t *cr, const fig_data *d, const geom *g, mf_figure *f) {
 
 /* ---- outputs --------------------------------------------------------------------------- */
 
-int mf_heat_kind_parse(const char *s, mf_heat_kind *out) {
-    static const char *names[] = {"layer-expert", "layer-position", "margin", "flips-kl"};
-    for (int i = 0; i < 4; i++)
-        if (!strcmp(s, names[i])) {
-            *out = (mf_heat_kind)i;
-            return MF_OK;
-        }
-    return MF_EINVAL;
-}
-
-const char *mf_heat_kind_name(mf_heat_kind k) {
-    static const char *names[] = {"layer-expert", "layer-position", "margin", "flips-kl"};
-    return (unsigned)k < 4 ? names[k] : "?";
-}
-
 static const char *ext_of(const char *path) {
     const char *dot = strrchr(path, '.');
     return dot ? dot + 1 : "";
@@ -551,7 +531,7 @@ static int load_or_free(const char *diff_json, int target, mf_heat_kind kind, co
     return rc;
 }
 
-int mf_heatmap_file(const char *diff_json, int target, mf_heat_kind kind, const char *seq, const char *path,
+int mf_draw_heatmap_file(const char *diff_json, int target, mf_heat_kind kind, const char *seq, const char *path,
                     mf_error *err) {
     const char *ext = ext_of(path);
     if (strcmp(ext, "png") && strcmp(ext, "svg") && strcmp(ext, "pdf"))
@@ -609,7 +589,7 @@ static cairo_status_t to_mem(void *closure, const unsigned char *data, unsigned 
     return CAIRO_STATUS_SUCCESS;
 }
 
-int mf_heatmap_svg(const char *diff_json, int target, mf_heat_kind kind, const char *seq, char **svg, size_t *len,
+int mf_draw_heatmap_svg(const char *diff_json, int target, mf_heat_kind kind, const char *seq, char **svg, size_t *len,
                    mf_figure *fig, mf_error *err) {
     fig_data d;
     json_t *root;

@@ -4,7 +4,6 @@
  * the core's functions in the program (built with exported symbols). */
 #include "mf_runtime.h"
 
-#include <dlfcn.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -28,47 +27,6 @@ struct mf_gpu {
 
 static const char *const backend_names[2] = {"cuda", "hip"};
 
-/* Directories to look in: $MOEFLIP_GPU_MODULE_DIR, the program's own, its
- * parent (tests/ inside a build), the build directory it was made in. */
-static void *open_module(const char *file, char *why, size_t why_n) {
-    char dirs[4][4096] = {{0}};
-    const char *env = getenv("MOEFLIP_GPU_MODULE_DIR");
-    if (env) snprintf(dirs[0], sizeof dirs[0], "%s", env);
-    ssize_t n = readlink("/proc/self/exe", dirs[1], sizeof dirs[1] - 1);
-    if (n > 0) {
-        dirs[1][n] = 0;
-        char *slash = strrchr(dirs[1], '/');
-        if (slash) *slash = 0;
-        snprintf(dirs[2], sizeof dirs[2], "%s", dirs[1]);
-        slash = strrchr(dirs[2], '/');
-        if (slash) *slash = 0;
-        else dirs[2][0] = 0;
-    }
-#ifdef MF_GPU_MODULE_DIR
-    snprintf(dirs[3], sizeof dirs[3], "%s", MF_GPU_MODULE_DIR);
-#endif
-    why[0] = 0;
-    for (int i = 0; i < 4; i++) {
-        if (!dirs[i][0]) continue;
-        char path[4200];
-        if (strlen(dirs[i]) + strlen(file) + 2 > sizeof path) continue;
-        snprintf(path, sizeof path, "%.4096s/%.64s", dirs[i], file);
-        if (access(path, F_OK) != 0) continue;
-        void *h = dlopen(path, RTLD_NOW | RTLD_LOCAL);
-        if (h) return h;
-        snprintf(why, why_n, "%s", dlerror());
-        return NULL;
-    }
-    snprintf(why, why_n, "%s not found next to the program or in %s", file,
-#ifdef MF_GPU_MODULE_DIR
-             MF_GPU_MODULE_DIR
-#else
-             "the build directory"
-#endif
-    );
-    return NULL;
-}
-
 static int load_backend(backend b, const backend_api **out, mf_error *err) {
     static backend_api apis[2];
     static bool loaded[2];
@@ -78,7 +36,7 @@ static int load_backend(backend b, const backend_api **out, mf_error *err) {
     }
     char file[64], why[1024], sym[64];
     snprintf(file, sizeof file, "libmoeflip_%s.so", backend_names[b]);
-    void *h = open_module(file, why, sizeof why);
+    void *h = mf_module_open(file, why, sizeof why);
     if (!h) return mf_fail(err, MF_EIO, "cannot load the %s backend: %s", backend_names[b], why);
     backend_api *a = &apis[b];
     struct {
@@ -91,9 +49,9 @@ static int load_backend(backend b, const backend_api **out, mf_error *err) {
                 {"gpu_close", (void **)&a->close}};
     for (size_t i = 0; i < sizeof syms / sizeof syms[0]; i++) {
         snprintf(sym, sizeof sym, "mf_%s_%s", backend_names[b], syms[i].name);
-        *syms[i].slot = dlsym(h, sym);
+        *syms[i].slot = mf_module_symbol(h, sym);
         if (!*syms[i].slot) {
-            dlclose(h);
+            mf_module_close(h);
             return mf_fail(err, MF_EIO, "cannot load the %s backend: %s lacks %s", backend_names[b], file, sym);
         }
     }

@@ -1,0 +1,61 @@
+/* What the figures share without drawing anything: kinds, cells, and the
+ * entry points that load the drawing module (libmoeflip_draw.so: heatmap.c
+ * and cairo with its dozen libraries, which a trace or a diff never loads). */
+#include "mf_viz.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+static const char *const kind_names[] = {"layer-expert", "layer-position", "margin", "flips-kl"};
+
+int mf_heat_kind_parse(const char *s, mf_heat_kind *out) {
+    for (int i = 0; i < 4; i++)
+        if (!strcmp(s, kind_names[i])) {
+            *out = (mf_heat_kind)i;
+            return MF_OK;
+        }
+    return MF_EINVAL;
+}
+
+const char *mf_heat_kind_name(mf_heat_kind k) { return (unsigned)k < 4 ? kind_names[k] : "?"; }
+
+void mf_figure_free(mf_figure *f) {
+    free(f->cells);
+    memset(f, 0, sizeof *f);
+}
+
+typedef int (*draw_file_fn)(const char *, int, mf_heat_kind, const char *, const char *, mf_error *);
+typedef int (*draw_svg_fn)(const char *, int, mf_heat_kind, const char *, char **, size_t *, mf_figure *, mf_error *);
+
+static struct {
+    bool tried;
+    draw_file_fn file;
+    draw_svg_fn svg;
+    char why[1024];
+} draw;
+
+static int load_draw(mf_error *err) {
+    if (!draw.tried) {   /* once per process; the module stays loaded */
+        draw.tried = true;
+        void *m = mf_module_open("libmoeflip_draw.so", draw.why, sizeof draw.why);
+        if (m) {
+            draw.file = (draw_file_fn)mf_module_symbol(m, "mf_draw_heatmap_file");
+            draw.svg = (draw_svg_fn)mf_module_symbol(m, "mf_draw_heatmap_svg");
+            if (!draw.file || !draw.svg) snprintf(draw.why, sizeof draw.why, "libmoeflip_draw.so lacks its functions");
+        }
+    }
+    if (draw.file && draw.svg) return MF_OK;
+    return mf_fail(err, MF_EIO, "cannot load the drawing module: %s", draw.why);
+}
+
+int mf_heatmap_file(const char *diff_json, int target, mf_heat_kind kind, const char *seq, const char *path,
+                    mf_error *err) {
+    int rc = load_draw(err);
+    return rc ? rc : draw.file(diff_json, target, kind, seq, path, err);
+}
+
+int mf_heatmap_svg(const char *diff_json, int target, mf_heat_kind kind, const char *seq, char **svg, size_t *len,
+                   mf_figure *fig, mf_error *err) {
+    int rc = load_draw(err);
+    return rc ? rc : draw.svg(diff_json, target, kind, seq, svg, len, fig, err);
+}
