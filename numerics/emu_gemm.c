@@ -91,6 +91,45 @@ void mf_emu_gemm_reference(const mf_kschedule *s, int M, int N, int K, const uin
  * Same operations in the same order as mma.c's pairwise(); a plain chain. */
 static inline float flush_keep(float x, bool on) { return on && fabsf(x) < 0x1p-126f ? x * 0.0f : x; }
 
+/* One row of C: acc[N] += the pairwise group sums of a_i[k] b[k][:], group after
+ * group. Built for AVX-512, AVX2 and the baseline (the loader picks at run time):
+ * plain fp32 multiplies, adds and compares, never contracted (-ffp-contract=off),
+ * give the same bits in every build. flush_sel: CDNA2's flushing of a subnormal
+ * result to zero of its sign, as a select the compiler vectorises. */
+static inline float flush_sel(float x) {
+    const float z = x * 0.0f;
+    return fabsf(x) < 0x1p-126f ? z : x;
+}
+
+#define PAIRWISE_ROW(F)                                                                                       \
+    for (int k0 = 0; k0 < K; k0 += g) {                                                                       \
+        const float *restrict b0 = b + (size_t)k0 * N, *restrict b1 = b0 + N;                                 \
+        const float x0 = ai[k0], x1 = ai[k0 + 1];                                                             \
+        if (g == 2) {                                                                                         \
+            for (int j = 0; j < N; j++) acc[j] = F(acc[j] + F(F(x0 * b0[j]) + F(x1 * b1[j])));                \
+        } else {                                                                                              \
+            const float *restrict b2 = b1 + N, *restrict b3 = b2 + N;                                         \
+            const float x2 = ai[k0 + 2], x3 = ai[k0 + 3];                                                     \
+            for (int j = 0; j < N; j++)                                                                       \
+                acc[j] = F(acc[j] + F(F(F(x0 * b0[j]) + F(x1 * b1[j])) + F(F(x2 * b2[j]) + F(x3 * b3[j])))); \
+        }                                                                                                     \
+    }
+#define KEEP(x) (x)
+
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__) && !defined(__SANITIZE_ADDRESS__)
+__attribute__((target_clones("avx512f", "avx2", "default")))
+#endif
+static void pairwise_row(float *restrict acc, const float *restrict ai, const float *restrict b, int N, int K, int g,
+                         bool fl) {
+    if (fl) {
+        PAIRWISE_ROW(flush_sel)
+    } else {
+        PAIRWISE_ROW(KEEP)
+    }
+}
+#undef PAIRWISE_ROW
+#undef KEEP
+
 static bool pairwise_fast(const mf_kschedule *s, int M, int N, int K, const uint64_t *A, const uint64_t *B,
                           const uint64_t *C0, uint64_t *C, int threads) {
     const mf_mma_instr *I = &s->instr;
@@ -124,25 +163,7 @@ static bool pairwise_fast(const mf_kschedule *s, int M, int N, int K, const uint
             float c = C0 ? mf_bits_f32((uint32_t)C0[(size_t)i * N + j]) : 0.0f;
             acc[j] = fl && fabsf(c) < 0x1p-126f ? 0.0f : c;
         }
-        const float *ai = a + (size_t)i * K;
-        for (int k0 = 0; k0 < K; k0 += g) {
-            const float *b0 = b + (size_t)k0 * N, *b1 = b0 + N;
-            const float x0 = ai[k0], x1 = ai[k0 + 1];
-            if (g == 2) {
-                for (int j = 0; j < N; j++) {
-                    float s = flush_keep(flush_keep(x0 * b0[j], fl) + flush_keep(x1 * b1[j], fl), fl);
-                    acc[j] = flush_keep(acc[j] + s, fl);
-                }
-            } else {
-                const float *b2 = b1 + N, *b3 = b2 + N;
-                const float x2 = ai[k0 + 2], x3 = ai[k0 + 3];
-                for (int j = 0; j < N; j++) {
-                    float l = flush_keep(flush_keep(x0 * b0[j], fl) + flush_keep(x1 * b1[j], fl), fl);
-                    float r = flush_keep(flush_keep(x2 * b2[j], fl) + flush_keep(x3 * b3[j], fl), fl);
-                    acc[j] = flush_keep(acc[j] + flush_keep(l + r, fl), fl);
-                }
-            }
-        }
+        pairwise_row(acc, a + (size_t)i * K, b, N, K, g, fl);
         for (int j = 0; j < N; j++) C[(size_t)i * N + j] = mf_f32_bits(acc[j]);
         free(acc);
     }
