@@ -289,9 +289,25 @@ void conn_json(conn *c, int status, json_t *j) {
 
 /* ---- reading ------------------------------------------------------------ */
 
+void server_rbuf_put(server *s, char *buf) {
+    if (s->n_spare < (int)(sizeof s->spare / sizeof s->spare[0])) s->spare[s->n_spare++] = buf;
+    else free(buf);
+}
+
+void server_rbufs_free(server *s) {
+    while (s->n_spare) free(s->spare[--s->n_spare]);
+}
+
 static void on_alloc(uv_handle_t *h, size_t suggested, uv_buf_t *buf) {
-    (void)h;
     (void)suggested;
+    conn *c = h->data;
+    /* an upload's body is read in large pieces, which the upload keeps instead of copying (upload_feed) */
+    if (c && c->up && c->state == CS_BODY) {
+        server *s = c->srv;
+        buf->base = s->n_spare ? s->spare[--s->n_spare] : mf_xmalloc(UPLOAD_READ);
+        buf->len = UPLOAD_READ;
+        return;
+    }
     buf->base = mf_xmalloc(64 * 1024);
     buf->len = 64 * 1024;
 }
@@ -307,7 +323,19 @@ static void on_read(uv_stream_t *st, ssize_t nread, const uv_buf_t *buf) {
             c->leftover_len += (size_t)nread;
             conn_stop_reading(c);
         } else {
+            server *s = c->srv;
+            c->rbuf = buf->base;
+            c->rbuf_len = (size_t)nread;
+            c->rbuf_cap = buf->len;
+            c->rbuf_kept = false;
+            s->feeding = buf->base;
+            s->feeding_released = false;
             feed(c, buf->base, (size_t)nread);
+            const bool kept = c->rbuf_kept && !s->feeding_released;
+            c->rbuf = NULL;
+            c->rbuf_kept = false;
+            s->feeding = NULL;
+            if (kept) return;   /* an upload owns it now */
         }
     } else if (nread < 0 && c->state != CS_CLOSING) {
         c->eof = true;
@@ -324,7 +352,8 @@ static void on_read(uv_stream_t *st, ssize_t nread, const uv_buf_t *buf) {
             conn_close(c);   /* gone mid-request (an upload is dropped), or idle */
         }
     }
-    free(buf->base);
+    if (buf->base && buf->len == UPLOAD_READ) server_rbuf_put(c->srv, buf->base);
+    else free(buf->base);
 }
 
 void conn_stop_reading(conn *c) {

@@ -14,6 +14,8 @@
 #define MAX_UPLOAD_FILES 4096
 #define STAGE_FLUSH (1u << 20)        /* hand staged upload bytes to the pool at this size */
 #define STAGE_PAUSE (8u << 20)        /* stop reading the socket while this much waits */
+#define UPLOAD_READ (256u << 10)       /* a connection with an upload reads into buffers this large */
+#define UPLOAD_ADOPT (16u << 10)       /* a run of file bytes this long in one such buffer is staged by reference */
 
 typedef struct server server;
 typedef struct conn conn;
@@ -36,8 +38,11 @@ void store_add(server *s, run_entry *e);   /* takes e */
 /* The list endpoint's body, rebuilt only when the store changed. */
 const char *store_list_json(server *s, size_t *len);
 int store_open(server *s, mf_error *err);
-/* Reads ROOT/runs/<dir> in full (verifying it) into a new entry; name gets the decoded name. */
-int store_load_run(const char *dir, const char *name, run_entry **out, mf_error *err);
+/* Reads ROOT/runs/<dir> in full (verifying it) into a new entry; name gets the decoded name. With given, the
+ * shard digests it returns (computed from the bytes as they were written) stand for a second hashing pass
+ * (mf_run_open_given). */
+int store_load_run(const char *dir, const char *name, const char *(*given)(void *ud, const char *file), void *ud,
+                   run_entry **out, mf_error *err);
 
 /* ---- uploads (upload.c) -------------------------------------------------- */
 
@@ -102,6 +107,10 @@ struct conn {
     conn *wait_next;
     double started;
     size_t got;              /* bytes of the current request received while reading its headers */
+    /* the socket buffer being parsed (on_read only): an upload may adopt it instead of copying from it */
+    char *rbuf;
+    size_t rbuf_len, rbuf_cap;
+    bool rbuf_kept;
     /* bytes received after a paused request, fed once it is answered */
     char *leftover;
     size_t leftover_len;
@@ -133,6 +142,12 @@ struct server {
     uv_mutex_t diff_lock;    /* one diff computation at a time */
     bool stopping;
     int lock_fd;
+    /* the buffer on_read is parsing: an upload freed meanwhile leaves it to on_read */
+    char *feeding;
+    bool feeding_released;
+    /* spare UPLOAD_READ buffers, kept so that reading an upload touches no fresh memory */
+    char *spare[48];
+    int n_spare;
 };
 
 /* Sends a complete response (body copied). */
@@ -146,6 +161,9 @@ void conn_ref(conn *c);
 void conn_unref(conn *c);
 void conn_close(conn *c);
 bool conn_alive(const conn *c);
+/* A socket buffer an upload adopted (UPLOAD_READ bytes) goes back for reuse; the loop thread only. */
+void server_rbuf_put(server *s, char *buf);
+void server_rbufs_free(server *s);
 void conn_stop_reading(conn *c);
 void conn_start_reading(conn *c);
 /* An upload's staged bytes went to the pool: read the body again (with its idle timer). */

@@ -91,6 +91,7 @@ out:
     for (conn *c = s->conns; c; c = c->next) conn_close(c);
     uv_run(&loop, UV_RUN_DEFAULT);   /* let closes and pool work finish */
     store_free(s);
+    server_rbufs_free(s);
     uv_mutex_destroy(&s->diff_lock);
     if (uv_loop_close(&loop) != 0) {
         uv_walk(&loop, close_walk, NULL);

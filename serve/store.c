@@ -139,10 +139,11 @@ static json_t *jget(json_t *o, const char *path) {
 static json_t *copy_or_null(json_t *v) { return v ? json_deep_copy(v) : json_null(); }
 
 /* Opens (verifies) a run directory and describes it. */
-int store_load_run(const char *dir, const char *name, run_entry **out, mf_error *err) {
+int store_load_run(const char *dir, const char *name, const char *(*given)(void *ud, const char *file), void *ud,
+                   run_entry **out, mf_error *err) {
     *out = NULL;
     mf_run *r;
-    int rc = mf_run_open(&r, dir, err);
+    int rc = given ? mf_run_open_given(&r, dir, given, ud, err) : mf_run_open(&r, dir, err);
     if (rc) return rc;
     json_t *m = json_loads(r->manifest_text, 0, NULL);
     if (!m) {
@@ -216,7 +217,7 @@ int store_open(server *s, mf_error *err) {
         }
         run_entry *e;
         mf_error e2 = {0};
-        if (store_load_run(dir, name, &e, &e2)) {
+        if (store_load_run(dir, name, NULL, NULL, &e, &e2)) {
             server_log(s, "run %s is left out: %s", name, e2.msg);
             continue;
         }

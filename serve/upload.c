@@ -5,10 +5,17 @@
  *   end\n
  *
  * and its bytes are staged; the pool writes and hashes them into a private
- * directory under ROOT/.tmp, one batch at a time, then verifies the whole run
- * (mf_run_open: manifest, every shard digest, nothing extra) and renames the
- * directory into ROOT/runs in one step. A connection that goes away drops the
- * directory; nothing partial is ever under runs/. */
+ * directory under ROOT/.tmp, one batch at a time, fsyncs every file, then
+ * verifies the whole run (mf_run_open_given: the manifest, every shard's
+ * safetensors header, every shard's digest as computed while its bytes were
+ * written compared with the manifest, nothing extra) and renames the directory
+ * into ROOT/runs in one step. A connection that goes away drops the directory;
+ * nothing partial is ever under runs/.
+ *
+ * The bytes are copied once in user space at most: file bytes that arrive in
+ * the connection's large read buffers (UPLOAD_READ) are staged by reference
+ * (OP_DATA_REF, the upload keeps the buffer until the pool has written it);
+ * only small pieces (headers, a file's short tail) are copied. */
 #include "serve_int.h"
 
 #include <errno.h>
@@ -21,8 +28,10 @@
 
 int store_remove_tree(const char *path);
 
+#define ALLOC_AHEAD (32u << 20)
+
 enum { F_MAGIC, F_LINE, F_DATA, F_DONE };
-enum { OP_OPEN = 1, OP_DATA, OP_CLOSE };
+enum { OP_OPEN = 1, OP_DATA, OP_CLOSE, OP_DATA_REF };
 enum { W_WRITE, W_FINAL, W_CLEANUP };
 
 typedef struct wfile {
@@ -48,8 +57,13 @@ struct upload {
     /* staged operations for the pool */
     uint8_t *stage;
     size_t stage_len, stage_cap;
+    char **bufs;              /* socket buffers adopted by OP_DATA_REF records of the stage */
+    size_t n_bufs, cap_bufs;
+    size_t held;              /* their capacity, counted as staged */
     uint8_t *batch;           /* what the pool is working on */
     size_t batch_len;
+    char **batch_bufs;
+    size_t n_batch_bufs;
     bool busy;
     bool finishing;
     bool final_queued;
@@ -58,6 +72,7 @@ struct upload {
     bool made_dir;
     int fd;
     uint64_t synced;          /* bytes of the open file whose writeback has been started */
+    uint64_t allocated;       /* bytes of the open file whose blocks are reserved (fallocate) */
     mf_digest_state *dg;
     wfile *files;
     size_t n_files;
@@ -71,7 +86,7 @@ struct upload {
     uv_work_t work;
 };
 
-size_t upload_staged(const upload *u) { return u->stage_len; }
+size_t upload_staged(const upload *u) { return u->stage_len + u->held; }
 
 static void stage_op(upload *u, uint8_t op, const void *a, size_t alen, uint64_t num) {
     size_t need = 1 + 8 + 4 + alen;
@@ -87,6 +102,30 @@ static void stage_op(upload *u, uint8_t op, const void *a, size_t alen, uint64_t
     memcpy(p + 9, &l32, 4);
     if (alen) memcpy(p + 13, a, alen);
     u->stage_len += need;
+}
+
+/* File bytes that lie in the socket buffer being parsed: the upload keeps the buffer and stages a reference. */
+static void stage_ref(upload *u, const char *data, size_t len) {
+    conn *c = u->c;
+    if (!u->n_bufs || u->bufs[u->n_bufs - 1] != c->rbuf) {
+        if (u->n_bufs == u->cap_bufs) {
+            u->cap_bufs = u->cap_bufs ? 2 * u->cap_bufs : 16;
+            u->bufs = realloc(u->bufs, u->cap_bufs * sizeof *u->bufs);
+            if (!u->bufs) abort();
+        }
+        u->bufs[u->n_bufs++] = c->rbuf;
+        u->held += c->rbuf_cap;
+        c->rbuf_kept = true;
+    }
+    stage_op(u, OP_DATA_REF, &data, sizeof data, len);
+}
+
+static void free_bufs(server *s, char **bufs, size_t n) {
+    for (size_t i = 0; i < n; i++) {
+        if (bufs[i] == s->feeding) s->feeding_released = true;   /* on_read is still parsing it: it frees it */
+        else server_rbuf_put(s, bufs[i]);
+    }
+    free(bufs);
 }
 
 upload *upload_begin(conn *c, const char *name) {
@@ -113,6 +152,8 @@ static void upload_free(upload *u) {
     json_decref(u->reply);
     free(u->stage);
     free(u->batch);
+    free_bufs(u->s, u->bufs, u->n_bufs);
+    free_bufs(u->s, u->batch_bufs, u->n_batch_bufs);
     free(u->names);
     free(u->files);
     free(u);
@@ -167,13 +208,29 @@ static void run_ops(upload *u, const uint8_t *ops, size_t n) {
             snprintf(p, sizeof p, "%s/%s", u->tmp, f->name);
             u->fd = open(p, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
             if (u->fd < 0) werr(u, 500, "storing the upload failed: %s", strerror(errno));
+            u->allocated = 0;
             u->dg = mf_digest_new();
             u->synced = 0;
-        } else if (op == OP_DATA) {
+        } else if (op == OP_DATA || op == OP_DATA_REF) {
             wfile *f = &u->files[u->n_files - 1];
-            write_all(u, a, alen);
-            mf_digest_update(u->dg, a, alen);
-            f->written += alen;
+            const uint8_t *d = a;
+            size_t dl = alen;
+            if (op == OP_DATA_REF) {
+                memcpy(&d, a, sizeof d);
+                dl = (size_t)num;
+            }
+            /* blocks are reserved ahead of the bytes (at most ALLOC_AHEAD more than have arrived, so a client
+             * that announces a large file and sends little reserves little): no per-page delayed allocation */
+            if (f->written + dl > u->allocated && u->allocated < f->size) {
+                uint64_t to = f->written + dl + ALLOC_AHEAD < f->size ? f->written + dl + ALLOC_AHEAD : f->size;
+                if (fallocate(u->fd, 0, (off_t)u->allocated, (off_t)(to - u->allocated)) == 0 || errno == EOPNOTSUPP)
+                    u->allocated = to;
+                else
+                    werr(u, 500, "storing the upload failed: %s", strerror(errno));
+            }
+            write_all(u, d, dl);
+            mf_digest_update(u->dg, d, dl);
+            f->written += dl;
             /* start writing back what has come so far, so the fsync at the end has little left to do */
             if (f->written - u->synced >= (8u << 20)) {
                 (void)sync_file_range(u->fd, (off_t)u->synced, (off_t)(f->written - u->synced), SYNC_FILE_RANGE_WRITE);
@@ -208,6 +265,15 @@ static void scrub(char *msg, const char *tmp, const char *name) {
     }
 }
 
+/* the digest the pool computed while writing a file, for mf_run_open_given */
+static const char *written_digest(void *ud, const char *file) {
+    const upload *u = ud;
+    for (size_t i = 0; i < u->n_files; i++)
+        if (!strcmp(u->files[i].name, file) && u->files[i].written == u->files[i].size && u->files[i].digest[0])
+            return u->files[i].digest;
+    return NULL;
+}
+
 static void finalize(upload *u) {
     if (u->werr) return;
     if (atomic_load(&u->aborted)) return;
@@ -219,7 +285,7 @@ static void finalize(upload *u) {
     }
     run_entry *e;
     mf_error err = {0};
-    if (store_load_run(u->tmp, u->name, &e, &err)) {
+    if (store_load_run(u->tmp, u->name, written_digest, u, &e, &err)) {
         scrub(err.msg, u->tmp, u->name);
         werr(u, 422, "run %s does not verify: %s", u->name, err.msg);
         return;
@@ -314,6 +380,9 @@ static void after_cb(uv_work_t *w, int status) {
     free(u->batch);
     u->batch = NULL;
     u->batch_len = 0;
+    free_bufs(u->s, u->batch_bufs, u->n_batch_bufs);
+    u->batch_bufs = NULL;
+    u->n_batch_bufs = 0;
     conn *c = u->c;
     if (u->kind == W_CLEANUP) {
         upload_free(u);
@@ -351,10 +420,10 @@ static void after_cb(uv_work_t *w, int status) {
     if (u->finishing && !u->final_queued) {
         u->final_queued = true;
         submit(u, W_FINAL);
-    } else if (u->stage_len >= STAGE_FLUSH) {
+    } else if (upload_staged(u) >= STAGE_FLUSH) {
         submit(u, W_WRITE);
     }
-    if (u->stage_len < STAGE_PAUSE) conn_resume_body(c);
+    if (upload_staged(u) < STAGE_PAUSE) conn_resume_body(c);
 }
 
 static void submit(upload *u, int kind) {
@@ -365,6 +434,11 @@ static void submit(upload *u, int kind) {
         u->batch_len = u->stage_len;
         u->stage = NULL;
         u->stage_len = u->stage_cap = 0;
+        u->batch_bufs = u->bufs;
+        u->n_batch_bufs = u->n_bufs;
+        u->bufs = NULL;
+        u->n_bufs = u->cap_bufs = 0;
+        u->held = 0;
     }
     u->work.data = u;
     if (uv_queue_work(u->s->loop, &u->work, work_cb, after_cb) != 0) abort();
@@ -423,6 +497,13 @@ bool upload_feed(upload *u, const char *data, size_t len) {
         if (u->fstate == F_DONE) return refuse(u, 400, "bytes after \"end\"");
         if (u->fstate == F_DATA) {
             size_t take = len - i < u->remaining ? len - i : (size_t)u->remaining;
+            const conn *c = u->c;
+            if (take >= UPLOAD_ADOPT && c && c->rbuf && c->rbuf_cap == UPLOAD_READ && data + i >= c->rbuf && data + i + take <= c->rbuf + c->rbuf_len) {
+                stage_ref(u, data + i, take);   /* no copy: the pool writes from the socket buffer */
+                i += take;
+                u->remaining -= take;
+                take = 0;
+            }
             while (take) {   /* records of at most 1 MiB */
                 size_t t = take > STAGE_FLUSH ? STAGE_FLUSH : take;
                 stage_op(u, OP_DATA, data + i, t, 0);
@@ -451,7 +532,7 @@ bool upload_feed(upload *u, const char *data, size_t len) {
             u->line[u->line_len++] = ch;
         }
     }
-    if (!u->busy && u->stage_len >= STAGE_FLUSH) submit(u, W_WRITE);
+    if (!u->busy && upload_staged(u) >= STAGE_FLUSH) submit(u, W_WRITE);
     return true;
 }
 
