@@ -211,6 +211,50 @@ Test(trace, record_levels) {
     mf_run_close(r);
 }
 
+/* The digests a writer computed stand for a second hashing pass (moeflip serve), and must match the manifest;
+ * unknown shards are hashed; the unhashed open leaves the digests to the caller. */
+static const char *given_digest(void *ud, const char *file) {
+    (void)file;
+    return ud;
+}
+
+Test(trace, open_with_given_digests) {
+    const char *d = temp_dir();
+    char run[4200], err[2048], shard[4300];
+    snprintf(run, sizeof run, "%s/r", d);
+    cr_assert_eq(run_moeflip(err, sizeof err, "trace --model %s --input %s --out %s --record routing -q", fixture("hf/olmoe"),
+                             fixture("hf/olmoe/tokens.jsonl"), run), 0, "%s", err);
+    mf_run *r;
+    mf_error e = {0};
+    cr_assert_eq(mf_run_open(&r, run, &e), MF_OK, "%s", e.msg);
+    cr_assert_eq(r->n_shards, 1);
+    char right[33];
+    memcpy(right, r->shard_digest[0], 33);
+    snprintf(shard, sizeof shard, "%s/%s", run, r->shard_files[0]);
+    mf_run_close(r);
+    cr_assert_eq(mf_run_open_given(&r, run, given_digest, right, &e), MF_OK, "%s", e.msg);
+    mf_run_close(r);
+    char wrong[33];
+    memcpy(wrong, right, 33);
+    wrong[0] = wrong[0] == '0' ? '1' : '0';
+    e = (mf_error){0};
+    cr_assert_eq(mf_run_open_given(&r, run, given_digest, wrong, &e), MF_EDIGEST);
+    cr_assert(strstr(e.msg, "damaged shard"), "%s", e.msg);
+    /* a damaged byte: hashed where nothing is given, not seen by the unhashed open */
+    FILE *fp = fopen(shard, "r+b");
+    fseek(fp, -3, SEEK_END);
+    int ch = fgetc(fp);
+    fseek(fp, -3, SEEK_END);
+    fputc(ch ^ 1, fp);
+    fclose(fp);
+    e = (mf_error){0};
+    cr_assert_eq(mf_run_open_given(&r, run, given_digest, NULL, &e), MF_EDIGEST);
+    cr_assert_eq(mf_run_open(&r, run, &e), MF_EDIGEST);
+    cr_assert_eq(mf_run_open_unhashed(&r, run, &e), MF_OK, "%s", e.msg);
+    cr_assert_str_eq(r->shard_digest[0], right);
+    mf_run_close(r);
+}
+
 /* Threads change nothing: every product is one fixed fma chain. */
 Test(trace, thread_count_does_not_change_results) {
     const char *d = temp_dir();
