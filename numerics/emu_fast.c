@@ -307,14 +307,26 @@ T512 __m512d chunk_sum8(int n, int k0, __m512d S0, __m512d sc, const double *av,
     return _mm512_add_pd(S0, S1);
 }
 
-T512 void nv_cols_body512(int kc, int nchunks, int F, const double *av, const int32_t *ae, const double *const *bvp,
-                          const int32_t *const *bep, double *const *cp, int *const *up_) {
-    __m512d acc[MAXP];
-    __m256i big[MAXP];
+/* The accumulators of MAXP column panels in and out, as panels_load/panels_store for AVX2. */
+T512 void panels_load512(__m512d acc[MAXP], __m256i big[MAXP], double *const *cp) {
     for (int p = 0; p < MAXP; p++) {
         acc[p] = _mm512_loadu_pd(cp[p]);
         big[p] = _mm256_setzero_si256();
     }
+}
+
+T512 void panels_store512(const __m512d acc[MAXP], const __m256i big[MAXP], double *const *cp, int *const *up_) {
+    for (int p = 0; p < MAXP; p++) {
+        _mm512_storeu_pd(cp[p], acc[p]);
+        _mm256_storeu_si256((__m256i *)up_[p], big[p]);
+    }
+}
+
+T512 void nv_cols_body512(int kc, int nchunks, int F, const double *av, const int32_t *ae, const double *const *bvp,
+                          const int32_t *const *bep, double *const *cp, int *const *up_) {
+    __m512d acc[MAXP];
+    __m256i big[MAXP];
+    panels_load512(acc, big, cp);
     const __m256i vF = _mm256_set1_epi32(F);
     for (int t = 0; t < nchunks; t++) {
         const int k0 = t * kc;
@@ -333,10 +345,7 @@ T512 void nv_cols_body512(int kc, int nchunks, int F, const double *av, const in
             acc[p] = _mm512_mul_pd(r, pow2_512(q));
         }
     }
-    for (int p = 0; p < MAXP; p++) {
-        _mm512_storeu_pd(cp[p], acc[p]);
-        _mm256_storeu_si256((__m256i *)up_[p], big[p]);
-    }
+    panels_store512(acc, big, cp, up_);
 }
 
 __attribute__((target("avx512f,avx512vl,avx2,fma"))) static void nv_cols_avx512(const mf_mma_instr *I, int steps,
@@ -357,10 +366,7 @@ T512 void amd_cols_body512(int g, int groups, const double *av, const int32_t *a
                            const int32_t *const *bep, double *const *cp, int *const *up_) {
     __m512d acc[MAXP];
     __m256i big[MAXP];
-    for (int p = 0; p < MAXP; p++) {
-        acc[p] = _mm512_loadu_pd(cp[p]);
-        big[p] = _mm256_setzero_si256();
-    }
+    panels_load512(acc, big, cp);
     for (int t = 0; t < groups; t++) {
         const int k0 = t * g;
 #pragma GCC unroll 4
@@ -378,10 +384,7 @@ T512 void amd_cols_body512(int g, int groups, const double *av, const int32_t *a
             acc[p] = _mm512_cvtps_pd(_mm512_cvtpd_ps(v));   /* RNE to fp32 */
         }
     }
-    for (int p = 0; p < MAXP; p++) {
-        _mm512_storeu_pd(cp[p], acc[p]);
-        _mm256_storeu_si256((__m256i *)up_[p], big[p]);
-    }
+    panels_store512(acc, big, cp, up_);
 }
 
 __attribute__((target("avx512f,avx512vl,avx2,fma"))) static void amd_cols_avx512(const mf_mma_instr *I, int steps,
