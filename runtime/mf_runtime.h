@@ -40,6 +40,14 @@ int mf_forward_cpu(const mf_model *m, const mf_run_opts *o, const int32_t *token
                    mf_error *err);
 void mf_seq_result_free(mf_seq_result *r);
 
+/* Digests of n sequences' outputs, each over all sequences in order:
+ * logits, router, topk_ids, topk_w, shared_gate (MF_SEQ_DIGEST_NAMES). Two
+ * runs agree bit for bit exactly when these agree (the GPU record of
+ * tests/fixtures/gpu holds them). */
+#define MF_SEQ_DIGESTS 5
+extern const char *const MF_SEQ_DIGEST_NAMES[MF_SEQ_DIGESTS];
+void mf_seq_results_digest(const mf_seq_result *r, size_t n, char out[MF_SEQ_DIGESTS][33]);
+
 /* ---- GPUs (runtime/gpu: one source, built for CUDA and for HIP) ----------
  *
  * The same forward pass on a GPU, step for step, activations in double and

@@ -24,24 +24,9 @@
 #include <string.h>
 #include <sys/wait.h>
 
-/* Digests of each output over all sequences, in order, as tools/gpu_check.c makes them. */
-static void digest_outputs(const mf_seq_result *r, size_t n, char out[5][33]) {
-    mf_digest_state *d[5];
-    for (int i = 0; i < 5; i++) d[i] = mf_digest_new();
-    for (size_t s = 0; s < n; s++) {
-        const size_t slots = (size_t)r[s].n_moe * r[s].T;
-        mf_digest_update(d[0], r[s].logits, (size_t)r[s].T * r[s].V * sizeof(double));
-        if (r[s].router) mf_digest_update(d[1], r[s].router, slots * r[s].E * sizeof(double));
-        if (r[s].topk_ids) mf_digest_update(d[2], r[s].topk_ids, slots * r[s].k * sizeof(uint16_t));
-        if (r[s].topk_w) mf_digest_update(d[3], r[s].topk_w, slots * r[s].k * sizeof(double));
-        if (r[s].shared_gate) mf_digest_update(d[4], r[s].shared_gate, slots * sizeof(double));
-    }
-    for (int i = 0; i < 5; i++) mf_digest_final(d[i], out[i]);
-}
-
 /* The CPU run of one recorded check: its checkpoint (a fixture, or the
  * synthetic model it names, made again: synth is deterministic). */
-static void cpu_digests(const char *source, const char *prec_name, const char *num_name, char out[5][33]) {
+static void cpu_digests(const char *source, const char *prec_name, const char *num_name, char out[MF_SEQ_DIGESTS][33]) {
     char dir[4096], tok[4200];
     if (!strncmp(source, "hf/", 3)) {
         snprintf(dir, sizeof dir, "%s", fixture(source));
@@ -68,7 +53,7 @@ static void cpu_digests(const char *source, const char *prec_name, const char *n
     mf_run_opts ro = {p, 2, false, &n};
     for (size_t i = 0; i < ps.n; i++)
         cr_assert_eq(mf_forward_cpu(m, &ro, ps.seq[i].tokens, ps.seq[i].T, &r[i], &err), 0, "%s", err.msg);
-    digest_outputs(r, ps.n, out);
+    mf_seq_results_digest(r, ps.n, out);
     for (size_t i = 0; i < ps.n; i++) mf_seq_result_free(&r[i]);
     free(r);
     mf_prompts_free(&ps);
@@ -79,7 +64,6 @@ Test(gpu, recorded_h200_runs_equal_the_cpu_models, .timeout = 900) {
     json_error_t je;
     json_t *doc = json_load_file(fixture("gpu/h200-check.json"), 0, &je);
     cr_assert(doc, "h200-check.json: %s", je.text);
-    static const char *names[5] = {"logits", "router", "topk_ids", "topk_w", "shared_gate"};
     size_t i, compared = 0;
     json_t *c;
     json_array_foreach(json_object_get(doc, "checks"), i, c) {
@@ -90,13 +74,13 @@ Test(gpu, recorded_h200_runs_equal_the_cpu_models, .timeout = 900) {
         if (strcmp(kind, "bit-exact") != 0 || strstr(source, ":small:")) continue;
         const char *prec = json_string_value(json_object_get(c, "cpu_precision"));
         const char *num = json_string_value(json_object_get(c, "cpu_numerics"));
-        char got[5][33];
+        char got[MF_SEQ_DIGESTS][33];
         cpu_digests(source, prec, num, got);
         json_t *want = json_object_get(c, "gpu_digests");
-        for (int k = 0; k < 5; k++)
-            cr_expect_str_eq(got[k], json_string_value(json_object_get(want, names[k])),
+        for (int k = 0; k < MF_SEQ_DIGESTS; k++)
+            cr_expect_str_eq(got[k], json_string_value(json_object_get(want, MF_SEQ_DIGEST_NAMES[k])),
                              "%s %s: the CPU's %s differs from the H200's %s (%s)", source, prec, num,
-                             json_string_value(json_object_get(c, "gpu_numerics")), names[k]);
+                             json_string_value(json_object_get(c, "gpu_numerics")), MF_SEQ_DIGEST_NAMES[k]);
         compared++;
     }
     cr_log_info("%zu recorded H200 runs reproduced by the CPU's instruction models", compared);

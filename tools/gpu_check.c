@@ -89,27 +89,12 @@ static int run_all(outputs *o, const char *dir, const char *tokens, const char *
     return rc;
 }
 
-/* Digests of each output over all sequences, in order: what the committed
- * record compares. */
+/* The digests the committed record compares, as a JSON object. */
 static json_t *digests(const outputs *o) {
-    mf_digest_state *d[5];
-    for (int i = 0; i < 5; i++) d[i] = mf_digest_new();
-    for (size_t s = 0; s < o->n; s++) {
-        const mf_seq_result *r = &o->r[s];
-        const size_t slots = (size_t)r->n_moe * r->T;
-        mf_digest_update(d[0], r->logits, (size_t)r->T * r->V * sizeof(double));
-        if (r->router) mf_digest_update(d[1], r->router, slots * r->E * sizeof(double));
-        if (r->topk_ids) mf_digest_update(d[2], r->topk_ids, slots * r->k * sizeof(uint16_t));
-        if (r->topk_w) mf_digest_update(d[3], r->topk_w, slots * r->k * sizeof(double));
-        if (r->shared_gate) mf_digest_update(d[4], r->shared_gate, slots * sizeof(double));
-    }
-    static const char *names[5] = {"logits", "router", "topk_ids", "topk_w", "shared_gate"};
+    char hex[MF_SEQ_DIGESTS][33];
+    mf_seq_results_digest(o->r, o->n, hex);
     json_t *j = json_object();
-    for (int i = 0; i < 5; i++) {
-        char hex[33];
-        mf_digest_final(d[i], hex);
-        json_object_set_new(j, names[i], json_string(hex));
-    }
+    for (int i = 0; i < MF_SEQ_DIGESTS; i++) json_object_set_new(j, MF_SEQ_DIGEST_NAMES[i], json_string(hex[i]));
     return j;
 }
 
@@ -226,6 +211,21 @@ static void check(tally *t, const char *label, const char *source, const char *d
     pass ? t->passed++ : t->failed++;
 }
 
+/* A synthetic checkpoint under root, and the "source" string that names it in
+ * the record (test_gpu makes the same one again from it). dir, tok: 4096 and
+ * 4200 bytes; src: 256. */
+static int synth_case(const char *root, mf_arch a, const char *size, unsigned seed, char *dir, char *tok, char *src) {
+    mf_error err = {0};
+    snprintf(dir, 4096, "%s/%s-%s", root, mf_arch_name(a), size);
+    if (mf_synth_write(dir, a, (mf_synth_size)mf_synth_size_from_name(size), seed, &err)) {
+        fprintf(stderr, "moeflip_gpu_check: %s\n", err.msg);
+        return 1;
+    }
+    snprintf(tok, 4200, "%s/tokens.jsonl", dir);
+    snprintf(src, 256, "synth:%s:%s:%u", mf_arch_name(a), size, seed);
+    return 0;
+}
+
 static int validate(const char *fixtures, const char *out_path) {
     char dir[4096], tok[4200], src[256];
     {   /* is there a device at all? */
@@ -252,14 +252,7 @@ static int validate(const char *fixtures, const char *out_path) {
     const char *root = mkdtemp(tmpl);
     for (int a = 0; root && a < MF_ARCH_COUNT; a++) {
         const char *name = mf_arch_name((mf_arch)a);
-        mf_error err = {0};
-        snprintf(dir, sizeof dir, "%s/%s", root, name);
-        if (mf_synth_write(dir, (mf_arch)a, MF_SYNTH_TINY, 7, &err)) {
-            fprintf(stderr, "moeflip_gpu_check: %s\n", err.msg);
-            return 1;
-        }
-        snprintf(tok, sizeof tok, "%s/tokens.jsonl", dir);
-        snprintf(src, sizeof src, "synth:%s:tiny:7", name);
+        if (synth_case(root, (mf_arch)a, "tiny", 7, dir, tok, src)) return 1;
         check(&t, name, src, dir, tok, "fp32", "native", "fp64", "fp64", false);
         check(&t, name, src, dir, tok, "bf16", "fixed", "bf16", hopper_mma, true);
         check(&t, name, src, dir, tok, "fp16", "fixed", "fp16", hopper_mma_f16, true);
@@ -274,14 +267,7 @@ static int validate(const char *fixtures, const char *out_path) {
     static const mf_arch small_archs[] = {MF_ARCH_OLMOE, MF_ARCH_QWEN2_MOE};
     for (size_t a = 0; root && a < sizeof small_archs / sizeof small_archs[0]; a++) {
         const char *name = mf_arch_name(small_archs[a]);
-        mf_error err = {0};
-        snprintf(dir, sizeof dir, "%s/%s-small", root, name);
-        if (mf_synth_write(dir, small_archs[a], MF_SYNTH_SMALL, 3, &err)) {
-            fprintf(stderr, "moeflip_gpu_check: %s\n", err.msg);
-            return 1;
-        }
-        snprintf(tok, sizeof tok, "%s/tokens.jsonl", dir);
-        snprintf(src, sizeof src, "synth:%s:small:3", name);
+        if (synth_case(root, small_archs[a], "small", 3, dir, tok, src)) return 1;
         check(&t, name, src, dir, tok, "fp32", "native", "fp64", "fp64", false);
         check(&t, name, src, dir, tok, "bf16", "fixed", "bf16", hopper_mma, true);
         check(&t, name, src, dir, tok, "bf16", "emu:cdna3", "bf16", "emu:cdna3", true);

@@ -234,6 +234,22 @@ void mf_seq_result_free(mf_seq_result *r) {
     memset(r, 0, sizeof *r);
 }
 
+const char *const MF_SEQ_DIGEST_NAMES[MF_SEQ_DIGESTS] = {"logits", "router", "topk_ids", "topk_w", "shared_gate"};
+
+void mf_seq_results_digest(const mf_seq_result *r, size_t n, char out[MF_SEQ_DIGESTS][33]) {
+    mf_digest_state *d[MF_SEQ_DIGESTS];
+    for (int i = 0; i < MF_SEQ_DIGESTS; i++) d[i] = mf_digest_new();
+    for (size_t s = 0; s < n; s++) {
+        const size_t slots = (size_t)r[s].n_moe * r[s].T;
+        mf_digest_update(d[0], r[s].logits, (size_t)r[s].T * r[s].V * sizeof(double));
+        if (r[s].router) mf_digest_update(d[1], r[s].router, slots * r[s].E * sizeof(double));
+        if (r[s].topk_ids) mf_digest_update(d[2], r[s].topk_ids, slots * r[s].k * sizeof(uint16_t));
+        if (r[s].topk_w) mf_digest_update(d[3], r[s].topk_w, slots * r[s].k * sizeof(double));
+        if (r[s].shared_gate) mf_digest_update(d[4], r[s].shared_gate, slots * sizeof(double));
+    }
+    for (int i = 0; i < MF_SEQ_DIGESTS; i++) mf_digest_final(d[i], out[i]);
+}
+
 int mf_runtime_load(mf_model **out, const char *dir, const mf_precision *prec, mf_error *err) {
     return mf_model_load(out, dir, prec->compute, prec->weights, err);
 }
