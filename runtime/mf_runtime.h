@@ -39,6 +39,8 @@ int mf_runtime_load(mf_model **out, const char *dir, const mf_precision *prec, m
 int mf_forward_cpu(const mf_model *m, const mf_run_opts *o, const int32_t *tokens, int T, mf_seq_result *r,
                    mf_error *err);
 void mf_seq_result_free(mf_seq_result *r);
+/* The shape fields of a result for T positions of a model with this config (CPU and GPU alike). */
+void mf_seq_result_shape(mf_seq_result *r, const mf_config *c, int T);
 
 /* Digests of n sequences' outputs, each over all sequences in order:
  * logits, router, topk_ids, topk_w, shared_gate (MF_SEQ_DIGEST_NAMES). Two

@@ -234,6 +234,15 @@ void mf_seq_result_free(mf_seq_result *r) {
     memset(r, 0, sizeof *r);
 }
 
+void mf_seq_result_shape(mf_seq_result *r, const mf_config *c, int T) {
+    r->T = T;
+    r->n_moe = c->n_moe_layers;
+    r->k = c->top_k;
+    r->E = c->n_experts;
+    r->V = c->vocab;
+    r->H = c->hidden;
+}
+
 const char *const MF_SEQ_DIGEST_NAMES[MF_SEQ_DIGESTS] = {"logits", "router", "topk_ids", "topk_w", "shared_gate"};
 
 void mf_seq_results_digest(const mf_seq_result *r, size_t n, char out[MF_SEQ_DIGESTS][33]) {
@@ -268,12 +277,7 @@ int mf_forward_cpu(const mf_model *m, const mf_run_opts *o, const int32_t *token
             return mf_fail(err, MF_EINVAL, "position %d: token id %d outside the vocabulary [0, %d)", t, tokens[t], V);
     const mf_precision *P = &o->prec;
     fwd f = {m, c, o, P->act, P->opmath, {P->compute, P->act, o->threads, o->numerics, P->act}, T, NULL, NULL};
-    r->T = T;
-    r->n_moe = c->n_moe_layers;
-    r->k = c->top_k;
-    r->E = c->n_experts;
-    r->V = V;
-    r->H = H;
+    mf_seq_result_shape(r, c, T);
     if (r->n_moe) {
         r->topk_ids = mf_xcalloc((size_t)r->n_moe * T * r->k, sizeof(uint16_t));
         r->topk_w = mf_xcalloc((size_t)r->n_moe * T * r->k, sizeof(double));

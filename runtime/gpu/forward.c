@@ -680,12 +680,7 @@ int GPU_FN(gpu_forward)(void *impl, const int32_t *tokens, int T, unsigned captu
     mark(G, P_HEAD);
 
     /* outputs, queued behind the work; one wait */
-    r->T = T;
-    r->n_moe = c->n_moe_layers;
-    r->k = c->top_k;
-    r->E = c->n_experts;
-    r->V = V;
-    r->H = H;
+    mf_seq_result_shape(r, c, T);
     const size_t nm = (size_t)r->n_moe;
     G->logits_dtype = DH == MF_BF16 || DH == MF_F16 ? DH : MF_F32;
     const size_t lbytes = (size_t)T * V * (G->logits_dtype == MF_F32 ? 4 : 2);
