@@ -224,10 +224,8 @@ Test(serve, hostile_names_400) {
     const char *d = temp_dir();
     const char *run = make_run(d, "r", "hf/olmoe", "--precision fp64");
     char root[600], extra[700];
-    snprintf(root, sizeof root, "%s/root", d);
-    snprintf(extra, sizeof extra, "--token-file '%s'", token_file(d));
     test_server s;
-    server_start(&s, root, extra);
+    server_start_in(&s, d, "", root, extra);
     const char *names[] = {"..", "../x", "..%2fx", "%2e%2e", "a/b", ".hidden", "-rf", "a..b", "a%20b", "a%00b", "%c3%a9",
                            "aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa"};
     for (size_t i = 0; i < sizeof names / sizeof names[0]; i++) {
@@ -253,10 +251,8 @@ Test(serve, oversized_bodies_413) {
     const char *d = temp_dir();
     const char *run = make_run(d, "r", "hf/olmoe", "--precision fp64");
     char root[600], extra[700];
-    snprintf(root, sizeof root, "%s/root", d);
-    snprintf(extra, sizeof extra, "--token-file '%s' --max-run-bytes 50000", token_file(d));
     test_server s;
-    server_start(&s, root, extra);
+    server_start_in(&s, d, "--max-run-bytes 50000", root, extra);
     http_resp r;
     /* Content-Length over the limit: refused at the headers, whole body sent anyway */
     put_run(s.port, "big", run, AUTH, &r);
@@ -318,10 +314,8 @@ Test(serve, concurrent_upload_limit_429) {
     const char *d = temp_dir();
     const char *run = make_run(d, "r", "hf/olmoe", "--precision fp64");
     char root[600], extra[700];
-    snprintf(root, sizeof root, "%s/root", d);
-    snprintf(extra, sizeof extra, "--token-file '%s' --max-uploads 2", token_file(d));
     test_server s;
-    server_start(&s, root, extra);
+    server_start_in(&s, d, "--max-uploads 2", root, extra);
     size_t len;
     char *body = run_body(run, &len);
     int a = open_upload(s.port, "a", body, len, 1000), b = open_upload(s.port, "b", body, len, 1000);
@@ -380,10 +374,8 @@ Test(serve, concurrent_upload_limit_429) {
 Test(serve, malformed_http_gets_an_error_response) {
     const char *d = temp_dir();
     char root[600], extra[700];
-    snprintf(root, sizeof root, "%s/root", d);
-    snprintf(extra, sizeof extra, "--token-file '%s'", token_file(d));
     test_server s;
-    server_start(&s, root, extra);
+    server_start_in(&s, d, "", root, extra);
     static const struct {
         const char *head, *body;   /* body: Content-Length is added */
         int status;
@@ -475,10 +467,8 @@ Test(serve, slow_and_stalled_clients_time_out, .timeout = 60) {
     const char *d = temp_dir();
     const char *run = make_run(d, "r", "hf/olmoe", "--precision fp64");
     char root[600], extra[700], p[700];
-    snprintf(root, sizeof root, "%s/root", d);
-    snprintf(extra, sizeof extra, "--token-file '%s' --header-timeout 400 --idle-timeout 400", token_file(d));
     test_server s;
-    server_start(&s, root, extra);
+    server_start_in(&s, d, "--header-timeout 400 --idle-timeout 400", root, extra);
     /* headers trickling in (slowloris): 408 when the header time is up, though bytes keep coming */
     int fd = http_connect(s.port);
     double t0 = mf_now();
@@ -580,10 +570,8 @@ Test(serve, fifty_concurrent_pushes_with_disconnects_then_crash_and_restart, .ti
     const char *d = temp_dir();
     const char *runs[2] = {make_run(d, "a", "hf/olmoe", "--precision fp64"), make_run(d, "b", "hf/qwen2_moe", "--precision bf16")};
     char root[600], extra[700];
-    snprintf(root, sizeof root, "%s/root", d);
-    snprintf(extra, sizeof extra, "--token-file '%s' --max-uploads 12 --quiet", token_file(d));
     test_server s;
-    server_start(&s, root, extra);
+    server_start_in(&s, d, "--max-uploads 12 --quiet", root, extra);
     size_t lens[2];
     char *bodies[2] = {run_body(runs[0], &lens[0]), run_body(runs[1], &lens[1])};
     enum { N = 50 };
@@ -665,10 +653,8 @@ Test(serve, damaged_upload_is_refused_and_damaged_run_is_not_pushed) {
     const char *d = temp_dir();
     const char *run = make_run(d, "r", "hf/olmoe", "--precision fp64");
     char root[600], extra[700];
-    snprintf(root, sizeof root, "%s/root", d);
-    snprintf(extra, sizeof extra, "--token-file '%s'", token_file(d));
     test_server s;
-    server_start(&s, root, extra);
+    server_start_in(&s, d, "", root, extra);
     size_t len;
     char *body = run_body(run, &len);
     body[len - 100] ^= 1;   /* a bit of the last shard */
@@ -757,10 +743,8 @@ Test(serve, diff_report_and_heatmaps_cached, .timeout = 120) {
     const char *hop = make_run(d, "hopper", "hf/olmoe", "--numerics emu:hopper --precision bf16");
     const char *other = make_run(d, "other", "hf/qwen2_moe", "--precision fp64");
     char root[600], extra[700];
-    snprintf(root, sizeof root, "%s/root", d);
-    snprintf(extra, sizeof extra, "--token-file '%s' --bootstrap 200", token_file(d));
     test_server s;
-    server_start(&s, root, extra);
+    server_start_in(&s, d, "--bootstrap 200", root, extra);
     const char *names[] = {"ref", "hopper", "other"}, *dirs[] = {ref, hop, other};
     http_resp r;
     for (int i = 0; i < 3; i++) {

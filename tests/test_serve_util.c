@@ -77,6 +77,12 @@ void server_start(test_server *s, const char *root, const char *extra) {
     cr_assert_gt(s->port, 0);
 }
 
+void server_start_in(test_server *s, const char *dir, const char *more, char root[600], char extra[700]) {
+    snprintf(root, 600, "%s/root", dir);
+    snprintf(extra, 700, "--token-file '%s' %s", token_file(dir), more);
+    server_start(s, root, extra);
+}
+
 bool server_alive(test_server *s) {
     int st;
     return s->pid > 0 && waitpid(s->pid, &st, WNOHANG) == 0;

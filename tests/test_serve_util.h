@@ -21,6 +21,9 @@ typedef struct test_server {
 const char *token_file(const char *dir);
 /* Starts `moeflip serve --root ROOT --listen 127.0.0.1:0 EXTRA` and reads its port. */
 void server_start(test_server *s, const char *root, const char *extra);
+/* The usual server of a test: ROOT = DIR/root (into root), writes need TEST_TOKEN's file in DIR, plus
+ * the options `more`; the whole option string is left in extra, for restarts with server_start. */
+void server_start_in(test_server *s, const char *dir, const char *more, char root[600], char extra[700]);
 /* true while the child runs */
 bool server_alive(test_server *s);
 /* Sends sig and reaps the child; returns its wait status. */
