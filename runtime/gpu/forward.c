@@ -49,6 +49,7 @@ typedef struct gpu {
     mf_precision prec;
     mf_numerics num;
     int engine16;          /* engine of products with bf16/f16 operands */
+    int tile_m;            /* rows a block of the grouped mma.sync products: MF_GPU_TILE_M, else 64 */
     bool fixed;
     glayer *layers;
     float *embed;          /* [V][H] */
@@ -60,6 +61,8 @@ typedef struct gpu {
     double *h, *x, *y, *q, *k, *v, *ctxv, *s, *g, *u, *ye, *sh, *probs;
     float *cf;
     void *opA, *opB;
+    void *opH;             /* the down projection's operand when gate and up run as one product */
+    bool glu_fused;        /* CUDA: they do (MF_GPU_GLU=0 runs them as three steps, for benchmarks) */
     double *cos_t, *sin_t;
     int32_t *tokens;
     uint16_t *ids;
@@ -67,6 +70,11 @@ typedef struct gpu {
     int *offset, *token, *row_of;
     void *logits;          /* device [T][V] in the head's dtype (bf16, f16: 2 bytes; else fp32) */
     void *logits_host;     /* pinned, the same */
+    /* the routing on its way out, layer by layer as each is done: router
+     * logits, top-k weights and shared gates narrowed to fp32 (every one is
+     * an fp32, bf16 or f16 value, so exactly), then the ids (route_layout) */
+    float *route_dev;
+    void *route_host;      /* pinned, the same */
     mf_dtype logits_dtype;
     /* which product a call id is, for messages */
     int ncalls;
@@ -173,20 +181,44 @@ static const void *weight_as(gpu *G, gw *w, int fmt) {
 static void free_scratch(gpu *G) {
     void **bufs[] = {(void **)&G->h, (void **)&G->x, (void **)&G->y, (void **)&G->q, (void **)&G->k, (void **)&G->v,
                      (void **)&G->ctxv, (void **)&G->s, (void **)&G->g, (void **)&G->u, (void **)&G->ye,
-                     (void **)&G->sh, (void **)&G->probs, (void **)&G->cf, &G->opA, &G->opB, (void **)&G->cos_t,
+                     (void **)&G->sh, (void **)&G->probs, (void **)&G->cf, &G->opA, &G->opB, &G->opH, (void **)&G->cos_t,
                      (void **)&G->sin_t, (void **)&G->tokens, (void **)&G->ids, (void **)&G->topk_w,
                      (void **)&G->router, (void **)&G->shared_gate, (void **)&G->router_in, (void **)&G->offset,
-                     (void **)&G->token, (void **)&G->row_of, (void **)&G->logits};
+                     (void **)&G->token, (void **)&G->row_of, (void **)&G->logits, (void **)&G->route_dev};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) {
         GPU_FN(free)(G->ctx, *bufs[i]);
         *bufs[i] = NULL;
     }
     GPU_FN(host_free)(G->logits_host);
-    G->logits_host = NULL;
+    GPU_FN(host_free)(G->route_host);
+    G->logits_host = G->route_host = NULL;
     G->cap_T = 0;
 }
 
 static size_t max_sz(size_t a, size_t b) { return a > b ? a : b; }
+
+/* The routing's staging block for T tokens: per MoE layer, `per_layer`
+ * floats (router logits [T][E], top-k weights [T][K], shared gates [T]);
+ * after all layers, the ids [n_moe][T][K] as uint16. */
+typedef struct route_layout {
+    size_t router, w, sh, per_layer, ids_at, bytes;
+} route_layout;
+
+static route_layout route_layout_for(const mf_config *c, int T) {
+    const size_t nm = c->n_moe_layers, E = c->n_experts > 0 ? c->n_experts : 1, K = c->top_k > 0 ? c->top_k : 1;
+    route_layout l;
+    l.router = (size_t)T * E;
+    l.w = (size_t)T * K;
+    l.sh = c->has_shared_expert ? (size_t)T : 0;
+    l.per_layer = l.router + l.w + l.sh;
+    l.ids_at = nm * l.per_layer;
+    l.bytes = l.ids_at * sizeof(float) + (nm ? nm : 1) * l.w * sizeof(uint16_t);
+    return l;
+}
+
+static void widen(double *dst, const float *src, size_t n) {
+    for (size_t i = 0; i < n; i++) dst[i] = src[i];
+}
 
 static int ensure_scratch(gpu *G, int T, mf_error *err) {
     if (T <= G->cap_T) return MF_OK;
@@ -220,6 +252,7 @@ static int ensure_scratch(gpu *G, int T, mf_error *err) {
     GET(cf, cf * 4);
     GET(opA, opa * 4);
     GET(opB, opb * 4);
+    GET(opH, R * Ip * 2);   /* bf16 or f16 */
     GET(cos_t, t * hd * 8);
     GET(sin_t, t * hd * 8);
     GET(tokens, t * 4);
@@ -231,8 +264,11 @@ static int ensure_scratch(gpu *G, int T, mf_error *err) {
     GET(token, R * 4);
     GET(row_of, R * 4);
     GET(logits, t * V * 4);
+    const size_t route_bytes = route_layout_for(c, T).bytes;
+    GET(route_dev, route_bytes);
 #undef GET
     if (ok) ok = (G->logits_host = GPU_FN(host_alloc)(t * V * 4)) != NULL;
+    if (ok) ok = (G->route_host = GPU_FN(host_alloc)(route_bytes)) != NULL;
     if (!ok) {
         free_scratch(G);
         return mf_fail(err, MF_ENOMEM, "%s: not enough memory for a %d-token sequence", G->desc, T);
@@ -257,8 +293,11 @@ typedef struct prod {
     mf_dtype in, out;   /* operands hold `in` values; the result is rounded to `out` */
     int M, N, K, batch;
     act_src a;
-    bool a_packed;      /* A is already in G->opA (gathered expert rows) */
+    bool a_packed;      /* A is already in G->opA (gathered expert rows), or in */
+    void *a_op;         /* this operand when non-NULL */
     gw *w;              /* B: a weight, or */
+    gw *up;             /* with w the gate: both at once, the down's operand into glu_out */
+    void *glu_out;
     act_src b;          /* an activation */
     const int *offsets; /* grouped over experts */
     double *dst;        /* or, for the logits, */
@@ -284,7 +323,7 @@ static int product(gpu *G, prod *p, mf_error *err) {
     g.batch = p->batch;
     if (!p->a_packed)
         GPU_FN(pack)(G->ctx, G->opA, fmt, p->batch, p->M, p->K, Kp, p->a.p, p->a.sb, p->a.group, p->a.sr, p->a.sc);
-    g.A = G->opA;
+    g.A = p->a_op ? p->a_op : G->opA;
     g.a_bstride = (size_t)p->M * Kp;
     if (p->w) {
         g.B = weight_as(G, p->w, fmt);
@@ -298,6 +337,23 @@ static int product(gpu *G, prod *p, mf_error *err) {
     }
     g.C = G->cf;
     g.c_bstride = (size_t)p->M * p->N;
+    if (p->up) {
+        g.B2 = weight_as(G, p->up, fmt);
+        if (!g.B2) return mf_fail(err, MF_ENOMEM, "%s: out of memory converting the weights of %s", G->desc, p->what);
+        g.bias2 = p->up->bias;
+        g.bias = p->w->bias;
+        g.H = p->glu_out;
+        g.ldh = round16(p->N);
+        g.act = (int)G->m->cfg.act;
+        g.outdt = gk_dt(p->out);
+    } else if (!p->dst_packed) {
+        g.D = p->dst;
+        g.ldd = p->ldc;
+        g.d_bstride = p->dst_bstride;
+        g.bias = p->w ? p->w->bias : NULL;
+        g.outdt = gk_dt(p->out);
+    }
+    g.tile_m = G->tile_m;
     g.offsets = p->offsets;
     if (g.engine == GK_ENGINE_EMU) {
         const mf_kschedule *ks = mf_numerics_schedule(&G->num, p->in);
@@ -313,17 +369,16 @@ static int product(gpu *G, prod *p, mf_error *err) {
         snprintf(G->calls[G->ncalls], sizeof G->calls[0], "layer %d %s", p->layer, p->what);
     G->ncalls++;
     if (GPU_FN(gemm)(G->ctx, &g, G->msg, sizeof G->msg)) return mf_fail(err, MF_EIO, "%s: %s: %s", G->desc, p->what, G->msg);
-    const float *bias = p->w ? p->w->bias : NULL;
-    if (p->dst_packed) GPU_FN(epilogue_packed)(G->ctx, p->dst_packed, G->cf, p->M, p->N, bias, gk_dt(p->out));
-    else GPU_FN(epilogue)(G->ctx, p->dst, G->cf, p->batch, p->M, p->N, p->ldc, p->dst_bstride, bias, gk_dt(p->out));
+    if (p->dst_packed)
+        GPU_FN(epilogue_packed)(G->ctx, p->dst_packed, G->cf, p->M, p->N, p->w ? p->w->bias : NULL, gk_dt(p->out));
     return MF_OK;
 }
 
 /* y[M, out] = x[M, in] . W^T (+ b), dense */
 static int linear(gpu *G, int layer, const char *what, gw *w, mf_dtype in, mf_dtype out, const double *x, int M,
                   double *y, mf_error *err) {
-    prod p = {what, layer, in, out, M, w->n, w->k, 1, {x, 0, 1, (size_t)w->k, 1}, false, w, {0}, NULL, y, NULL,
-              (size_t)w->n, 0};
+    prod p = {.what = what, .layer = layer, .in = in, .out = out, .M = M, .N = w->n, .K = w->k, .batch = 1,
+              .a = {x, 0, 1, (size_t)w->k, 1}, .w = w, .dst = y, .ldc = (size_t)w->n};
     return product(G, &p, err);
 }
 
@@ -333,6 +388,7 @@ typedef struct step {
     gpu *G;
     int T, l;
     mf_dtype O;
+    bool routing;   /* copy each MoE layer's routing out as it is done */
 } step;
 
 static int attention(step *st, mf_dtype D, glayer *L, mf_error *err) {
@@ -344,8 +400,8 @@ static int attention(step *st, mf_dtype D, glayer *L, mf_error *err) {
     int rc;
     if ((rc = linear(G, st->l, "q", &L->q, D, D, G->x, T, G->q, err))) return rc;
     /* k and v take the same operand: x is packed once */
-    prod pk = {"k", st->l, D, D, T, L->k.n, L->k.k, 1, {G->x, 0, 1, (size_t)L->k.k, 1}, true, &L->k, {0}, NULL,
-               G->k, NULL, (size_t)L->k.n, 0};
+    prod pk = {.what = "k", .layer = st->l, .in = D, .out = D, .M = T, .N = L->k.n, .K = L->k.k, .batch = 1,
+               .a = {G->x, 0, 1, (size_t)L->k.k, 1}, .a_packed = true, .w = &L->k, .dst = G->k, .ldc = (size_t)L->k.n};
     if ((rc = product(G, &pk, err))) return rc;
     prod pv_ = pk;
     pv_.what = "v";
@@ -354,8 +410,7 @@ static int attention(step *st, mf_dtype D, glayer *L, mf_error *err) {
     if ((rc = product(G, &pv_, err))) return rc;
     mark(G, P_QKV);
     if (c->qk_norm == MF_QK_NORM_FULL) {
-        GPU_FN(rmsnorm)(G->ctx, G->q, G->q, T, nq, (size_t)nq, L->q_norm, eps, gk_dt(D), gk_dt(D));
-        GPU_FN(rmsnorm)(G->ctx, G->k, G->k, T, nk, (size_t)nk, L->k_norm, eps, gk_dt(D), gk_dt(D));
+        GPU_FN(rmsnorm_pair)(G->ctx, G->q, T, nq, L->q_norm, G->k, T, nk, L->k_norm, eps, gk_dt(D), gk_dt(D));
     }
     if (c->clip_qkv > 0) {
         const double cl = mf_round_to(D, c->clip_qkv);
@@ -364,16 +419,17 @@ static int attention(step *st, mf_dtype D, glayer *L, mf_error *err) {
         GPU_FN(clip)(G->ctx, G->v, (size_t)T * nk, cl);
     }
     if (c->qk_norm == MF_QK_NORM_PER_HEAD) {
-        GPU_FN(rmsnorm)(G->ctx, G->q, G->q, T * nh, hd, (size_t)hd, L->q_norm, eps, gk_dt(D), gk_dt(D));
-        GPU_FN(rmsnorm)(G->ctx, G->k, G->k, T * nkv, hd, (size_t)hd, L->k_norm, eps, gk_dt(D), gk_dt(D));
+        GPU_FN(rmsnorm_pair)(G->ctx, G->q, T * nh, hd, L->q_norm, G->k, T * nkv, hd, L->k_norm, eps, gk_dt(D),
+                             gk_dt(D));
     }
     mark(G, P_QKNORM);
     GPU_FN(rope)(G->ctx, G->q, T, nh, hd, (size_t)nq, G->cos_t, G->sin_t, gk_dt(D));
     GPU_FN(rope)(G->ctx, G->k, T, nkv, hd, (size_t)nk, G->cos_t, G->sin_t, gk_dt(D));
     mark(G, P_ROPE);
     /* scores[h] = Q_h K_kh^T, every head at once */
-    prod qk = {"q.k", st->l, D, D, T, T, hd, nh, {G->q, (size_t)hd, 1, (size_t)nq, 1}, false, NULL,
-               {G->k, (size_t)hd, group, (size_t)nk, 1}, NULL, G->s, NULL, (size_t)T, (size_t)T * T};
+    prod qk = {.what = "q.k", .layer = st->l, .in = D, .out = D, .M = T, .N = T, .K = hd, .batch = nh,
+               .a = {G->q, (size_t)hd, 1, (size_t)nq, 1}, .b = {G->k, (size_t)hd, group, (size_t)nk, 1}, .dst = G->s,
+               .ldc = (size_t)T, .dst_bstride = (size_t)T * T};
     if ((rc = product(G, &qk, err))) return rc;
     mark(G, P_SCORES);
     const double scale = (float)pow((double)hd, -0.5);   /* head_dim ** -0.5, as the CPU */
@@ -381,8 +437,9 @@ static int attention(step *st, mf_dtype D, glayer *L, mf_error *err) {
     GPU_FN(softmax_causal)(G->ctx, G->s, nh, T, scale, window, gk_dt(D));
     mark(G, P_SOFTMAX);
     /* ctx[:, h] = P_h V_kh */
-    prod pv = {"p.v", st->l, D, D, T, hd, T, nh, {G->s, (size_t)T * T, 1, (size_t)T, 1}, false, NULL,
-               {G->v, (size_t)hd, group, 1, (size_t)nk}, NULL, G->ctxv, NULL, (size_t)nq, (size_t)hd};
+    prod pv = {.what = "p.v", .layer = st->l, .in = D, .out = D, .M = T, .N = hd, .K = T, .batch = nh,
+               .a = {G->s, (size_t)T * T, 1, (size_t)T, 1}, .b = {G->v, (size_t)hd, group, 1, (size_t)nk},
+               .dst = G->ctxv, .ldc = (size_t)nq, .dst_bstride = (size_t)hd};
     if ((rc = product(G, &pv, err))) return rc;
     mark(G, P_PV);
     rc = linear(G, st->l, "o", &L->o, D, D, G->ctxv, T, G->y, err);
@@ -397,8 +454,22 @@ static int ffn(step *st, mf_dtype D, gw *gate, gw *up, gw *down, const double *x
     gpu *G = st->G;
     const int I = gate->n, H = gate->k;
     int rc;
-    prod pg = {"gate", st->l, D, D, M, I, H, 1, {x, 0, 1, (size_t)H, 1}, offsets != NULL, gate, {0}, offsets,
-               G->g, NULL, (size_t)I, 0};
+    prod pg = {.what = "gate", .layer = st->l, .in = D, .out = D, .M = M, .N = I, .K = H, .batch = 1,
+               .a = {x, 0, 1, (size_t)H, 1}, .a_packed = offsets != NULL, .w = gate, .offsets = offsets, .dst = G->g,
+               .ldc = (size_t)I};
+    prod pd = {.what = "down", .layer = st->l, .in = D, .out = D, .M = M, .N = H, .K = I, .batch = 1,
+               .a = {G->g, 0, 1, (size_t)I, 1}, .w = down, .offsets = offsets, .dst = out, .ldc = (size_t)H};
+    if (engine_for(G, gk_dt(D), offsets != NULL) == GK_ENGINE_MMA && G->glu_fused) {
+        /* one product for gate and up whose epilogue is the activation and the
+         * down's operand packing (the same roundings as the three steps below) */
+        pg.what = "gate+up";
+        pg.up = up;
+        pg.glu_out = G->opH;
+        if ((rc = product(G, &pg, err))) return rc;
+        pd.a_packed = true;
+        pd.a_op = G->opH;
+        return product(G, &pd, err);
+    }
     if ((rc = product(G, &pg, err))) return rc;
     prod pu = pg;
     pu.what = "up";
@@ -406,8 +477,6 @@ static int ffn(step *st, mf_dtype D, gw *gate, gw *up, gw *down, const double *x
     pu.dst = G->u;
     if ((rc = product(G, &pu, err))) return rc;
     GPU_FN(act_mul)(G->ctx, G->g, G->u, (size_t)M * I, (int)G->m->cfg.act, gk_dt(D));
-    prod pd = {"down", st->l, D, D, M, H, I, 1, {G->g, 0, 1, (size_t)I, 1}, false, down, {0}, offsets,
-               out, NULL, (size_t)H, 0};
     return product(G, &pd, err);
 }
 
@@ -438,6 +507,19 @@ static int moe(step *st, mf_dtype D, mf_dtype DR, glayer *L, int mi, mf_error *e
         if ((rc = linear(G, st->l, "shared gate", &L->sh_router, D, D, G->x, T, gate, err))) return rc;
         GPU_FN(shared_add)(G->ctx, G->y, G->sh, gate, T, H, gk_dt(D));
         mark(G, P_SHARED);
+    }
+    if (st->routing) {
+        /* this layer's routing leaves now, on the side, while the next layers run */
+        const route_layout lo = route_layout_for(c, T);
+        float *blk = G->route_dev + (size_t)mi * lo.per_layer;
+        GPU_FN(narrow)(G->ctx, blk, logits, lo.router);
+        GPU_FN(narrow)(G->ctx, blk + lo.router, w, lo.w);
+        if (lo.sh) GPU_FN(narrow)(G->ctx, blk + lo.router + lo.w, G->shared_gate + (size_t)mi * T, lo.sh);
+        float *hblk = (float *)G->route_host + (size_t)mi * lo.per_layer;
+        uint16_t *hids = (uint16_t *)((float *)G->route_host + lo.ids_at) + (size_t)mi * lo.w;
+        if (GPU_FN(download_behind)(G->ctx, hblk, blk, lo.per_layer * sizeof(float), mi) ||
+            GPU_FN(download_behind)(G->ctx, hids, ids, lo.w * sizeof(uint16_t), mi))
+            return mf_fail(err, MF_EIO, "%s: layer %d: queueing the copy of the routing failed", G->desc, st->l);
     }
     return MF_OK;
 }
@@ -500,6 +582,9 @@ int GPU_FN(gpu_open)(void **out, int device, const mf_model *m, const mf_precisi
     G->num = *num;
     const char *pe = getenv("MF_GPU_PROFILE");
     G->prof = pe && *pe && strcmp(pe, "0") != 0;
+    const char *tm = getenv("MF_GPU_TILE_M");   /* for benchmarks: 64 or 128 */
+    G->tile_m = tm && atoi(tm) == 128 ? 128 : 64;
+
     char msg[256];
     if (GPU_FN(ctx_open)(&G->ctx, device, G->desc, sizeof G->desc, msg, sizeof msg)) {
         free(G);
@@ -511,6 +596,8 @@ int GPU_FN(gpu_open)(void **out, int device, const mf_model *m, const mf_precisi
 #else
     const bool hip = false;
 #endif
+    const char *glu = getenv("MF_GPU_GLU");
+    G->glu_fused = !hip && !(glu && !strcmp(glu, "0"));
     switch (num->kind) {
     case MF_NUMERICS_NATIVE: G->engine16 = hip ? GK_ENGINE_MMA : GK_ENGINE_BLAS; break;
     case MF_NUMERICS_FIXED:
@@ -636,7 +723,7 @@ int GPU_FN(gpu_forward)(void *impl, const int32_t *tokens, int T, unsigned captu
 
     const size_t TH = (size_t)T * H;
     const mf_dtype Rd = P->act;
-    step st = {G, T, 0, P->opmath};
+    step st = {G, T, 0, P->opmath, c->n_moe_layers > 0 && (capture & MF_GPU_ROUTING)};
     const double eps = (float)c->rms_eps;
     if (G->prof) {
         G->prof_forwards++;
@@ -651,13 +738,11 @@ int GPU_FN(gpu_forward)(void *impl, const int32_t *tokens, int T, unsigned captu
         const mf_dtype S = blk ? MF_F32 : Rd;
         const mf_dtype DN = blk ? MF_F32 : P->part[MF_PART_NORM], DA = blk ? MF_F32 : P->part[MF_PART_ATTN];
         const mf_dtype DM = blk ? MF_F32 : P->part[MF_PART_MLP], DR = blk ? MF_F32 : P->part[MF_PART_ROUTER];
-        GPU_FN(rmsnorm)(G->ctx, G->x, G->h, T, H, (size_t)H, L->attn_norm, eps, gk_dt(DN), gk_dt(S));
-        GPU_FN(round_cast)(G->ctx, G->x, G->x, TH, gk_dt(DA));
+        GPU_FN(rmsnorm)(G->ctx, G->x, G->h, T, H, (size_t)H, L->attn_norm, eps, gk_dt(DN), gk_dt(S), gk_dt(DA));
         mark(G, P_NORM);
         if ((rc = attention(&st, DA, L, err))) break;
-        GPU_FN(residual)(G->ctx, G->h, G->y, TH, gk_dt(S));
-        GPU_FN(rmsnorm)(G->ctx, G->x, G->h, T, H, (size_t)H, L->ffn_norm, eps, gk_dt(DN), gk_dt(S));
-        GPU_FN(round_cast)(G->ctx, G->x, G->x, TH, gk_dt(DM));
+        GPU_FN(residual)(G->ctx, G->h, G->y, TH, gk_dt(S), GK_F64);
+        GPU_FN(rmsnorm)(G->ctx, G->x, G->h, T, H, (size_t)H, L->ffn_norm, eps, gk_dt(DN), gk_dt(S), gk_dt(DM));
         mark(G, P_NORM);
         if (m->layers[l].is_moe) {
             rc = moe(&st, DM, DM == MF_F32 ? MF_F32 : DR, L, mi++, err);
@@ -666,16 +751,15 @@ int GPU_FN(gpu_forward)(void *impl, const int32_t *tokens, int T, unsigned captu
             mark(G, P_DENSE);
         }
         if (rc) break;
-        GPU_FN(residual)(G->ctx, G->h, G->y, TH, gk_dt(S));
-        GPU_FN(round_cast)(G->ctx, G->h, G->h, TH, gk_dt(Rd));
+        GPU_FN(residual)(G->ctx, G->h, G->y, TH, gk_dt(S), gk_dt(Rd));
         mark(G, P_NORM);
     }
     if (rc) return rc;
     const mf_dtype DH = P->part[MF_PART_HEAD];
-    GPU_FN(rmsnorm)(G->ctx, G->x, G->h, T, H, (size_t)H, G->final_norm, eps, gk_dt(P->part[MF_PART_NORM]), gk_dt(Rd));
-    GPU_FN(round_cast)(G->ctx, G->x, G->x, TH, gk_dt(DH));
-    prod ph = {"head", c->n_layers, DH, DH, T, V, H, 1, {G->x, 0, 1, (size_t)H, 1}, false, &G->head, {0}, NULL,
-               NULL, G->logits, (size_t)V, 0};
+    GPU_FN(rmsnorm)(G->ctx, G->x, G->h, T, H, (size_t)H, G->final_norm, eps, gk_dt(P->part[MF_PART_NORM]), gk_dt(Rd),
+                    gk_dt(DH));
+    prod ph = {.what = "head", .layer = c->n_layers, .in = DH, .out = DH, .M = T, .N = V, .K = H, .batch = 1,
+               .a = {G->x, 0, 1, (size_t)H, 1}, .w = &G->head, .dst_packed = G->logits, .ldc = (size_t)V};
     if ((rc = product(G, &ph, err))) return rc;
     mark(G, P_HEAD);
 
@@ -685,17 +769,24 @@ int GPU_FN(gpu_forward)(void *impl, const int32_t *tokens, int T, unsigned captu
     G->logits_dtype = DH == MF_BF16 || DH == MF_F16 ? DH : MF_F32;
     const size_t lbytes = (size_t)T * V * (G->logits_dtype == MF_F32 ? 4 : 2);
     bool dl_fail = GPU_FN(download)(G->ctx, G->logits_host, G->logits, lbytes);
-    if (nm && (capture & MF_GPU_ROUTING)) {
-        r->topk_ids = mf_xmalloc(nm * T * r->k * sizeof(uint16_t));
-        r->topk_w = mf_xmalloc(nm * T * r->k * sizeof(double));
-        r->router = mf_xmalloc(nm * T * r->E * sizeof(double));
-        dl_fail = dl_fail || GPU_FN(download)(G->ctx, r->topk_ids, G->ids, nm * T * r->k * sizeof(uint16_t)) ||
-                  GPU_FN(download)(G->ctx, r->topk_w, G->topk_w, nm * T * r->k * sizeof(double)) ||
-                  GPU_FN(download)(G->ctx, r->router, G->router, nm * T * r->E * sizeof(double));
-        if (c->has_shared_expert) {
-            r->shared_gate = mf_xmalloc(nm * T * sizeof(double));
-            dl_fail = dl_fail || GPU_FN(download)(G->ctx, r->shared_gate, G->shared_gate, nm * T * sizeof(double));
+    if (st.routing) {
+        /* widen each layer's routing as its copy lands, while the GPU runs on */
+        const route_layout lo = route_layout_for(c, T);
+        r->router = mf_xmalloc(nm * lo.router * sizeof(double));
+        r->topk_w = mf_xmalloc(nm * lo.w * sizeof(double));
+        r->topk_ids = mf_xmalloc(nm * lo.w * sizeof(uint16_t));
+        if (lo.sh) r->shared_gate = mf_xmalloc(nm * lo.sh * sizeof(double));
+        for (size_t mi = 0; mi < nm && !dl_fail; mi++) {
+            if (GPU_FN(wait_mark)(G->ctx, (int)mi, G->msg, sizeof G->msg)) {
+                mf_seq_result_free(r);
+                return gpu_fail(G, err, "copying the routing");
+            }
+            const float *f = (const float *)G->route_host + mi * lo.per_layer;
+            widen(r->router + mi * lo.router, f, lo.router);
+            widen(r->topk_w + mi * lo.w, f + lo.router, lo.w);
+            if (lo.sh) widen(r->shared_gate + mi * lo.sh, f + lo.router + lo.w, lo.sh);
         }
+        memcpy(r->topk_ids, (const float *)G->route_host + lo.ids_at, nm * lo.w * sizeof(uint16_t));
     }
     if (GPU_FN(sync)(G->ctx, G->msg, sizeof G->msg) || dl_fail) {
         mf_seq_result_free(r);

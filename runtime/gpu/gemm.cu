@@ -7,20 +7,19 @@
 
 /* ------------------------------------------------------------- operands */
 
-__global__ static void k_pack(void *dst, int fmt, int batch, int rows, int cols, int colsp, const double *src,
-                              size_t sb, int group, size_t sr, size_t sc) {
-    size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
-    size_t per = (size_t)rows * colsp;
-    if (i >= (size_t)batch * per) return;
-    size_t b = i / per, r = (i % per) / colsp, col = i % colsp;
-    double v = (int)col < cols ? src[(b / group) * sb + r * sr + col * sc] : 0.0;
-    put_operand(dst, fmt, i, v);
+__global__ static void k_pack(void *dst, int fmt, int rows, int cols, int colsp, const double *src, size_t sb,
+                              int group, size_t sr, size_t sc) {
+    const int r = blockIdx.x, col = blockIdx.y * blockDim.x + threadIdx.x, b = blockIdx.z;
+    if (col >= colsp) return;
+    double v = col < cols ? src[(size_t)(b / group) * sb + r * sr + col * sc] : 0.0;
+    put_operand(dst, fmt, ((size_t)b * rows + r) * colsp + col, v);
 }
 
 extern "C" void GPU_FN(pack)(gk_ctx *c, void *dst, int fmt, int batch, int rows, int cols, int colsp,
                              const double *src, size_t sb, int group, size_t sr, size_t sc) {
-    size_t n = (size_t)batch * rows * colsp;
-    if (n) k_pack<<<blocks_for(n), THREADS, 0, c->stream>>>(dst, fmt, batch, rows, cols, colsp, src, sb, group, sr, sc);
+    if (batch > 0 && rows > 0 && colsp > 0)
+        k_pack<<<row_grid(rows, colsp, batch), THREADS, 0, c->stream>>>(dst, fmt, rows, cols, colsp, src, sb, group,
+                                                                        sr, sc);
 }
 
 __global__ static void k_convert_weights(void *dst, int fmt, const float *src, size_t n) {
@@ -32,22 +31,21 @@ extern "C" void GPU_FN(convert_weights)(gk_ctx *c, void *dst, int fmt, const flo
     if (n) k_convert_weights<<<blocks_for(n), THREADS, 0, c->stream>>>(dst, fmt, src, n);
 }
 
-__global__ static void k_epilogue(double *dst, const float *C, int batch, int M, int N, size_t ldc, size_t dst_bstride,
+__global__ static void k_epilogue(double *dst, const float *C, int M, int N, size_t ldc, size_t dst_bstride,
                                   const float *bias, int outdt) {
-    size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
-    size_t per = (size_t)M * N;
-    if (i >= (size_t)batch * per) return;
-    size_t b = i / per, r = (i % per) / N, j = i % N;
-    float v = C[i];
+    const int r = blockIdx.x, j = blockIdx.y * blockDim.x + threadIdx.x, b = blockIdx.z;
+    if (j >= N) return;
+    float v = C[((size_t)b * M + r) * N + j];
     if (bias) v = v + bias[j];
     dst[b * dst_bstride + r * ldc + j] = rd(outdt, (double)v);
 }
 
-__global__ static void k_epilogue_packed(void *dst, const float *C, int M, int N, const float *bias, int outdt) {
-    size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
-    if (i >= (size_t)M * N) return;
+__global__ static void k_epilogue_packed(void *dst, const float *C, int N, const float *bias, int outdt) {
+    const int j = blockIdx.y * blockDim.x + threadIdx.x;
+    if (j >= N) return;
+    const size_t i = (size_t)blockIdx.x * N + j;
     float v = C[i];
-    if (bias) v = v + bias[i % N];
+    if (bias) v = v + bias[j];
     if (outdt == GK_BF16) ((uint16_t *)dst)[i] = bf16_bits((double)v);
     else if (outdt == GK_F16) ((uint16_t *)dst)[i] = f16_bits((double)v);
     else ((float *)dst)[i] = v;
@@ -55,14 +53,7 @@ __global__ static void k_epilogue_packed(void *dst, const float *C, int M, int N
 
 extern "C" void GPU_FN(epilogue_packed)(gk_ctx *c, void *dst, const float *C, int M, int N, const float *bias,
                                         int outdt) {
-    size_t n = (size_t)M * N;
-    if (n) k_epilogue_packed<<<blocks_for(n), THREADS, 0, c->stream>>>(dst, C, M, N, bias, outdt);
-}
-
-extern "C" void GPU_FN(epilogue)(gk_ctx *c, double *dst, const float *C, int batch, int M, int N, size_t ldc,
-                                 size_t dst_bstride, const float *bias, int outdt) {
-    size_t n = (size_t)batch * M * N;
-    if (n) k_epilogue<<<blocks_for(n), THREADS, 0, c->stream>>>(dst, C, batch, M, N, ldc, dst_bstride, bias, outdt);
+    if (M > 0 && N > 0) k_epilogue_packed<<<row_grid(M, N, 1), THREADS, 0, c->stream>>>(dst, C, N, bias, outdt);
 }
 
 /* -------------------------------------------------------- matrix products */
@@ -213,7 +204,6 @@ __global__ static void k_emu(gk_gemm g, int *flag) {
 /* ---- tensor cores: a k16 chain of the hardware's own instruction */
 
 #if defined(GPU_CUDA)
-#define MBM 64
 #define MBN 64
 #define MBK 32
 #define MPAD 8
@@ -234,32 +224,81 @@ __device__ static void ldmatrix_x4(uint32_t r[4], const void *p) {
                  : "r"(smem_addr(p)));
 }
 
-/* One stage: each of the 128 threads moves two 16-byte pieces of A's rows
- * and two of B's (zeros past the rows, the columns or Kp). */
+/* Which rows a block handles, grouped products, worked out by each warp at
+ * once: a lane per expert (a warp-width at a time), a scan of the row tiles
+ * before it, a ballot for the one that holds tile `by`. tile_rows' walk
+ * waited for one load per expert (64 experts: about 2,500 cycles). */
+__device__ static bool tile_rows_warp(const gk_gemm *g, int by, int BM, int *e, int *r0, int *r1) {
+    if (!g->offsets) return tile_rows(g, by, BM, e, r0, r1);
+    const int lane = threadIdx.x & 31;
+    int base = 0;   /* row tiles of the experts before this warp-width */
+    for (int x0 = 0; x0 < g->experts; x0 += 32) {
+        const int x = x0 + lane;
+        const int n = x < g->experts ? g->offsets[x + 1] - g->offsets[x] : 0, tiles = (n + BM - 1) / BM;
+        int incl = tiles;
+        for (int d = 1; d < 32; d *= 2) {
+            const int v = __shfl_up_sync(0xffffffffu, incl, d);
+            if (lane >= d) incl += v;
+        }
+        const int excl = incl - tiles;
+        const unsigned hit = __ballot_sync(0xffffffffu, tiles > 0 && by >= base + excl && by < base + incl);
+        if (hit) {
+            const int src = __ffs(hit) - 1, first = __shfl_sync(0xffffffffu, excl, src);
+            *e = x0 + src;
+            *r0 = g->offsets[*e] + (by - base - first) * BM;
+            *r1 = g->offsets[*e + 1];
+            return true;
+        }
+        base += __shfl_sync(0xffffffffu, incl, 31);
+    }
+    return false;
+}
+
+/* One stage: the block's 64 WR threads move A's 32 WR rows and B's 64 rows,
+ * 16 bytes a piece (zeros past the rows, the columns or Kp). */
+template <int WR>
 __device__ static void mma_load_stage(uint16_t (*As)[MBK + MPAD], uint16_t (*Bs)[MBK + MPAD], const gk_gemm *g,
-                                      const uint16_t *A, const uint16_t *B, int r0, int r1, int n0, int tid, int k0) {
-    for (int p = 0; p < 2; p++) {
-        const int piece = tid + p * 128, row = piece >> 2, col = (piece & 3) * 8;
-        const int ar = r0 + row, bn = n0 + row;
-        const bool ka = k0 + col < g->Kp;
-        const bool va = ar < r1 && ka, vb = bn < g->N && ka;
+                                      const uint16_t *A, const uint16_t *B, const uint16_t *B2, int r0, int r1, int n0,
+                                      int tid, int k0) {
+    const int threads = 64 * WR;
+    for (int piece = tid; piece < 32 * WR * 4; piece += threads) {
+        const int row = piece >> 2, col = (piece & 3) * 8, ar = r0 + row;
+        const bool va = ar < r1 && k0 + col < g->Kp;
         cp_async16(&As[row][col], va ? (const void *)(A + (size_t)ar * g->Kp + k0 + col) : (const void *)A, va ? 16 : 0);
-        cp_async16(&Bs[row][col], vb ? (const void *)(B + (size_t)bn * g->Kp + k0 + col) : (const void *)B, vb ? 16 : 0);
+    }
+    for (int piece = tid; piece < MBN * 4; piece += threads) {
+        const int row = piece >> 2, col = (piece & 3) * 8;
+        const bool up = B2 && row >= 32;   /* gate and up at once: rows 32.. are the up's */
+        const uint16_t *src = up ? B2 : B;
+        const int bn = n0 + (up ? row - 32 : row);
+        const bool vb = bn < g->N && k0 + col < g->Kp;
+        cp_async16(&Bs[row][col], vb ? (const void *)(src + (size_t)bn * g->Kp + k0 + col) : (const void *)B, vb ? 16 : 0);
     }
 }
 
-/* 128 threads, 2x2 warps of 32x32, K in stages of 32 moved by cp.async
- * MSTAGES - 1 stages ahead, fragments read with ldmatrix. Each k16 step is
- * one mma.sync per 16x8 piece with the running fp32 sums as C: the same
- * k16 chain, K ascending from zero, as emu:hopper's plain schedule (the
- * staging changes when operands arrive, not the order of the sums). */
-__global__ static void __launch_bounds__(128) k_mma(gk_gemm g) {
-    __shared__ __align__(16) uint16_t As[MSTAGES][MBM][MBK + MPAD], Bs[MSTAGES][MBN][MBK + MPAD];
+/* 64 WR threads, WR x 2 warps of 32x32 (a block tile of 32 WR rows by 64
+ * columns; WR = 4 for grouped products, whose experts have about 64 rows
+ * each, so that one block reads an expert's weight tile once), K in stages
+ * of 32 moved by cp.async MSTAGES - 1 stages ahead, fragments read with
+ * ldmatrix. Each k16 step is one mma.sync per 16x8 piece with the running
+ * fp32 sums as C: the same k16 chain, K ascending from zero, as
+ * emu:hopper's plain schedule (the staging changes when operands arrive,
+ * not the order of the sums). With g.D the sums leave through the epilogue
+ * (bias, rounding) instead of through C. */
+template <int WR>
+__global__ static void __launch_bounds__(64 * WR) k_mma(gk_gemm g) {
+    /* the stages of A and B; after the k loop, the epilogue's fp32 tiles */
+    __shared__ __align__(16) uint16_t smem[MSTAGES * (32 * WR + MBN) * (MBK + MPAD)];
+    uint16_t(*As)[32 * WR][MBK + MPAD] = (uint16_t(*)[32 * WR][MBK + MPAD])smem;
+    uint16_t(*Bs)[MBN][MBK + MPAD] = (uint16_t(*)[MBN][MBK + MPAD])(smem + MSTAGES * 32 * WR * (MBK + MPAD));
     int e, r0, r1;
-    if (!tile_rows(&g, blockIdx.y, MBM, &e, &r0, &r1)) return;
-    const int b = blockIdx.z, n0 = blockIdx.x * MBN;
+    if (!tile_rows_warp(&g, blockIdx.y, 32 * WR, &e, &r0, &r1)) return;
+    const bool glu = g.H != NULL;   /* gate and up: 32 columns of each */
+    const int b = blockIdx.z, n0 = blockIdx.x * (glu ? 32 : MBN);
+    const size_t expert_off = (size_t)e * g.b_bstride * (g.offsets != NULL);
     const uint16_t *A = (const uint16_t *)g.A + (size_t)b * g.a_bstride;
-    const uint16_t *B = (const uint16_t *)g.B + (size_t)b * g.b_bstride + (size_t)e * g.b_bstride * (g.offsets != NULL);
+    const uint16_t *B = (const uint16_t *)g.B + (size_t)b * g.b_bstride + expert_off;
+    const uint16_t *B2 = glu ? (const uint16_t *)g.B2 + (size_t)b * g.b_bstride + expert_off : NULL;
     const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, gq = lane >> 2, tq = lane & 3;
     const int wm = (warp >> 1) * 32, wn = (warp & 1) * 32;
     float acc[2][4][4];
@@ -268,20 +307,24 @@ __global__ static void __launch_bounds__(128) k_mma(gk_gemm g) {
             for (int z = 0; z < 4; z++) acc[x][y][z] = 0.0f;
     const int KT = (g.Kp + MBK - 1) / MBK;
     for (int s = 0; s < MSTAGES - 1; s++) {
-        if (s < KT) mma_load_stage(As[s], Bs[s], &g, A, B, r0, r1, n0, tid, s * MBK);
+        if (s < KT) mma_load_stage<WR>(As[s], Bs[s], &g, A, B, B2, r0, r1, n0, tid, s * MBK);
         cp_async_commit();
     }
     for (int kt = 0; kt < KT; kt++) {
         cp_async_wait<MSTAGES - 2>();
         __syncthreads();   /* stage kt has landed for everyone; slot (kt - 1) % MSTAGES is free */
         const int next = kt + MSTAGES - 1;
-        if (next < KT) mma_load_stage(As[next % MSTAGES], Bs[next % MSTAGES], &g, A, B, r0, r1, n0, tid, next * MBK);
+        if (next < KT) mma_load_stage<WR>(As[next % MSTAGES], Bs[next % MSTAGES], &g, A, B, B2, r0, r1, n0, tid,
+                                              next * MBK);
         cp_async_commit();
         const int slot = kt % MSTAGES, k0 = kt * MBK;
+        if (r0 + wm >= r1) continue;   /* this warp's rows are all past the expert's: nothing to add */
         for (int ks = 0; ks < MBK && k0 + ks < g.Kp; ks += 16) {
             uint32_t af[2][4], bf[4][2];
+#pragma unroll
             for (int mi = 0; mi < 2; mi++)
                 ldmatrix_x4(af[mi], &As[slot][wm + mi * 16 + (lane & 15)][ks + (lane >> 4) * 8]);
+#pragma unroll
             for (int np = 0; np < 2; np++) {
                 uint32_t r[4];
                 ldmatrix_x4(r, &Bs[slot][wn + np * 16 + (lane & 7) + (lane >> 4) * 8][ks + ((lane >> 3) & 1) * 8]);
@@ -290,7 +333,9 @@ __global__ static void __launch_bounds__(128) k_mma(gk_gemm g) {
                 bf[2 * np + 1][0] = r[2];
                 bf[2 * np + 1][1] = r[3];
             }
+#pragma unroll
             for (int mi = 0; mi < 2; mi++)
+#pragma unroll
                 for (int ni = 0; ni < 4; ni++) {
                     float *d = acc[mi][ni];
                     if (g.fmt == GK_F16)
@@ -309,17 +354,50 @@ __global__ static void __launch_bounds__(128) k_mma(gk_gemm g) {
         }
     }
     cp_async_wait<0>();
-    float *C = g.C + (size_t)b * g.c_bstride;
-    for (int mi = 0; mi < 2; mi++)
-        for (int ni = 0; ni < 4; ni++) {
-            int r = r0 + wm + mi * 16 + gq, col = n0 + wn + ni * 8 + 2 * tq;
-            for (int h = 0; h < 2; h++) {
-                int rr = r + 8 * h;
-                if (rr >= r1) continue;
-                if (col < g.N) C[(size_t)rr * g.N + col] = acc[mi][ni][2 * h];
-                if (col + 1 < g.N) C[(size_t)rr * g.N + col + 1] = acc[mi][ni][2 * h + 1];
-            }
+    if (glu) {
+        /* gate and up values, rounded (fp32 holds any value of outdt), meet
+         * in shared memory; then each thread finishes elements of the tile */
+        __syncthreads();   /* everyone has read the last stage */
+        float(*Gs)[33] = (float(*)[33])(void *)smem, (*Us)[33] = Gs + 32 * WR;
+        float(*V)[33] = wn ? Us : Gs;
+        const float *bias = wn ? g.bias2 : g.bias;
+#pragma unroll
+        for (int mi = 0; mi < 2; mi++)
+#pragma unroll
+            for (int ni = 0; ni < 4; ni++)
+#pragma unroll
+                for (int x = 0; x < 4; x++) {
+                    const int rl = wm + mi * 16 + gq + 8 * (x >> 1), cl = ni * 8 + 2 * tq + (x & 1), cc = n0 + cl;
+                    float v = acc[mi][ni][x];
+                    if (bias && cc < g.N) v = v + bias[cc];
+                    V[rl][cl] = (float)rd(g.outdt, (double)v);
+                }
+        __syncthreads();
+        for (int i = tid; i < 32 * WR * 32; i += 64 * WR) {
+            const int rl = i >> 5, cl = i & 31, rr = r0 + rl, cc = n0 + cl;
+            if (rr >= r1 || cc >= g.ldh) continue;
+            double hv = 0;   /* columns N .. ldh: the operand's zero padding */
+            if (cc < g.N) hv = rd(g.outdt, rd(g.outdt, act_apply(g.act, (double)Gs[rl][cl])) * (double)Us[rl][cl]);
+            put_operand(g.H, g.fmt, (size_t)rr * g.ldh + cc, hv);
         }
+        return;
+    }
+#pragma unroll
+    for (int mi = 0; mi < 2; mi++)
+#pragma unroll
+        for (int ni = 0; ni < 4; ni++)
+#pragma unroll
+            for (int x = 0; x < 4; x++) {
+                const int rr = r0 + wm + mi * 16 + gq + 8 * (x >> 1), cc = n0 + wn + ni * 8 + 2 * tq + (x & 1);
+                if (rr >= r1 || cc >= g.N) continue;
+                float v = acc[mi][ni][x];
+                if (g.D) {
+                    if (g.bias) v = v + g.bias[cc];
+                    g.D[(size_t)b * g.d_bstride + (size_t)rr * g.ldd + cc] = rd(g.outdt, (double)v);
+                } else {
+                    g.C[(size_t)b * g.c_bstride + (size_t)rr * g.N + cc] = v;
+                }
+            }
 }
 #endif
 
@@ -382,18 +460,23 @@ static int blas_gemm(gk_ctx *c, const gk_gemm *g, char *msg, size_t msg_n) {
 
 extern "C" int GPU_FN(gemm)(gk_ctx *c, const gk_gemm *g, char *msg, size_t msg_n) {
     if (g->M <= 0 || g->N <= 0) return 0;
-    switch (g->engine) {
-    case GK_ENGINE_BLAS:
+    bool fused = false;   /* the engine wrote D itself */
 #if defined(GPU_CUDA)
-        if (g->offsets) break;
-        return blas_gemm(c, g, msg, msg_n);
+    if (g->H && g->engine != GK_ENGINE_MMA) goto unavailable;
 #else
+    if (g->H) goto unavailable;
+#endif
+    switch (g->engine) {
+#if defined(GPU_CUDA)
+    case GK_ENGINE_BLAS:
+        if (g->offsets) goto unavailable;
+        if (blas_gemm(c, g, msg, msg_n)) return 1;
         break;
 #endif
     case GK_ENGINE_CHAIN32: {
         dim3 grid((g->N + CT - 1) / CT, row_tiles(g, CT), g->batch), block(CT, CT);
         k_chain32<<<grid, block, 0, c->stream>>>(*g);
-        return 0;
+        break;
     }
     case GK_ENGINE_EMU: {
         if (ET % g->emu_chunk || g->emu_k % g->emu_chunk) {
@@ -402,19 +485,34 @@ extern "C" int GPU_FN(gemm)(gk_ctx *c, const gk_gemm *g, char *msg, size_t msg_n
         }
         dim3 grid((g->N + ET - 1) / ET, row_tiles(g, ET), g->batch), block(ET, ET);
         k_emu<<<grid, block, 0, c->stream>>>(*g, c->flag);
-        return 0;
+        break;
     }
     case GK_ENGINE_MMA: {
 #if defined(GPU_CUDA)
-        dim3 grid((g->N + MBN - 1) / MBN, row_tiles(g, MBM), g->batch);
-        k_mma<<<grid, 128, 0, c->stream>>>(*g);
+        const int cols = g->H ? 32 : MBN;
+        if (g->offsets && g->tile_m == 128) {
+            dim3 grid((g->N + cols - 1) / cols, row_tiles(g, 128), g->batch);
+            k_mma<4><<<grid, 256, 0, c->stream>>>(*g);
+        } else {
+            dim3 grid((g->N + cols - 1) / cols, row_tiles(g, 64), g->batch);
+            k_mma<2><<<grid, 128, 0, c->stream>>>(*g);
+        }
+        fused = true;
 #else
         dim3 grid((g->N + 15) / 16, row_tiles(g, 16), g->batch);
         k_mfma<<<grid, 64, 0, c->stream>>>(*g);
 #endif
-        return 0;
+        break;
     }
+    default:
+        goto unavailable;
     }
-    snprintf(msg, msg_n, "matrix engine %d is not available in the %s backend", g->engine, GPU_NAME);
+    if (g->D && !fused)
+        k_epilogue<<<row_grid(g->M, g->N, g->batch), THREADS, 0, c->stream>>>(g->D, g->C, g->M, g->N, g->ldd,
+                                                                              g->d_bstride, g->bias, g->outdt);
+    return 0;
+unavailable:
+    snprintf(msg, msg_n, "matrix engine %d%s is not available in the %s backend", g->engine,
+             g->H ? " (gate and up at once)" : "", GPU_NAME);
     return 1;
 }

@@ -51,8 +51,23 @@ typedef struct gk_gemm {
     size_t a_bstride;
     const void *B;
     size_t b_bstride;           /* also the stride between experts' weights */
-    float *C;                   /* [batch][M][N] */
+    float *C;                   /* [batch][M][N]: the fp32 sums when D is NULL, else scratch */
     size_t c_bstride;
+    /* D non-NULL: the result leaves as round_outdt(C + bias[col]) (the sum and
+     * bias in fp32) at D[b * d_bstride + row * ldd + col], as the CPU's epilogue */
+    double *D;
+    size_t ldd, d_bstride;
+    const float *bias;
+    int outdt;
+    int tile_m;                 /* grouped mma.sync products: 64 or 128 (0: 64) rows a block */
+    /* gate and up at once (GK_ENGINE_MMA on CUDA only): B holds the gate's
+     * rows and B2 the up's (bias2 its bias); H receives the down
+     * projection's operand, round_outdt(round_outdt(act(gate)) * up) as fmt
+     * values, rows ldh apart, zeros from column N to ldh; C and D unused */
+    const void *B2;
+    const float *bias2;
+    void *H;
+    int ldh, act;
     const int *offsets;         /* grouped (experts): rows offsets[e] .. offsets[e+1]-1 use expert e's B; NULL: dense */
     int experts;
     /* GK_ENGINE_EMU */
@@ -76,8 +91,14 @@ void GPU_FN(host_free)(void *p);
 int GPU_FN(upload)(gk_ctx *c, void *dst, const void *src, size_t bytes);
 /* Device to host, queued on the stream (complete after sync). */
 int GPU_FN(download)(gk_ctx *c, void *dst, const void *src, size_t bytes);
+/* Device to host on a second stream, behind the work queued so far, which
+ * goes on meanwhile; the copy's completion is `mark` (0, 1, ...; copies
+ * under one mark complete together). Returns 0, or nonzero. */
+int GPU_FN(download_behind)(gk_ctx *c, void *dst, const void *src, size_t bytes, int mark);
+/* Waits (the host only) for the copies under `mark`. Returns 0, or nonzero with a message. */
+int GPU_FN(wait_mark)(gk_ctx *c, int mark, char *msg, size_t msg_n);
 int GPU_FN(zero)(gk_ctx *c, void *dst, size_t bytes);
-/* Waits for the stream. Returns 0, or nonzero with the first error's message. */
+/* Waits for both streams. Returns 0, or nonzero with the first error's message. */
 int GPU_FN(sync)(gk_ctx *c, char *msg, size_t msg_n);
 /* The smallest call_id whose product met a value outside the emulator's exact
  * range since the last reset (INT32_MAX: none); valid after sync. */
@@ -85,16 +106,21 @@ int GPU_FN(emu_flag)(gk_ctx *c);
 void GPU_FN(emu_flag_reset)(gk_ctx *c);
 
 /* ---- elementwise (activations are double [rows][cols]) ---- */
-void GPU_FN(round_cast)(gk_ctx *c, double *dst, const double *src, size_t n, int dt);
+/* dst = (float)src: for values already rounded to fp32 or narrower (exact). */
+void GPU_FN(narrow)(gk_ctx *c, float *dst, const double *src, size_t n);
 void GPU_FN(embed)(gk_ctx *c, double *h, const float *table, const int32_t *tokens, int T, int H, int dt);
-/* out[r] = round_S(round_D(w * round_D(round_O(v * rsqrt(mean(v^2) + eps))))), v = round_D(in[r]) */
+/* out[r] = round_C(round_S(round_D(w * round_D(round_O(v * rsqrt(mean(v^2) + eps)))))), v = round_D(in[r]);
+ * C: a further cast (GK_F64: none) */
 void GPU_FN(rmsnorm)(gk_ctx *c, double *out, const double *in, int rows, int n, size_t ld, const double *w, double eps,
-                     int D, int S);
+                     int D, int S, int C);
+/* Two in-place norms at once, rows n1 and n2 values long and apart (q's and k's) */
+void GPU_FN(rmsnorm_pair)(gk_ctx *c, double *x1, int rows1, int n1, const double *w1, double *x2, int rows2, int n2,
+                          const double *w2, double eps, int D, int S);
 void GPU_FN(rope)(gk_ctx *c, double *x, int T, int heads, int hd, size_t row_stride, const double *cos_t,
                   const double *sin_t, int D);
 void GPU_FN(clip)(gk_ctx *c, double *x, size_t n, double bound);
-/* h = round_S(h + round_S(y)) */
-void GPU_FN(residual)(gk_ctx *c, double *h, const double *y, size_t n, int S);
+/* h = round_C(round_S(h + round_S(y))) (C: a further cast, GK_F64: none) */
+void GPU_FN(residual)(gk_ctx *c, double *h, const double *y, size_t n, int S, int C);
 /* s [heads][T][T]: scale, causal (sliding) mask, fp32 softmax, rounded to D; zeros where masked */
 void GPU_FN(softmax_causal)(gk_ctx *c, double *s, int heads, int T, double scale, int window, int D);
 /* g = round_D(round_D(act(g)) * u) */
@@ -121,11 +147,8 @@ void GPU_FN(pack)(gk_ctx *c, void *dst, int fmt, int batch, int rows, int cols, 
 void GPU_FN(convert_weights)(gk_ctx *c, void *dst, int fmt, const float *src, size_t n);
 /* Returns 0, or nonzero with a message (an engine this build lacks, a cuBLAS failure). */
 int GPU_FN(gemm)(gk_ctx *c, const gk_gemm *g, char *msg, size_t msg_n);
-/* dst[b * dst_bstride + i * ldc + j] = round_out(C[b][i][j] + bias[j]) (bias added in fp32) */
-void GPU_FN(epilogue)(gk_ctx *c, double *dst, const float *C, int batch, int M, int N, size_t ldc, size_t dst_bstride,
-                      const float *bias, int outdt);
-/* The same into [M][N] values of outdt itself (bf16 or f16 bits, else fp32): the
- * logits, exact in their dtype, in the fewest bytes to move. */
+/* C[i][j] + bias[j] (in fp32) into [M][N] values of outdt itself (bf16 or f16
+ * bits, else fp32): the logits, exact in their dtype, in the fewest bytes to move. */
 void GPU_FN(epilogue_packed)(gk_ctx *c, void *dst, const float *C, int M, int N, const float *bias, int outdt);
 
 #ifdef __cplusplus

@@ -19,6 +19,13 @@
 
 struct gk_ctx {
     gpuStream_t stream;
+    /* copies that leave behind the work without holding it up (the routing
+     * of each layer): a second stream, an event fencing it behind the main
+     * one, and an event per mark */
+    gpuStream_t side;
+    gpuEvent_t fence;
+    gpuEvent_t *marks;
+    int n_marks;
     int *flag;   /* device: smallest call_id of an out-of-range emulated product */
     int device;
 #if defined(GPU_CUDA)
@@ -102,10 +109,25 @@ __device__ static double f16_value(uint16_t h) {
     return sign ? -v : v;
 }
 
+/* The MLP's activation, experts/experts.c's formulas in double. */
+__device__ static double act_apply(int act, double x) {
+    switch (act) {
+    case GK_ACT_GELU: return 0.5 * x * (1.0 + erf(x / sqrt(2.0)));
+    case GK_ACT_GELU_TANH: return 0.5 * x * (1.0 + tanh(sqrt(2.0 / 3.14159265358979323846) * (x + 0.044715 * x * x * x)));
+    default: return x / (1.0 + exp(-x));
+    }
+}
+
 /* ------------------------------------------------------------ launches */
 
 #define THREADS 256
 static unsigned blocks_for(size_t n) { return (unsigned)((n + THREADS - 1) / THREADS); }
+
+/* A [z][rows][cols] launch with the row and z on the grid: a thread's row
+ * and column come without a 64-bit division (tens of instructions each). */
+static dim3 row_grid(size_t rows, size_t cols, unsigned z) {
+    return dim3((unsigned)rows, (unsigned)((cols + THREADS - 1) / THREADS), z);
+}
 
 __device__ static void put_operand(void *dst, int fmt, size_t i, double v) {
     if (fmt == GK_F32) ((float *)dst)[i] = (float)v;

@@ -37,6 +37,9 @@
 #define gpuEventSynchronize hipEventSynchronize
 #define gpuEventElapsedTime hipEventElapsedTime
 #define gpuEventDestroy hipEventDestroy
+#define gpuEventCreateWithFlags hipEventCreateWithFlags
+#define gpuEventDisableTiming hipEventDisableTiming
+#define gpuStreamWaitEvent hipStreamWaitEvent
 #else
 #include <cuda_runtime.h>
 #define GPU_CUDA 1
@@ -68,6 +71,9 @@
 #define gpuEventRecord cudaEventRecord
 #define gpuEventSynchronize cudaEventSynchronize
 #define gpuEventElapsedTime cudaEventElapsedTime
+#define gpuEventCreateWithFlags cudaEventCreateWithFlags
+#define gpuEventDisableTiming cudaEventDisableTiming
+#define gpuStreamWaitEvent cudaStreamWaitEvent
 #define gpuEventDestroy cudaEventDestroy
 #endif
 

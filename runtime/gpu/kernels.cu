@@ -44,7 +44,15 @@ extern "C" int GPU_FN(ctx_open)(gk_ctx **out, int device, char *desc, size_t des
         free(c);
         return fail(msg, msg_n, "creating a stream", e);
     }
+    if ((e = gpuStreamCreate(&c->side)) != gpuSuccess ||
+        (e = gpuEventCreateWithFlags(&c->fence, gpuEventDisableTiming)) != gpuSuccess) {
+        (void)gpuStreamDestroy(c->stream);
+        free(c);
+        return fail(msg, msg_n, "creating a stream", e);
+    }
     if ((e = gpuMalloc((void **)&c->flag, sizeof(int))) != gpuSuccess) {
+        (void)gpuEventDestroy(c->fence);
+        (void)gpuStreamDestroy(c->side);
         (void)gpuStreamDestroy(c->stream);
         free(c);
         return fail(msg, msg_n, "allocating GPU memory", e);
@@ -52,6 +60,8 @@ extern "C" int GPU_FN(ctx_open)(gk_ctx **out, int device, char *desc, size_t des
 #if defined(GPU_CUDA)
     if (cublasCreate(&c->blas) != CUBLAS_STATUS_SUCCESS) {
         (void)gpuFree(c->flag);
+        (void)gpuEventDestroy(c->fence);
+        (void)gpuStreamDestroy(c->side);
         (void)gpuStreamDestroy(c->stream);
         free(c);
         snprintf(msg, msg_n, "cuBLAS could not be initialised");
@@ -69,6 +79,11 @@ extern "C" int GPU_FN(ctx_open)(gk_ctx **out, int device, char *desc, size_t des
 extern "C" void GPU_FN(ctx_close)(gk_ctx *c) {
     if (!c) return;
     (void)gpuStreamSynchronize(c->stream);
+    (void)gpuStreamSynchronize(c->side);
+    for (int i = 0; i < c->n_marks; i++) (void)gpuEventDestroy(c->marks[i]);
+    free(c->marks);
+    (void)gpuEventDestroy(c->fence);
+    (void)gpuStreamDestroy(c->side);
 #if defined(GPU_CUDA)
     (void)cublasDestroy(c->blas);
 #endif
@@ -88,7 +103,10 @@ extern "C" void *GPU_FN(alloc)(gk_ctx *c, size_t bytes) {
 }
 
 extern "C" void GPU_FN(free)(gk_ctx *c, void *p) {
-    if (c) (void)gpuStreamSynchronize(c->stream);
+    if (c) {
+        (void)gpuStreamSynchronize(c->stream);
+        (void)gpuStreamSynchronize(c->side);
+    }
     if (p) (void)gpuFree(p);
 }
 
@@ -114,12 +132,38 @@ extern "C" int GPU_FN(download)(gk_ctx *c, void *dst, const void *src, size_t by
     return gpuMemcpyAsync(dst, src, bytes, gpuMemcpyDeviceToHost, c->stream) != gpuSuccess;
 }
 
+extern "C" int GPU_FN(download_behind)(gk_ctx *c, void *dst, const void *src, size_t bytes, int mark) {
+    if (mark < 0) return 1;
+    if (mark >= c->n_marks) {
+        const int n = mark + 16;
+        gpuEvent_t *m = (gpuEvent_t *)realloc(c->marks, (size_t)n * sizeof *m);
+        if (!m) return 1;
+        c->marks = m;
+        for (; c->n_marks < n; c->n_marks++)
+            if (gpuEventCreateWithFlags(&c->marks[c->n_marks], gpuEventDisableTiming) != gpuSuccess) return 1;
+    }
+    return gpuEventRecord(c->fence, c->stream) != gpuSuccess ||
+           gpuStreamWaitEvent(c->side, c->fence, 0) != gpuSuccess ||
+           gpuMemcpyAsync(dst, src, bytes, gpuMemcpyDeviceToHost, c->side) != gpuSuccess ||
+           gpuEventRecord(c->marks[mark], c->side) != gpuSuccess;
+}
+
+extern "C" int GPU_FN(wait_mark)(gk_ctx *c, int mark, char *msg, size_t msg_n) {
+    if (mark < 0 || mark >= c->n_marks) {
+        snprintf(msg, msg_n, "no copy was queued under mark %d", mark);
+        return 1;
+    }
+    gpuError_t e = gpuEventSynchronize(c->marks[mark]);
+    return e != gpuSuccess ? fail(msg, msg_n, "GPU", e) : 0;
+}
+
 extern "C" int GPU_FN(zero)(gk_ctx *c, void *dst, size_t bytes) {
     return gpuMemsetAsync(dst, 0, bytes, c->stream) != gpuSuccess;
 }
 
 extern "C" int GPU_FN(sync)(gk_ctx *c, char *msg, size_t msg_n) {
     gpuError_t e = gpuStreamSynchronize(c->stream);
+    if (e == gpuSuccess) e = gpuStreamSynchronize(c->side);
     if (e == gpuSuccess) e = gpuGetLastError();
     if (e != gpuSuccess) return fail(msg, msg_n, "GPU", e);
     return 0;
@@ -140,91 +184,145 @@ extern "C" void GPU_FN(emu_flag_reset)(gk_ctx *c) {
 /* ---------------------------------------------------------- elementwise */
 
 
-__global__ static void k_round_cast(double *dst, const double *src, size_t n, int dt) {
+__global__ static void k_narrow(float *dst, const double *src, size_t n) {
     size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
-    if (i < n) dst[i] = rd(dt, src[i]);
+    if (i < n) dst[i] = (float)src[i];
 }
 
-extern "C" void GPU_FN(round_cast)(gk_ctx *c, double *dst, const double *src, size_t n, int dt) {
-    if (n) k_round_cast<<<blocks_for(n), THREADS, 0, c->stream>>>(dst, src, n, dt);
+extern "C" void GPU_FN(narrow)(gk_ctx *c, float *dst, const double *src, size_t n) {
+    if (n) k_narrow<<<blocks_for(n), THREADS, 0, c->stream>>>(dst, src, n);
 }
 
-__global__ static void k_embed(double *h, const float *table, const int32_t *tokens, int T, int H, int dt) {
-    size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
-    if (i >= (size_t)T * H) return;
-    size_t t = i / H, col = i % H;
-    h[i] = rd(dt, (double)table[(size_t)tokens[t] * H + col]);
+__global__ static void k_embed(double *h, const float *table, const int32_t *tokens, int H, int dt) {
+    const int t = blockIdx.x, col = blockIdx.y * blockDim.x + threadIdx.x;
+    if (col >= H) return;
+    h[(size_t)t * H + col] = rd(dt, (double)table[(size_t)tokens[t] * H + col]);
 }
 
 extern "C" void GPU_FN(embed)(gk_ctx *c, double *h, const float *table, const int32_t *tokens, int T, int H, int dt) {
-    k_embed<<<blocks_for((size_t)T * H), THREADS, 0, c->stream>>>(h, table, tokens, T, H, dt);
+    if (T > 0 && H > 0) k_embed<<<row_grid(T, H, 1), THREADS, 0, c->stream>>>(h, table, tokens, H, dt);
 }
 
-/* One thread per row: the CPU's sequential double sum of squares. */
-__global__ static void k_rmsnorm(double *out, const double *in, int rows, int n, size_t ld, const double *w,
-                                 double eps, int D, int S) {
-    int r = blockIdx.x * blockDim.x + threadIdx.x;
-    if (r >= rows) return;
-    const double *v = in + (size_t)r * ld;
-    double *o = out + (size_t)r * ld;
-    double ss = 0;
-    for (int i = 0; i < n; i++) {
-        double x = rd(D, v[i]);
-        ss += x * x;
+/* A sequential sum, p[0] + p[1] + ... in this order, its operands read
+ * eight ahead: without the read-ahead every add waited for its own shared
+ * memory load (about 30 cycles) instead of the previous add (a few). */
+__device__ static double seq_sum_f64(const double *p, int n) {
+    double s = 0;
+    int i = 0;
+    for (; i + 8 <= n; i += 8) {
+        double v[8];
+        for (int u = 0; u < 8; u++) v[u] = p[i + u];
+        for (int u = 0; u < 8; u++) s += v[u];
     }
-    double var = rd(GK_F32, ss / n);
-    double inv = (double)(1.0f / sqrtf((float)(var + eps)));
-    for (int i = 0; i < n; i++) {
-        double x = rd(D, v[i]);
-        o[i] = rd(S, rd(D, w[i] * rd(D, rd(GK_F32, x * inv))));
+    for (; i < n; i++) s += p[i];
+    return s;
+}
+
+__device__ static float seq_sum_f32(const float *p, int n) {
+    float s = 0;
+    int i = 0;
+    for (; i + 8 <= n; i += 8) {
+        float v[8];
+        for (int u = 0; u < 8; u++) v[u] = p[i + u];
+        for (int u = 0; u < 8; u++) s += v[u];
     }
+    for (; i < n; i++) s += p[i];
+    return s;
 }
 
 /* One block per row: the roundings in parallel, the sum of squares by one
- * thread in the CPU's order (a double sum's bits depend on it). */
-#define NORM_THREADS 128
+ * thread in the CPU's order (a double sum's bits depend on it). Two
+ * independent jobs can share a launch (q's and k's norms), so that their
+ * sums run side by side; C is a further cast of the output (GK_F64: none),
+ * the one the CPU makes of the normed activations before the next product. */
+#define NORM_THREADS 256
 #define NORM_MAX_SMEM 6144
-__global__ static void k_rmsnorm_block(double *out, const double *in, int n, size_t ld, const double *w, double eps,
-                                       int D, int S) {
+typedef struct norm_job {
+    double *out;
+    const double *in;
+    const double *w;
+    int rows, n;
+    size_t ld;
+} norm_job;
+
+__global__ static void __launch_bounds__(NORM_THREADS) k_rmsnorm_block(norm_job j0, norm_job j1, double eps, int D,
+                                                                       int S, int C) {
     extern __shared__ double sq[];
     __shared__ double inv_s;
-    const double *v = in + (size_t)blockIdx.x * ld;
-    double *o = out + (size_t)blockIdx.x * ld;
+    const bool second = (int)blockIdx.x >= j0.rows;
+    const norm_job j = second ? j1 : j0;
+    const int r = second ? blockIdx.x - j0.rows : blockIdx.x, n = j.n;
+    const double *v = j.in + (size_t)r * j.ld, *w = j.w;
+    double *o = j.out + (size_t)r * j.ld;
+#pragma unroll 4
     for (int i = threadIdx.x; i < n; i += blockDim.x) {
         double x = rd(D, v[i]);
         sq[i] = x * x;
     }
     __syncthreads();
     if (threadIdx.x == 0) {
-        double ss = 0;
-        for (int i = 0; i < n; i++) ss += sq[i];
+        const double ss = seq_sum_f64(sq, n);
         double var = rd(GK_F32, ss / n);
         inv_s = (double)(1.0f / sqrtf((float)(var + eps)));
     }
     __syncthreads();
     const double inv = inv_s;
+#pragma unroll 4
     for (int i = threadIdx.x; i < n; i += blockDim.x) {
         double x = rd(D, v[i]);
-        o[i] = rd(S, rd(D, w[i] * rd(D, rd(GK_F32, x * inv))));
+        o[i] = rd(C, rd(S, rd(D, w[i] * rd(D, rd(GK_F32, x * inv)))));
     }
 }
 
+/* The same, one thread per row, for rows too long for shared memory. */
+__global__ static void k_rmsnorm(norm_job j, double eps, int D, int S, int C) {
+    int r = blockIdx.x * blockDim.x + threadIdx.x;
+    if (r >= j.rows) return;
+    const double *v = j.in + (size_t)r * j.ld;
+    double *o = j.out + (size_t)r * j.ld;
+    double ss = 0;
+    for (int i = 0; i < j.n; i++) {
+        double x = rd(D, v[i]);
+        ss += x * x;
+    }
+    double var = rd(GK_F32, ss / j.n);
+    double inv = (double)(1.0f / sqrtf((float)(var + eps)));
+    for (int i = 0; i < j.n; i++) {
+        double x = rd(D, v[i]);
+        o[i] = rd(C, rd(S, rd(D, j.w[i] * rd(D, rd(GK_F32, x * inv)))));
+    }
+}
+
+static void rmsnorm_jobs(gk_ctx *c, norm_job a, norm_job b, double eps, int D, int S, int C) {
+    const int n = a.n > b.n ? a.n : b.n;
+    if (n <= NORM_MAX_SMEM) {
+        if (a.rows + b.rows > 0)
+            k_rmsnorm_block<<<a.rows + b.rows, NORM_THREADS, (size_t)n * sizeof(double), c->stream>>>(a, b, eps, D, S, C);
+        return;
+    }
+    if (a.rows > 0) k_rmsnorm<<<blocks_for((size_t)a.rows), THREADS, 0, c->stream>>>(a, eps, D, S, C);
+    if (b.rows > 0) k_rmsnorm<<<blocks_for((size_t)b.rows), THREADS, 0, c->stream>>>(b, eps, D, S, C);
+}
+
 extern "C" void GPU_FN(rmsnorm)(gk_ctx *c, double *out, const double *in, int rows, int n, size_t ld, const double *w,
-                                double eps, int D, int S) {
-    if (n <= NORM_MAX_SMEM)
-        k_rmsnorm_block<<<rows, NORM_THREADS, (size_t)n * sizeof(double), c->stream>>>(out, in, n, ld, w, eps, D, S);
-    else
-        k_rmsnorm<<<blocks_for((size_t)rows), THREADS, 0, c->stream>>>(out, in, rows, n, ld, w, eps, D, S);
+                                double eps, int D, int S, int C) {
+    norm_job a = {out, in, w, rows, n, ld}, none = {out, in, w, 0, n, ld};
+    rmsnorm_jobs(c, a, none, eps, D, S, C);
+}
+
+extern "C" void GPU_FN(rmsnorm_pair)(gk_ctx *c, double *x1, int rows1, int n1, const double *w1, double *x2, int rows2,
+                                     int n2, const double *w2, double eps, int D, int S) {
+    norm_job a = {x1, x1, w1, rows1, n1, (size_t)n1}, b = {x2, x2, w2, rows2, n2, (size_t)n2};
+    rmsnorm_jobs(c, a, b, eps, D, S, GK_F64);
 }
 
 /* q' = q*cos + rotate_half(q)*sin, three roundings; one thread per pair
  * (j, j + half) of a (position, head): each new value needs the other's old one. */
 __global__ static void k_rope(double *x, int T, int heads, int hd, size_t row_stride, const double *cos_t,
                               const double *sin_t, int D) {
-    const int half = hd / 2;
-    size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
-    if (i >= (size_t)T * heads * half) return;
-    const int j = (int)(i % half), h = (int)(i / half % heads), t = (int)(i / half / heads);
+    const int half = hd / 2, t = blockIdx.x, i = blockIdx.y * blockDim.x + threadIdx.x;
+    if (i >= heads * half) return;
+    const int j = i % half, h = i / half;
     double *v = x + (size_t)t * row_stride + (size_t)h * hd;
     const double *cs = cos_t + (size_t)t * hd, *sn = sin_t + (size_t)t * hd;
     const double a = v[j], b = v[j + half];
@@ -234,8 +332,9 @@ __global__ static void k_rope(double *x, int T, int heads, int hd, size_t row_st
 
 extern "C" void GPU_FN(rope)(gk_ctx *c, double *x, int T, int heads, int hd, size_t row_stride, const double *cos_t,
                              const double *sin_t, int D) {
-    const size_t n = (size_t)T * heads * (hd / 2);
-    if (n) k_rope<<<blocks_for(n), THREADS, 0, c->stream>>>(x, T, heads, hd, row_stride, cos_t, sin_t, D);
+    if (T > 0 && heads * (hd / 2) > 0)
+        k_rope<<<row_grid(T, (size_t)heads * (hd / 2), 1), THREADS, 0, c->stream>>>(x, T, heads, hd, row_stride, cos_t,
+                                                                                    sin_t, D);
 }
 
 __global__ static void k_clip(double *x, size_t n, double bound) {
@@ -247,19 +346,22 @@ extern "C" void GPU_FN(clip)(gk_ctx *c, double *x, size_t n, double bound) {
     if (n) k_clip<<<blocks_for(n), THREADS, 0, c->stream>>>(x, n, bound);
 }
 
-__global__ static void k_residual(double *h, const double *y, size_t n, int S) {
+__global__ static void k_residual(double *h, const double *y, size_t n, int S, int C) {
     size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
-    if (i < n) h[i] = rd(S, h[i] + rd(S, y[i]));
+    if (i < n) h[i] = rd(C, rd(S, h[i] + rd(S, y[i])));
 }
 
-extern "C" void GPU_FN(residual)(gk_ctx *c, double *h, const double *y, size_t n, int S) {
-    if (n) k_residual<<<blocks_for(n), THREADS, 0, c->stream>>>(h, y, n, S);
+extern "C" void GPU_FN(residual)(gk_ctx *c, double *h, const double *y, size_t n, int S, int C) {
+    if (n) k_residual<<<blocks_for(n), THREADS, 0, c->stream>>>(h, y, n, S, C);
 }
 
 /* One block per (head, query row): scale, mask and exponentials in
- * parallel, the fp32 sum by one thread in the CPU's order. */
+ * parallel, the fp32 sum by one thread in the CPU's order, over the
+ * exponentials kept in shared memory when the row fits (in_smem). */
 #define SOFTMAX_THREADS 128
-__global__ static void k_softmax_causal(double *s, int T, double scale, int window, int D) {
+#define SOFTMAX_MAX_SMEM 8192
+__global__ static void k_softmax_causal(double *s, int T, double scale, int window, int D, int in_smem) {
+    extern __shared__ float ex[];
     __shared__ double red[SOFTMAX_THREADS];
     __shared__ float sum_s;
     const int r = blockIdx.x, i = r % T, tid = threadIdx.x;
@@ -282,28 +384,29 @@ __global__ static void k_softmax_causal(double *s, int T, double scale, int wind
         __syncthreads();
     }
     const float m = (float)red[0];
-    for (int j = j0 + tid; j <= i; j += blockDim.x) row[j] = (float)exp((double)((float)row[j] - m));
+    for (int j = j0 + tid; j <= i; j += blockDim.x) {
+        const float e = (float)exp((double)((float)row[j] - m));
+        if (in_smem) ex[j - j0] = e;
+        else row[j] = e;
+    }
     __syncthreads();
     if (tid == 0) {
         float sum = 0;
-        for (int j = j0; j <= i; j++) sum += (float)row[j];
+        if (in_smem) sum = seq_sum_f32(ex, i - j0 + 1);
+        else
+            for (int j = j0; j <= i; j++) sum += (float)row[j];
         sum_s = sum;
     }
     __syncthreads();
     const float sum = sum_s;
-    for (int j = j0 + tid; j <= i; j += blockDim.x) row[j] = rd(D, (double)((float)row[j] / sum));
+    for (int j = j0 + tid; j <= i; j += blockDim.x)
+        row[j] = rd(D, (double)((in_smem ? ex[j - j0] : (float)row[j]) / sum));
 }
 
 extern "C" void GPU_FN(softmax_causal)(gk_ctx *c, double *s, int heads, int T, double scale, int window, int D) {
-    k_softmax_causal<<<heads * T, SOFTMAX_THREADS, 0, c->stream>>>(s, T, scale, window, D);
-}
-
-__device__ static double act_apply(int act, double x) {
-    switch (act) {
-    case GK_ACT_GELU: return 0.5 * x * (1.0 + erf(x / sqrt(2.0)));
-    case GK_ACT_GELU_TANH: return 0.5 * x * (1.0 + tanh(sqrt(2.0 / 3.14159265358979323846) * (x + 0.044715 * x * x * x)));
-    default: return x / (1.0 + exp(-x));
-    }
+    const int in_smem = T <= SOFTMAX_MAX_SMEM;
+    k_softmax_causal<<<heads * T, SOFTMAX_THREADS, in_smem ? (size_t)T * sizeof(float) : 0, c->stream>>>(
+        s, T, scale, window, D, in_smem);
 }
 
 __global__ static void k_act_mul(double *g, const double *u, size_t n, int act, int D) {
@@ -317,6 +420,19 @@ extern "C" void GPU_FN(act_mul)(gk_ctx *c, double *g, const double *u, size_t n,
 
 /* --------------------------------------------------------------- routing */
 
+/* A warp (CUDA) or wavefront (HIP) and its lane exchanges. */
+#if defined(GPU_HIP)
+#define WARP 64
+#define BALLOT(p) __ballot(p)
+#define SHFL(v, src) __shfl(v, src)
+#define SHFL_XOR(v, d) __shfl_xor(v, d)
+#else
+#define WARP 32
+#define BALLOT(p) __ballot_sync(0xffffffffu, p)
+#define SHFL(v, src) __shfl_sync(0xffffffffu, v, src)
+#define SHFL_XOR(v, d) __shfl_xor_sync(0xffffffffu, v, d)
+#endif
+
 __device__ static bool ranks_before(double a, int ia, double b, int ib) {
     if (isnan(a) != isnan(b)) return isnan(a);   /* NaN ranks highest, as in torch.topk */
     return a > b || (a == b && ia < ib);
@@ -324,37 +440,51 @@ __device__ static bool ranks_before(double a, int ia, double b, int ib) {
 
 #define MAX_TOPK 64
 
-/* One thread per token: router/router.c's fp32 path. */
+/* One warp (a block of WARP threads) per token: router/router.c's fp32 path. The maximum, the
+ * exponentials, the divisions and the ranks run across the lanes; the two
+ * fp32 sums run on one lane in the CPU's order. An expert's rank is the
+ * number of experts that rank before it (NaN highest, then larger, then the
+ * lower index; NaNs among themselves by index, as the CPU's stable
+ * insertion keeps them), so the top k land where the CPU's sorted list has
+ * them. */
 __global__ static void k_route(const double *logits, double *probs, int T, int E, int K, int norm, int wdt,
                                uint16_t *ids_out, double *w_out) {
-    int t = blockIdx.x * blockDim.x + threadIdx.x;
-    if (t >= T) return;
+    extern __shared__ float p[];   /* E probabilities, then the top k's ids */
+    const int lane = threadIdx.x, t = blockIdx.x;
+    uint16_t *ids = (uint16_t *)(p + E);
     const double *x = logits + (size_t)t * E;
-    double *p = probs + (size_t)t * E;
+    double *pt = probs + (size_t)t * E;
     double m = -INFINITY;
-    for (int i = 0; i < E; i++) m = x[i] > m ? x[i] : m;
+    for (int i = lane; i < E; i += WARP) m = x[i] > m ? x[i] : m;
+    for (int d = WARP / 2; d > 0; d /= 2) {   /* a maximum: any order gives the same */
+        const double o = SHFL_XOR(m, d);
+        m = o > m ? o : m;
+    }
+    for (int i = lane; i < E; i += WARP) p[i] = (float)exp((double)((float)x[i] - (float)m));
+    __syncthreads();
     float s = 0;
-    for (int i = 0; i < E; i++) {
-        float e = (float)exp((double)((float)x[i] - (float)m));
-        p[i] = e;
-        s += e;
+    if (lane == 0) s = seq_sum_f32(p, E);
+    s = SHFL(s, 0);
+    for (int i = lane; i < E; i += WARP) {
+        p[i] = p[i] / s;
+        pt[i] = p[i];
     }
-    for (int i = 0; i < E; i++) p[i] = (double)((float)p[i] / s);
-    uint16_t ids[MAX_TOPK];
-    int len = 0;
-    for (int i = 0; i < E; i++) {
-        int pos = len;
-        while (pos > 0 && ranks_before(p[i], i, p[ids[pos - 1]], ids[pos - 1])) pos--;
-        if (pos >= K) continue;
-        int end = len < K ? len : K - 1;
-        for (int j = end; j > pos; j--) ids[j] = ids[j - 1];
-        ids[pos] = (uint16_t)i;
-        if (len < K) len++;
+    __syncthreads();
+    for (int i = lane; i < E; i += WARP) {
+        const double a = p[i];
+        int rank = 0;
+        for (int j = 0; j < E && rank < K; j++)
+            rank += j != i && (ranks_before(p[j], j, a, i) || (!ranks_before(a, i, p[j], j) && j < i));
+        if (rank < K) ids[rank] = (uint16_t)i;
     }
+    __syncthreads();
     float sk = 0;
-    for (int i = 0; i < K; i++) sk += (float)p[ids[i]];
-    for (int i = 0; i < K; i++) {
-        double wi = norm ? (double)((float)p[ids[i]] / sk) : (double)(float)p[ids[i]];
+    if (lane == 0)
+        for (int i = 0; i < K; i++) sk += p[ids[i]];
+    sk = SHFL(sk, 0);
+    for (int i = lane; i < K; i += WARP) {
+        const float pi = p[ids[i]];
+        const double wi = norm ? (double)(pi / sk) : (double)pi;
         ids_out[(size_t)t * K + i] = ids[i];
         w_out[(size_t)t * K + i] = rd(wdt, wi);
     }
@@ -362,26 +492,29 @@ __global__ static void k_route(const double *logits, double *probs, int T, int E
 
 extern "C" void GPU_FN(route)(gk_ctx *c, const double *logits, double *probs, int T, int E, int K, int norm, int wdt,
                               uint16_t *ids, double *w) {
-    k_route<<<(T + 63) / 64, 64, 0, c->stream>>>(logits, probs, T, E, K, norm, wdt, ids, w);
+    const size_t smem = (size_t)E * sizeof(float) + MAX_TOPK * sizeof(uint16_t);
+    if (T) k_route<<<T, WARP, smem, c->stream>>>(logits, probs, T, E, K, norm, wdt, ids, w);
 }
 
 /* Rows grouped by expert, tokens ascending within one (experts/experts.c's
  * order): one warp (wavefront) per expert walks the (token, slot) list in
  * order a warp-width at a time; a ballot gives each match its rank. */
-#if defined(GPU_HIP)
-#define WARP 64
-#define BALLOT(p) __ballot(p)
-#else
-#define WARP 32
-#define BALLOT(p) __ballot_sync(0xffffffffu, p)
-#endif
+
+/* The walks read DISPATCH_AHEAD warp-widths of ids before the first ballot:
+ * one load's latency per step instead of one per warp-width. */
+#define DISPATCH_AHEAD 8
+#define NO_EXPERT 0xffffu
 
 __global__ static void k_expert_counts(const uint16_t *ids, int R, int *counts) {
     const int e = blockIdx.x, lane = threadIdx.x;
     int n = 0;
-    for (int i0 = 0; i0 < R; i0 += WARP) {
-        const int i = i0 + lane;
-        n += __popcll((unsigned long long)BALLOT(i < R && ids[i] == e));
+    for (int i0 = 0; i0 < R; i0 += DISPATCH_AHEAD * WARP) {
+        uint16_t v[DISPATCH_AHEAD];
+        for (int u = 0; u < DISPATCH_AHEAD; u++) {
+            const int i = i0 + u * WARP + lane;
+            v[u] = i < R ? ids[i] : NO_EXPERT;
+        }
+        for (int u = 0; u < DISPATCH_AHEAD; u++) n += __popcll((unsigned long long)BALLOT(v[u] == e));
     }
     if (lane == 0) counts[e] = n;
 }
@@ -389,22 +522,30 @@ __global__ static void k_expert_counts(const uint16_t *ids, int R, int *counts) 
 __global__ static void k_expert_rows(const uint16_t *ids, int R, int E, const int *counts, int *offset, int *token,
                                      int *row_of, int K) {
     const int e = blockIdx.x, lane = threadIdx.x;
-    int r = 0;
-    for (int x = 0; x < e; x++) r += counts[x];
+    int r = 0;   /* rows of the experts before e: lanes add a share each */
+    for (int x = lane; x < e; x += WARP) r += counts[x];
+    for (int d = WARP / 2; d > 0; d /= 2) r += SHFL_XOR(r, d);
     if (lane == 0) {
         offset[e] = r;
         if (e == E - 1) offset[E] = r + counts[e];
     }
-    for (int i0 = 0; i0 < R; i0 += WARP) {
-        const int i = i0 + lane;
-        const bool mine = i < R && ids[i] == e;
-        const unsigned long long m = (unsigned long long)BALLOT(mine);
-        if (mine) {
-            const int at = r + __popcll(m & ((1ull << lane) - 1));
-            token[at] = i / K;
-            row_of[i] = at;
+    for (int i0 = 0; i0 < R; i0 += DISPATCH_AHEAD * WARP) {
+        uint16_t v[DISPATCH_AHEAD];
+        for (int u = 0; u < DISPATCH_AHEAD; u++) {
+            const int i = i0 + u * WARP + lane;
+            v[u] = i < R ? ids[i] : NO_EXPERT;
         }
-        r += __popcll(m);
+        for (int u = 0; u < DISPATCH_AHEAD; u++) {
+            const int i = i0 + u * WARP + lane;
+            const bool mine = v[u] == e;
+            const unsigned long long m = (unsigned long long)BALLOT(mine);
+            if (mine) {
+                const int at = r + __popcll(m & ((1ull << lane) - 1));
+                token[at] = i / K;
+                row_of[i] = at;
+            }
+            r += __popcll(m);
+        }
     }
 }
 
@@ -416,23 +557,22 @@ extern "C" void GPU_FN(dispatch)(gk_ctx *c, const uint16_t *ids, int T, int K, i
     k_expert_rows<<<E, WARP, 0, c->stream>>>(ids, T * K, E, counts, offset, token, row_of, K);
 }
 
-__global__ static void k_gather(void *op, int fmt, int Kp, const double *x, int H, const int *token, int R) {
-    size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
-    if (i >= (size_t)R * Kp) return;
-    size_t r = i / Kp, col = i % Kp;
-    put_operand(op, fmt, i, (int)col < H ? x[(size_t)token[r] * H + col] : 0.0);
+__global__ static void k_gather(void *op, int fmt, int Kp, const double *x, int H, const int *token) {
+    const int r = blockIdx.x, col = blockIdx.y * blockDim.x + threadIdx.x;
+    if (col >= Kp) return;
+    put_operand(op, fmt, (size_t)r * Kp + col, col < H ? x[(size_t)token[r] * H + col] : 0.0);
 }
 
 extern "C" void GPU_FN(gather)(gk_ctx *c, void *op, int fmt, int Kp, const double *x, int H, const int *token,
                                int R) {
-    if (R) k_gather<<<blocks_for((size_t)R * Kp), THREADS, 0, c->stream>>>(op, fmt, Kp, x, H, token, R);
+    if (R > 0 && Kp > 0) k_gather<<<row_grid(R, Kp, 1), THREADS, 0, c->stream>>>(op, fmt, Kp, x, H, token);
 }
 
 __global__ static void k_combine(double *out, const double *y, int T, int H, int K, const int *row_of, const double *w,
                                  int prod, int sum, int outdt) {
-    size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
-    if (i >= (size_t)T * H) return;
-    size_t t = i / H, h = i % H;
+    const int t = blockIdx.x, h = blockIdx.y * blockDim.x + threadIdx.x;
+    if (h >= H) return;
+    const size_t i = (size_t)t * H + h;
     double acc = 0;
     for (int s = 0; s < K; s++) {
         double p = rd(prod, y[(size_t)row_of[t * K + s] * H + h] * w[t * K + s]);
@@ -443,13 +583,14 @@ __global__ static void k_combine(double *out, const double *y, int T, int H, int
 
 extern "C" void GPU_FN(combine)(gk_ctx *c, double *out, const double *y, int T, int H, int K, const int *row_of,
                                 const double *w, int prod, int sum, int outdt) {
-    k_combine<<<blocks_for((size_t)T * H), THREADS, 0, c->stream>>>(out, y, T, H, K, row_of, w, prod, sum, outdt);
+    if (T > 0 && H > 0)
+        k_combine<<<row_grid(T, H, 1), THREADS, 0, c->stream>>>(out, y, T, H, K, row_of, w, prod, sum, outdt);
 }
 
 __global__ static void k_shared_add(double *out, const double *s, double *g, int T, int H, int D) {
-    size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
-    if (i >= (size_t)T * H) return;
-    size_t t = i / H;
+    const int t = blockIdx.x, h = blockIdx.y * blockDim.x + threadIdx.x;
+    if (h >= H) return;
+    const size_t i = (size_t)t * H + h;
     double gt = rd(D, 1.0 / (1.0 + exp(-g[t])));
     out[i] = rd(D, out[i] + rd(D, gt * s[i]));
 }
@@ -460,6 +601,6 @@ __global__ static void k_sigmoid_gate(double *g, int T, int D) {
 }
 
 extern "C" void GPU_FN(shared_add)(gk_ctx *c, double *out, const double *s, double *g, int T, int H, int D) {
-    k_shared_add<<<blocks_for((size_t)T * H), THREADS, 0, c->stream>>>(out, s, g, T, H, D);
+    if (T > 0 && H > 0) k_shared_add<<<row_grid(T, H, 1), THREADS, 0, c->stream>>>(out, s, g, T, H, D);
     k_sigmoid_gate<<<blocks_for((size_t)T), THREADS, 0, c->stream>>>(g, T, D);
 }
