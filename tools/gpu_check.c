@@ -14,11 +14,14 @@
  *       committed copy (tests/fixtures/gpu/) lets machines without a GPU
  *       check the CPU models against what the H200 computed.
  *   moeflip_gpu_check bench MODEL_DIR PRECISION REPS NUMERICS[,NUMERICS...] [OUT.json]
- *       (profile:NUMERICS: also print where the time goes, with a wait after every step)
+ *       (profile:NUMERICS: also print where the time goes, with a wait after every step;
+ *       VAR=VALUE/NUMERICS: with a backend variable set for that entry, e.g.
+ *       MF_GPU_TILE_M=64/native for the grouped products' 64-row blocks)
  *       teacher-forced capture of the first prompt of MODEL_DIR/tokens.jsonl,
  *       logits and routing copied to the host; tokens per second (median of
  *       REPS after one warm-up), and for the first numerics the same without
- *       copying the routing (the trace's overhead).
+ *       copying the routing, the two runs alternating, and the trace's overhead
+ *       as the median over the pairs.
  *   moeflip_gpu_check synth SIZE SEED DIR
  *       moeflip synth --size SIZE, for machines that run only this tool.
  * Exit status: 0 all passed, 1 a check failed or an error, 77 no GPU. */
@@ -309,6 +312,16 @@ static int bench(const char *dir, const char *prec_name, int reps, const char *n
     snprintf(list, sizeof list, "%s", nums);
     bool first = true;
     for (char *save = NULL, *name = strtok_r(list, ",", &save); name; name = strtok_r(NULL, ",", &save)) {
+        /* "VAR=VALUE/NUMERICS": with that variable of the backend set (MF_GPU_TILE_M=64/native) */
+        char *slash = strchr(name, '/'), *eq = strchr(name, '=');
+        char *variant = (char *)"";
+        if (slash && eq && eq < slash) {
+            *slash = *eq = '\0';
+            setenv(name, eq + 1, 1);
+            *eq = '=';
+            variant = name;
+            name = slash + 1;
+        }
         /* "profile:NUMERICS": the same with a wait after every step and the table of where the time goes */
         const bool profile = !strncmp(name, "profile:", 8);
         if (profile) name += 8;
@@ -319,32 +332,61 @@ static int bench(const char *dir, const char *prec_name, int reps, const char *n
         const double t_open = mf_now();
         if (mf_gpu_open(&g, "cuda", m, &p, &n, &err)) goto fail;
         const double open_s = mf_now() - t_open;
-        for (int capture = 1; capture >= (first ? 0 : 1); capture--) {
-            double *t = mf_xmalloc((size_t)reps * sizeof(double));
-            for (int i = -1; i < reps; i++) {   /* i = -1: warm-up (weights converted, scratch allocated) */
+        /* the first numerics also runs without copying the routing (the trace's
+         * overhead), the two kinds of forward alternating so that both see the
+         * same state of the card over the same seconds */
+        const int kinds = first ? 2 : 1;
+        double *times = mf_xmalloc((size_t)2 * reps * sizeof(double));
+        for (int i = -1; i < reps; i++) {   /* i = -1: warm-up (weights converted, scratch allocated) */
+            for (int k = 0; k < kinds; k++) {
                 mf_seq_result r;
                 const double t0 = mf_now();
-                if (mf_gpu_forward(g, ps.seq[0].tokens, ps.seq[0].T, capture ? MF_GPU_ROUTING : 0u, &r, &err)) goto fail;
-                if (i >= 0) t[i] = mf_now() - t0;
+                if (mf_gpu_forward(g, ps.seq[0].tokens, ps.seq[0].T, k == 0 ? MF_GPU_ROUTING : 0u, &r, &err)) goto fail;
+                if (i >= 0) times[k * reps + i] = mf_now() - t0;
                 mf_seq_result_free(&r);
             }
+        }
+        if (kinds == 2) {
+            /* the overhead within each pair of neighbouring runs, then its median */
+            double *over = mf_xmalloc((size_t)reps * sizeof(double));
+            for (int i = 0; i < reps; i++) over[i] = times[i] / times[reps + i] - 1;
+            qsort(over, (size_t)reps, sizeof(double), cmp_double);
+            printf("%s%s%-28s trace overhead (routing copied vs not, pairs of neighbouring runs): median %.2f%% "
+                   "(min %.2f%%, max %.2f%%)\n", variant, *variant ? " " : "", n.name, over[reps / 2] * 100,
+                   over[0] * 100, over[reps - 1] * 100);
+            json_t *row = json_object();
+            json_object_set_new(row, "numerics", json_string(n.name));
+            json_object_set_new(row, "trace_overhead_median", json_real(over[reps / 2]));
+            json_object_set_new(row, "trace_overhead_min", json_real(over[0]));
+            json_object_set_new(row, "trace_overhead_max", json_real(over[reps - 1]));
+            json_array_append_new(rows, row);
+            free(over);
+        }
+        for (int k = 0; k < kinds; k++) {
+            const int capture = k == 0;
+            double *t = times + k * reps;
             qsort(t, (size_t)reps, sizeof(double), cmp_double);
             const double med = t[reps / 2], tps = ps.seq[0].T / med;
-            printf("%s%-28s capture %-8s median %.2f ms (min %.2f, max %.2f): %.0f tokens/s   (weights on the GPU in %.1f s)\n",
-                   profile ? "(profiled) " : "", n.name, capture ? "routing" : "logits", med * 1e3, t[0] * 1e3, t[reps - 1] * 1e3, tps, open_s);
+            printf("%s%s%s%-28s capture %-8s median %.2f ms (min %.2f, max %.2f): %.0f tokens/s   (weights on the GPU in %.1f s)\n",
+                   variant, *variant ? " " : "", profile ? "(profiled) " : "", n.name, capture ? "routing" : "logits", med * 1e3, t[0] * 1e3, t[reps - 1] * 1e3, tps, open_s);
             json_t *row = json_object();
             json_object_set_new(row, "numerics", json_string(n.name));
             json_object_set_new(row, "capture_routing", json_boolean(capture));
             json_object_set_new(row, "profiled", json_boolean(profile));
+            if (*variant) json_object_set_new(row, "variant", json_string(variant));
             json_object_set_new(row, "median_s", json_real(med));
             json_object_set_new(row, "min_s", json_real(t[0]));
             json_object_set_new(row, "max_s", json_real(t[reps - 1]));
             json_object_set_new(row, "tokens_per_s", json_real(tps));
             json_array_append_new(rows, row);
-            free(t);
         }
+        free(times);
         first = false;
         mf_gpu_close(g);
+        if (*variant) {   /* the variable held for this entry only */
+            *strchr(variant, '=') = '\0';
+            unsetenv(variant);
+        }
     }
     json_object_set_new(doc, "model", json_string(dir));
     json_object_set_new(doc, "precision", json_string(prec_name));
