@@ -276,6 +276,13 @@ __device__ static void mma_load_stage(uint16_t (*As)[MBK + MPAD], uint16_t (*Bs)
     }
 }
 
+/* Where a lane's accumulator f = (mi, ni, x) = acc[f >> 4][(f >> 2) & 3][f & 3]
+ * sits in its warp's 32x32 tile: mma.sync m16n8's C fragments, 16-row
+ * pieces mi, 8-column pieces ni, lane (gq, tq) holding rows gq and gq + 8,
+ * columns 2 tq and 2 tq + 1. */
+__device__ static int frag_row(int f, int gq) { return (f >> 4) * 16 + gq + 8 * ((f & 3) >> 1); }
+__device__ static int frag_col(int f, int tq) { return ((f >> 2) & 3) * 8 + 2 * tq + (f & 1); }
+
 /* 64 WR threads, WR x 2 warps of 32x32 (a block tile of 32 WR rows by 64
  * columns; WR = 4 for grouped products, whose experts have about 64 rows
  * each, so that one block reads an expert's weight tile once), K in stages
@@ -362,16 +369,12 @@ __global__ static void __launch_bounds__(64 * WR) k_mma(gk_gemm g) {
         float(*V)[33] = wn ? Us : Gs;
         const float *bias = wn ? g.bias2 : g.bias;
 #pragma unroll
-        for (int mi = 0; mi < 2; mi++)
-#pragma unroll
-            for (int ni = 0; ni < 4; ni++)
-#pragma unroll
-                for (int x = 0; x < 4; x++) {
-                    const int rl = wm + mi * 16 + gq + 8 * (x >> 1), cl = ni * 8 + 2 * tq + (x & 1), cc = n0 + cl;
-                    float v = acc[mi][ni][x];
-                    if (bias && cc < g.N) v = v + bias[cc];
-                    V[rl][cl] = (float)rd(g.outdt, (double)v);
-                }
+        for (int f = 0; f < 32; f++) {
+            const int rl = wm + frag_row(f, gq), cl = frag_col(f, tq), cc = n0 + cl;
+            float v = acc[f >> 4][(f >> 2) & 3][f & 3];
+            if (bias && cc < g.N) v = v + bias[cc];
+            V[rl][cl] = (float)rd(g.outdt, (double)v);
+        }
         __syncthreads();
         for (int i = tid; i < 32 * WR * 32; i += 64 * WR) {
             const int rl = i >> 5, cl = i & 31, rr = r0 + rl, cc = n0 + cl;
@@ -383,21 +386,17 @@ __global__ static void __launch_bounds__(64 * WR) k_mma(gk_gemm g) {
         return;
     }
 #pragma unroll
-    for (int mi = 0; mi < 2; mi++)
-#pragma unroll
-        for (int ni = 0; ni < 4; ni++)
-#pragma unroll
-            for (int x = 0; x < 4; x++) {
-                const int rr = r0 + wm + mi * 16 + gq + 8 * (x >> 1), cc = n0 + wn + ni * 8 + 2 * tq + (x & 1);
-                if (rr >= r1 || cc >= g.N) continue;
-                float v = acc[mi][ni][x];
-                if (g.D) {
-                    if (g.bias) v = v + g.bias[cc];
-                    g.D[(size_t)b * g.d_bstride + (size_t)rr * g.ldd + cc] = rd(g.outdt, (double)v);
-                } else {
-                    g.C[(size_t)b * g.c_bstride + (size_t)rr * g.N + cc] = v;
-                }
-            }
+    for (int f = 0; f < 32; f++) {
+        const int rr = r0 + wm + frag_row(f, gq), cc = n0 + wn + frag_col(f, tq);
+        if (rr >= r1 || cc >= g.N) continue;
+        float v = acc[f >> 4][(f >> 2) & 3][f & 3];
+        if (g.D) {
+            if (g.bias) v = v + g.bias[cc];
+            g.D[(size_t)b * g.d_bstride + (size_t)rr * g.ldd + cc] = rd(g.outdt, (double)v);
+        } else {
+            g.C[(size_t)b * g.c_bstride + (size_t)rr * g.N + cc] = v;
+        }
+    }
 }
 #endif
 

@@ -6,7 +6,8 @@
  * router/router.c, experts/experts.c) over one row or element, with the same
  * double arithmetic and the same rounding formulas, so CPU and GPU runs of
  * one instruction model agree bit for bit. Sequential sums stay sequential
- * (one thread per row) for the same reason. */
+ * (one thread of the row's block or warp adds them, in order) for the same
+ * reason. */
 #include "gpu_device.h"
 
 /* ------------------------------------------------------------- context */
@@ -206,23 +207,11 @@ extern "C" void GPU_FN(embed)(gk_ctx *c, double *h, const float *table, const in
 /* A sequential sum, p[0] + p[1] + ... in this order, its operands read
  * eight ahead: without the read-ahead every add waited for its own shared
  * memory load (about 30 cycles) instead of the previous add (a few). */
-__device__ static double seq_sum_f64(const double *p, int n) {
-    double s = 0;
+template <typename T> __device__ static T seq_sum(const T *p, int n) {
+    T s = 0;
     int i = 0;
     for (; i + 8 <= n; i += 8) {
-        double v[8];
-        for (int u = 0; u < 8; u++) v[u] = p[i + u];
-        for (int u = 0; u < 8; u++) s += v[u];
-    }
-    for (; i < n; i++) s += p[i];
-    return s;
-}
-
-__device__ static float seq_sum_f32(const float *p, int n) {
-    float s = 0;
-    int i = 0;
-    for (; i + 8 <= n; i += 8) {
-        float v[8];
+        T v[8];
         for (int u = 0; u < 8; u++) v[u] = p[i + u];
         for (int u = 0; u < 8; u++) s += v[u];
     }
@@ -261,7 +250,7 @@ __global__ static void __launch_bounds__(NORM_THREADS) k_rmsnorm_block(norm_job 
     }
     __syncthreads();
     if (threadIdx.x == 0) {
-        const double ss = seq_sum_f64(sq, n);
+        const double ss = seq_sum(sq, n);
         double var = rd(GK_F32, ss / n);
         inv_s = (double)(1.0f / sqrtf((float)(var + eps)));
     }
@@ -392,7 +381,7 @@ __global__ static void k_softmax_causal(double *s, int T, double scale, int wind
     __syncthreads();
     if (tid == 0) {
         float sum = 0;
-        if (in_smem) sum = seq_sum_f32(ex, i - j0 + 1);
+        if (in_smem) sum = seq_sum(ex, i - j0 + 1);
         else
             for (int j = j0; j <= i; j++) sum += (float)row[j];
         sum_s = sum;
@@ -463,7 +452,7 @@ __global__ static void k_route(const double *logits, double *probs, int T, int E
     for (int i = lane; i < E; i += WARP) p[i] = (float)exp((double)((float)x[i] - (float)m));
     __syncthreads();
     float s = 0;
-    if (lane == 0) s = seq_sum_f32(p, E);
+    if (lane == 0) s = seq_sum(p, E);
     s = SHFL(s, 0);
     for (int i = lane; i < E; i += WARP) {
         p[i] = p[i] / s;
