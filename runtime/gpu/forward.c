@@ -7,7 +7,8 @@
  * values are exact there: every GPU policy rounds weights to bf16, fp16 or
  * fp32), with a bf16 or fp16 copy made on the device the first time a
  * product needs it. Routing, dispatch and the experts run on the device, so
- * a sequence needs no synchronisation until its outputs are copied back. */
+ * the device never waits for the host: each MoE layer's routing leaves on a
+ * second stream as the layer finishes, and the host waits only for copies. */
 #include "mf_runtime.h"
 #include "gpu_api.h"
 

@@ -8,8 +8,9 @@
  * under `fixed` or `emu:ARCH` numerics equals the CPU's run under the same
  * instruction model bit for bit. Matrix products take operands packed into
  * the instruction's input format ([batch][rows][Kp], K padded with zeros to
- * a multiple of 16) and leave fp32 sums; an epilogue adds the bias in fp32
- * and rounds to the output dtype. */
+ * a multiple of 16); the fp32 sums get the bias in fp32 and are rounded to
+ * the output dtype in the product's epilogue (inside the mma.sync kernel,
+ * else a kernel of its own). */
 #ifndef MF_GPU_API_H
 #define MF_GPU_API_H
 
