@@ -335,6 +335,7 @@ static void on_read(uv_stream_t *st, ssize_t nread, const uv_buf_t *buf) {
             c->rbuf = NULL;
             c->rbuf_kept = false;
             s->feeding = NULL;
+            if (c->up && c->state == CS_BODY && c->reading) upload_read_done(c->up);
             if (kept) return;   /* an upload owns it now */
         }
     } else if (nread < 0 && c->state != CS_CLOSING) {
@@ -365,6 +366,20 @@ void conn_resume_body(conn *c) {
     if (c->state != CS_BODY || c->reading) return;
     arm_timer(c, c->srv->o.idle_timeout_ms);
     conn_start_reading(c);
+}
+
+bool conn_body_spliceable(const conn *c, uint64_t n) {
+    const http_parser *p = &c->parser;
+    return c->state == CS_BODY && !c->responded && !c->eof && HTTP_PARSER_ERRNO(p) == HPE_OK && !(p->flags & F_CHUNKED) &&
+           p->content_length != ULLONG_MAX && p->content_length > n;
+}
+
+void conn_body_spliced(conn *c, uint64_t n) {
+    /* while http-parser reads a Content-Length body, content_length is what is left of it (http_parser.c,
+     * s_body_identity); the bytes after a spliced file (a file header, "end") always go through the parser,
+     * so it, not the splice, sees the body end */
+    c->parser.content_length -= n;
+    arm_timer(c, c->srv->o.idle_timeout_ms);
 }
 
 void conn_start_reading(conn *c) {

@@ -16,6 +16,7 @@
 #define STAGE_PAUSE (8u << 20)        /* stop reading the socket while this much waits */
 #define UPLOAD_READ (256u << 10)       /* a connection with an upload reads into buffers this large */
 #define UPLOAD_ADOPT (16u << 10)       /* a run of file bytes this long in one such buffer is staged by reference */
+#define UPLOAD_SPLICE_MIN (64u << 10)  /* a file with this much left after a read is spliced from the socket (upload.c) */
 
 typedef struct server server;
 typedef struct conn conn;
@@ -54,6 +55,8 @@ void upload_finish(upload *u);
 /* The connection is gone: the upload is dropped and its directory removed. */
 void upload_abort(upload *u);
 size_t upload_staged(const upload *u);
+/* The socket buffer libuv read has been fed: inside a large file, the upload takes the socket over (splice). */
+void upload_read_done(upload *u);
 
 /* ---- diffs (diffs.c) ------------------------------------------------------ */
 
@@ -168,6 +171,11 @@ void conn_stop_reading(conn *c);
 void conn_start_reading(conn *c);
 /* An upload's staged bytes went to the pool: read the body again (with its idle timer). */
 void conn_resume_body(conn *c);
+/* Whether the next n body bytes may bypass http-parser: a Content-Length body with more than n bytes left. */
+bool conn_body_spliceable(const conn *c, uint64_t n);
+/* n body bytes were read past http-parser (spliced into a file): its count of what is left drops by n, and the
+ * idle timer starts again. */
+void conn_body_spliced(conn *c, uint64_t n);
 
 /* Sets up the parser settings and the listener-independent state. */
 void server_init(server *s, uv_loop_t *loop, const mf_serve_opts *o);

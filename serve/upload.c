@@ -15,7 +15,20 @@
  * The bytes are copied once in user space at most: file bytes that arrive in
  * the connection's large read buffers (UPLOAD_READ) are staged by reference
  * (OP_DATA_REF, the upload keeps the buffer until the pool has written it);
- * only small pieces (headers, a file's short tail) are copied. */
+ * only small pieces (headers, a file's short tail) are copied.
+ *
+ * Most of a large file's bytes do not pass through user space at all: once the
+ * socket buffer libuv read is used up inside a file (UPLOAD_SPLICE_MIN or more
+ * of it left) and the body has a Content-Length, the upload takes the socket
+ * over from libuv (reading stopped, a uv_poll on a duplicate of its descriptor)
+ * and, each time it is readable, the pool splice(2)s what has arrived, never
+ * more than the file's remaining bytes, from the socket through a pipe into the
+ * file (one copy, inside the kernel), then hashes those bytes as they lie in
+ * the page cache. The socket is non-blocking and the splice too: a pool thread
+ * only ever moves bytes that are already there, so a slow client holds none.
+ * http-parser still reads the headers and every byte between files (the file
+ * headers, "end"), and is told how many body bytes went past it
+ * (conn_body_spliced). */
 #include "serve_int.h"
 
 #include <errno.h>
@@ -23,15 +36,20 @@
 #include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
 int store_remove_tree(const char *path);
 
 #define ALLOC_AHEAD (32u << 20)
+#define WRITE_BACK (2u << 20)       /* writeback of a file is started each time this much more has been written */
+#define SPLICE_PIPE (1u << 20)      /* the pipe between socket and file (F_SETPIPE_SZ; the kernel's default if refused) */
+#define SPLICE_TURN (16u << 20)     /* at most this much per work item, so that other uploads and diffs get the pool */
+#define HASH_CHUNK (256u << 10)     /* without a mapping, spliced bytes are read back for hashing in pieces this large */
 
 enum { F_MAGIC, F_LINE, F_DATA, F_DONE };
-enum { OP_OPEN = 1, OP_DATA, OP_CLOSE, OP_DATA_REF };
+enum { OP_OPEN = 1, OP_DATA, OP_CLOSE, OP_DATA_REF, OP_SPLICE };
 enum { W_WRITE, W_FINAL, W_CLEANUP };
 
 typedef struct wfile {
@@ -68,12 +86,26 @@ struct upload {
     bool finishing;
     bool final_queued;
     atomic_bool aborted;
+    /* splicing (loop thread): the upload reads the socket itself while in a file's bytes */
+    bool splicing;
+    bool poll_open;
+    uv_poll_t poll;           /* readability of sfd */
+    int sfd;                  /* a duplicate of the connection's descriptor */
+    /* what the last splice did (pool thread, read in after_cb) */
+    uint64_t spliced;
+    bool splice_eof;
+    int splice_errno;
     /* pool-side state (one work item at a time) */
     bool made_dir;
     int fd;
     uint64_t synced;          /* bytes of the open file whose writeback has been started */
     uint64_t allocated;       /* bytes of the open file whose blocks are reserved (fallocate) */
     mf_digest_state *dg;
+    int pipe_r, pipe_w;
+    size_t pipe_cap;
+    const uint8_t *map;       /* the open file mapped (its size), where spliced bytes are hashed in the page cache */
+    size_t map_len;
+    uint8_t *hbuf;            /* HASH_CHUNK bytes, where mapping failed */
     wfile *files;
     size_t n_files;
     int werr;                 /* HTTP status of a failure in the pool, 0 when fine */
@@ -134,6 +166,8 @@ upload *upload_begin(conn *c, const char *name) {
     u->s = s;
     u->c = c;
     u->fd = -1;
+    u->sfd = -1;
+    u->pipe_r = u->pipe_w = -1;
     atomic_init(&u->aborted, false);
     snprintf(u->name, sizeof u->name, "%s", name);
     snprintf(u->tmp, sizeof u->tmp, "%s/.tmp/up-%ld-%llu", s->root, (long)getpid(), (unsigned long long)++s->seq);
@@ -142,13 +176,26 @@ upload *upload_begin(conn *c, const char *name) {
     return u;
 }
 
-static void upload_free(upload *u) {
+static void unmap_file(upload *u) {
+    if (u->map) munmap((void *)u->map, u->map_len);
+    u->map = NULL;
+    u->map_len = 0;
+}
+
+static void on_poll_closed(uv_handle_t *h) {
+    upload *u = h->data;
+    close(u->sfd);
     u->s->n_uploads--;
+    free(u);
+}
+
+static void upload_free(upload *u) {
     if (u->dg) {
         char d[33];
         mf_digest_final(u->dg, d);
     }
     if (u->fd >= 0) close(u->fd);
+    unmap_file(u);
     json_decref(u->reply);
     free(u->stage);
     free(u->batch);
@@ -156,6 +203,15 @@ static void upload_free(upload *u) {
     free_bufs(u->s, u->batch_bufs, u->n_batch_bufs);
     free(u->names);
     free(u->files);
+    free(u->hbuf);
+    if (u->pipe_r >= 0) close(u->pipe_r);
+    if (u->pipe_w >= 0) close(u->pipe_w);
+    if (u->poll_open) {   /* the descriptor is closed, and u freed, once the loop has let go of the poll handle */
+        uv_close((uv_handle_t *)&u->poll, on_poll_closed);
+        return;
+    }
+    if (u->sfd >= 0) close(u->sfd);
+    u->s->n_uploads--;
     free(u);
 }
 
@@ -184,6 +240,94 @@ static void write_all(upload *u, const uint8_t *p, size_t n) {
     }
 }
 
+/* Blocks are reserved ahead of the bytes (at most ALLOC_AHEAD more than have arrived, so a client that announces a
+ * large file and sends little reserves little): no per-page delayed allocation. */
+static void reserve(upload *u, const wfile *f, uint64_t n) {
+    if (f->written + n <= u->allocated || u->allocated >= f->size || u->werr) return;
+    uint64_t to = f->written + n + ALLOC_AHEAD < f->size ? f->written + n + ALLOC_AHEAD : f->size;
+    if (fallocate(u->fd, 0, (off_t)u->allocated, (off_t)(to - u->allocated)) == 0 || errno == EOPNOTSUPP)
+        u->allocated = to;
+    else
+        werr(u, 500, "storing the upload failed: %s", strerror(errno));
+}
+
+/* Starts writing back what has come so far, so the fsync at the end has little left to do. */
+static void write_back(upload *u, const wfile *f) {
+    if (f->written - u->synced >= WRITE_BACK) {
+        (void)sync_file_range(u->fd, (off_t)u->synced, (off_t)(f->written - u->synced), SYNC_FILE_RANGE_WRITE);
+        u->synced = f->written;
+    }
+}
+
+/* Moves up to want bytes of the open file from the socket into it, as many as have arrived (SPLICE_TURN at most):
+ * socket -> pipe (no copy) -> file (one copy into the page cache), then hashes them from the page cache. Sets
+ * u->spliced, and u->splice_eof or u->splice_errno when the client has gone. */
+static void splice_in(upload *u, uint64_t want) {
+    wfile *f = &u->files[u->n_files - 1];
+    u->spliced = 0;
+    u->splice_eof = false;
+    u->splice_errno = 0;
+    if (u->pipe_r < 0 && !u->werr) {
+        int p[2];
+        if (pipe2(p, O_CLOEXEC) != 0) {
+            werr(u, 500, "storing the upload failed: pipe: %s", strerror(errno));
+            return;
+        }
+        u->pipe_r = p[0];
+        u->pipe_w = p[1];
+        (void)fcntl(u->pipe_w, F_SETPIPE_SZ, (int)SPLICE_PIPE);
+        const int cap = fcntl(u->pipe_w, F_GETPIPE_SZ);
+        u->pipe_cap = cap > 0 ? (size_t)cap : 65536;
+    }
+    if (!u->map && !u->hbuf && !u->werr) {
+        void *m = mmap(NULL, (size_t)f->size, PROT_READ, MAP_SHARED, u->fd, 0);
+        if (m != MAP_FAILED) {
+            u->map = m;
+            u->map_len = (size_t)f->size;
+        } else {
+            u->hbuf = mf_xmalloc(HASH_CHUNK);   /* read back instead */
+        }
+    }
+    while (want && !u->werr && u->spliced < SPLICE_TURN) {
+        ssize_t n = splice(u->sfd, NULL, u->pipe_w, NULL, want < u->pipe_cap ? (size_t)want : u->pipe_cap,
+                           SPLICE_F_NONBLOCK | SPLICE_F_MOVE);
+        if (n < 0 && errno == EINTR) continue;
+        if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) break;   /* all that had arrived is in */
+        if (n < 0) {
+            u->splice_errno = errno;
+            break;
+        }
+        if (n == 0) {
+            u->splice_eof = true;
+            break;
+        }
+        reserve(u, f, (uint64_t)n);
+        for (size_t left = (size_t)n; left && !u->werr;) {
+            ssize_t w = splice(u->pipe_r, NULL, u->fd, NULL, left, SPLICE_F_MOVE);
+            if (w < 0 && errno == EINTR) continue;
+            if (w <= 0) werr(u, 500, "storing the upload failed: %s", w < 0 ? strerror(errno) : "the file took no bytes");
+            else left -= (size_t)w;
+        }
+        /* the bytes just written are hashed where they lie in the page cache (still in the CPU's caches) */
+        if (u->map) mf_digest_update(u->dg, u->map + f->written, (size_t)n);
+        for (uint64_t off = f->written, end = f->written + (uint64_t)n; !u->map && off < end && !u->werr;) {
+            const size_t k = end - off < HASH_CHUNK ? (size_t)(end - off) : HASH_CHUNK;
+            ssize_t r = pread(u->fd, u->hbuf, k, (off_t)off);
+            if (r < 0 && errno == EINTR) continue;
+            if (r <= 0) werr(u, 500, "storing the upload failed: reading back: %s", r < 0 ? strerror(errno) : "short file");
+            else {
+                mf_digest_update(u->dg, u->hbuf, (size_t)r);
+                off += (uint64_t)r;
+            }
+        }
+        if (u->werr) return;
+        f->written += (uint64_t)n;
+        want -= (uint64_t)n;
+        u->spliced += (uint64_t)n;
+        write_back(u, f);
+    }
+}
+
 static void run_ops(upload *u, const uint8_t *ops, size_t n) {
     if (!u->made_dir && !u->werr) {
         if (mkdir(u->tmp, 0755) != 0) werr(u, 500, "storing the upload failed: %s", strerror(errno));
@@ -206,7 +350,7 @@ static void run_ops(upload *u, const uint8_t *ops, size_t n) {
             f->size = num;
             char p[4300];
             snprintf(p, sizeof p, "%s/%s", u->tmp, f->name);
-            u->fd = open(p, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
+            u->fd = open(p, O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, 0644);   /* read too: spliced bytes are hashed back */
             if (u->fd < 0) werr(u, 500, "storing the upload failed: %s", strerror(errno));
             u->allocated = 0;
             u->dg = mf_digest_new();
@@ -219,27 +363,20 @@ static void run_ops(upload *u, const uint8_t *ops, size_t n) {
                 memcpy(&d, a, sizeof d);
                 dl = (size_t)num;
             }
-            /* blocks are reserved ahead of the bytes (at most ALLOC_AHEAD more than have arrived, so a client
-             * that announces a large file and sends little reserves little): no per-page delayed allocation */
-            if (f->written + dl > u->allocated && u->allocated < f->size) {
-                uint64_t to = f->written + dl + ALLOC_AHEAD < f->size ? f->written + dl + ALLOC_AHEAD : f->size;
-                if (fallocate(u->fd, 0, (off_t)u->allocated, (off_t)(to - u->allocated)) == 0 || errno == EOPNOTSUPP)
-                    u->allocated = to;
-                else
-                    werr(u, 500, "storing the upload failed: %s", strerror(errno));
-            }
+            reserve(u, f, dl);
             write_all(u, d, dl);
             mf_digest_update(u->dg, d, dl);
             f->written += dl;
-            /* start writing back what has come so far, so the fsync at the end has little left to do */
-            if (f->written - u->synced >= (8u << 20)) {
-                (void)sync_file_range(u->fd, (off_t)u->synced, (off_t)(f->written - u->synced), SYNC_FILE_RANGE_WRITE);
-                u->synced = f->written;
-            }
+            write_back(u, f);
+        } else if (op == OP_SPLICE) {
+            splice_in(u, num);
         } else if (op == OP_CLOSE) {
             wfile *f = &u->files[u->n_files - 1];
             mf_digest_final(u->dg, f->digest);
             u->dg = NULL;
+            unmap_file(u);
+            free(u->hbuf);
+            u->hbuf = NULL;
             if (fsync(u->fd) != 0) werr(u, 500, "storing the upload failed: %s", strerror(errno));
             close(u->fd);
             u->fd = -1;
@@ -356,6 +493,7 @@ static void work_cb(uv_work_t *w) {
     if (u->kind == W_CLEANUP) {
         if (u->fd >= 0) close(u->fd);
         u->fd = -1;
+        unmap_file(u);
         if (u->made_dir) store_remove_tree(u->tmp);
         return;
     }
@@ -372,6 +510,27 @@ static void work_cb(uv_work_t *w) {
 }
 
 static void submit(upload *u, int kind);
+
+/* The socket is readable (or the peer has gone): the pool splices what is there, after the staged operations. */
+static void on_readable(uv_poll_t *p, int status, int events) {
+    (void)status;
+    (void)events;
+    upload *u = p->data;
+    uv_poll_stop(p);
+    if (!u->c || !u->splicing || u->busy || atomic_load(&u->aborted)) return;
+    stage_op(u, OP_SPLICE, NULL, 0, u->remaining);
+    uv_timer_stop(&u->c->timer);   /* the pool is at work: a slow disk is not the client's stall (re-armed after) */
+    submit(u, W_WRITE);
+}
+
+/* Splicing ends without the file's end (the upload is dropped or refused): the poll stops, and libuv reads the
+ * connection again, so that what the client still sends is drained while it gets its answer. */
+static void splice_release(upload *u, conn *c) {
+    if (u->poll_open) uv_poll_stop(&u->poll);
+    if (!u->splicing) return;
+    u->splicing = false;
+    if (c && conn_alive(c)) conn_start_reading(c);
+}
 
 static void after_cb(uv_work_t *w, int status) {
     (void)status;
@@ -412,10 +571,32 @@ static void after_cb(uv_work_t *w, int status) {
     if (u->werr) {
         c->up = NULL;
         u->c = NULL;
+        splice_release(u, c);
         atomic_store(&u->aborted, true);
         submit(u, W_CLEANUP);
         conn_error(c, u->werr, "%s", u->wmsg);
         return;
+    }
+    if (u->splicing) {
+        const uint64_t n = u->spliced;
+        u->spliced = 0;
+        u->remaining -= n;
+        u->body_bytes += n;
+        conn_body_spliced(c, n);
+        if (u->splice_eof || u->splice_errno) {   /* the client went away inside a file: the upload is dropped */
+            if (u->splice_errno) server_log(u->s, "upload of %s: reading the connection failed: %s", u->name, strerror(u->splice_errno));
+            c->eof = true;
+            conn_close(c);   /* upload_abort: u is cleaned up */
+            return;
+        }
+        if (u->remaining) {
+            uv_poll_start(&u->poll, UV_READABLE | UV_DISCONNECT, on_readable);
+            return;
+        }
+        /* the file is complete: its header's successor is read by libuv and http-parser again */
+        u->splicing = false;
+        stage_op(u, OP_CLOSE, NULL, 0, 0);
+        u->fstate = F_LINE;
     }
     if (u->finishing && !u->final_queued) {
         u->final_queued = true;
@@ -553,9 +734,34 @@ void upload_finish(upload *u) {
     }
 }
 
+void upload_read_done(upload *u) {
+    conn *c = u->c;
+    if (!c || u->splicing || u->fstate != F_DATA || u->remaining < UPLOAD_SPLICE_MIN || atomic_load(&u->aborted)) return;
+    if (!conn_body_spliceable(c, u->remaining)) return;
+    if (!u->poll_open) {
+        int fd;
+        if (uv_fileno((const uv_handle_t *)c->stream, &fd) != 0) return;
+        u->sfd = fcntl(fd, F_DUPFD_CLOEXEC, 0);
+        if (u->sfd < 0) return;   /* libuv goes on reading: slower, the same result */
+        if (uv_poll_init(u->s->loop, &u->poll, u->sfd) != 0) {
+            close(u->sfd);
+            u->sfd = -1;
+            return;
+        }
+        u->poll.data = u;
+        u->poll_open = true;
+    }
+    u->splicing = true;
+    conn_stop_reading(c);
+    /* while the pool writes what is staged, after_cb starts the poll */
+    if (!u->busy) uv_poll_start(&u->poll, UV_READABLE | UV_DISCONNECT, on_readable);
+}
+
 void upload_abort(upload *u) {
-    if (u->c && u->c->up == u) u->c->up = NULL;
+    conn *c = u->c;
+    if (c && c->up == u) c->up = NULL;
     u->c = NULL;
+    splice_release(u, c);
     atomic_store(&u->aborted, true);
     if (u->busy) return;   /* after_cb cleans up */
     if (u->made_dir || u->fd >= 0) submit(u, W_CLEANUP);

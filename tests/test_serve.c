@@ -509,6 +509,131 @@ Test(serve, slow_and_stalled_clients_time_out, .timeout = 60) {
     server_stop(&s, SIGKILL);
 }
 
+/* ---- file bytes spliced from the socket into the file (serve/upload.c) ---- */
+
+/* Sends n bytes in pieces of `piece`, pausing `pause_ms` every `every` bytes. */
+static bool send_pieces(int fd, const char *p, size_t n, size_t piece, size_t every, int pause_ms) {
+    for (size_t off = 0, since = 0; off < n;) {
+        const size_t c = n - off < piece ? n - off : piece;
+        if (!send_all(fd, p + off, c)) return false;
+        off += c;
+        since += c;
+        if (since >= every) {
+            sleep_ms(pause_ms);
+            since = 0;
+        }
+    }
+    return true;
+}
+
+/* A file with 64 KiB or more still to come after a read is spliced into its file in the pool, from what has
+ * arrived: these are the ways its bytes can come, stop, or not come. Each ends with the run stored and verifying,
+ * or with nothing stored and nothing left under .tmp, and the server alive. */
+Test(serve, spliced_files_in_pieces_stalls_disconnects_keepalive_and_chunked, .timeout = 90) {
+    const char *d = temp_dir();
+    const char *one = make_run(d, "one", "hf/olmoe", "--precision fp64");                    /* one 245 KB shard */
+    const char *three = make_run(d, "three", "hf/olmoe", "--precision fp64 --shard-seqs 1");  /* 75, 47, 122 KB */
+    char root[600], extra[700], tmp[700], head[512];
+    test_server s;
+    server_start_in(&s, d, "--idle-timeout 700", root, extra);
+    snprintf(tmp, sizeof tmp, "%s/.tmp", root);
+    size_t l1, l3;
+    char *b1 = run_body(one, &l1), *b3 = run_body(three, &l3);
+    http_resp r;
+    /* the body in 1000-byte pieces with pauses: many splices of a few KB; a 47 KB shard in between goes the
+     * ordinary way */
+    int fd = open_upload(s.port, "pieces", b3, l3, 0);
+    cr_assert(send_pieces(fd, b3, l3, 1000, 16000, 3));
+    http_read(fd, &r);
+    close(fd);
+    cr_assert_eq(r.status, 201, "%d %s", r.status, r.body);
+    http_free(&r);
+    assert_stored_verifies(root, "pieces", three);
+    /* headers and the whole body in one send: the first body bytes arrive with the headers */
+    fd = http_connect(s.port);
+    int hl = snprintf(head, sizeof head, "PUT /api/runs/together HTTP/1.1\r\nHost: x\r\n" AUTH "Content-Length: %zu\r\n\r\n", l1);
+    char *all = malloc((size_t)hl + l1);
+    memcpy(all, head, (size_t)hl);
+    memcpy(all + hl, b1, l1);
+    cr_assert(send_all(fd, all, (size_t)hl + l1));
+    free(all);
+    http_read(fd, &r);
+    cr_assert_eq(r.status, 201, "%d %s", r.status, r.body);
+    http_free(&r);
+    /* a second upload on the same connection: http-parser counted the spliced bytes of the first */
+    hl = snprintf(head, sizeof head, "PUT /api/runs/again HTTP/1.1\r\nHost: x\r\n" AUTH "Content-Length: %zu\r\n\r\n", l3);
+    cr_assert(send_all(fd, head, (size_t)hl));
+    cr_assert(send_pieces(fd, b3, l3, 8192, 65536, 2));
+    http_read(fd, &r);
+    close(fd);
+    cr_assert_eq(r.status, 201, "%d %s", r.status, r.body);
+    http_free(&r);
+    assert_stored_verifies(root, "together", one);
+    assert_stored_verifies(root, "again", three);
+    /* a client that stalls inside a spliced file: 408 after the idle timeout, the bytes are dropped */
+    fd = open_upload(s.port, "stalled", b1, l1, 30000);
+    sleep_ms(100);   /* the server has read the first piece and splices the rest of the shard */
+    cr_assert(send_pieces(fd, b1 + 30000, 40000, 4000, 8000, 20));
+    double t0 = mf_now();
+    http_read(fd, &r);
+    double dt = mf_now() - t0;
+    close(fd);
+    cr_assert_eq(r.status, 408, "stalled inside a spliced file: %d %s", r.status, r.body);
+    cr_assert(dt > 0.4 && dt < 5, "answered after %.2f s", dt);
+    http_free(&r);
+    /* clients that go away inside a spliced file, with a close or a reset, early or one byte short */
+    const size_t cuts[4] = {70000, 150000, l1 - 5, 70000};
+    for (int i = 0; i < 4; i++) {
+        char nm[32];
+        snprintf(nm, sizeof nm, "gone-%d", i);
+        fd = open_upload(s.port, nm, b1, l1, 20000);
+        sleep_ms(50);
+        cr_assert(send_pieces(fd, b1 + 20000, cuts[i] - 20000, 16384, 32768, 5));
+        if (i % 2) {
+            struct linger lg = {1, 0};
+            setsockopt(fd, SOL_SOCKET, SO_LINGER, &lg, sizeof lg);
+        }
+        if (i == 3) shutdown(fd, SHUT_WR);   /* half-closed: the server sees the end of the body early */
+        else close(fd);
+        if (i == 3) {
+            http_read(fd, &r);
+            close(fd);
+            http_free(&r);
+        }
+    }
+    for (int i = 0; i < 200 && dir_entries(tmp) != 0; i++) sleep_ms(20);
+    cr_assert_eq(dir_entries(tmp), 0, "dropped uploads leave nothing under .tmp");
+    /* a chunked body is not spliced (its framing is http-parser's): stored the ordinary way */
+    fd = http_connect(s.port);
+    hl = snprintf(head, sizeof head, "PUT /api/runs/chunked HTTP/1.1\r\nHost: x\r\n" AUTH "Transfer-Encoding: chunked\r\n\r\n");
+    cr_assert(send_all(fd, head, (size_t)hl));
+    for (size_t off = 0; off < l1; off += 10000) {
+        const size_t c = l1 - off < 10000 ? l1 - off : 10000;
+        char ch[32];
+        int cl = snprintf(ch, sizeof ch, "%zx\r\n", c);
+        cr_assert(send_all(fd, ch, (size_t)cl) && send_all(fd, b1 + off, c) && send_all(fd, "\r\n", 2));
+    }
+    cr_assert(send_all(fd, "0\r\n\r\n", 5));
+    http_read(fd, &r);
+    close(fd);
+    cr_assert_eq(r.status, 201, "%d %s", r.status, r.body);
+    http_free(&r);
+    assert_stored_verifies(root, "chunked", one);
+    char *names = list_names(s.port, NULL);
+    cr_assert_str_eq(names, "again,chunked,pieces,together");
+    free(names);
+    cr_assert(server_alive(&s));
+    /* and after a restart, the same */
+    server_stop(&s, SIGKILL);
+    server_start(&s, root, extra);
+    names = list_names(s.port, NULL);
+    cr_assert_str_eq(names, "again,chunked,pieces,together");
+    free(names);
+    server_stop(&s, SIGKILL);
+    free(b1);
+    free(b3);
+}
+
 /* ---- 50 concurrent pushes, random disconnects, then a crash and a restart ---- */
 
 typedef struct pusher {
