@@ -6,12 +6,12 @@
  *   end\n
  *
  * from the run directory. The manifest and the shards' headers are checked
- * before anything is sent; each shard is hashed as it is read for sending and
- * compared with the manifest at its end, and a damaged one stops the upload
- * before "end" (the server stores nothing) and is named: one pass over the
- * bytes, not two. Connection failures, timeouts, 408, 429 and 5xx
- * are retried with backoff; success is the server's answer that it verified
- * and stored the run. */
+ * before anything is sent; the shards' bytes are not hashed here: the server
+ * hashes every shard as it stores it and compares it with the manifest, and
+ * refuses a damaged one (422, naming it; nothing is stored), which push
+ * reports and does not retry. Connection failures, timeouts, 408, 429 and 5xx
+ * are retried with backoff; success is only the server's answer that it
+ * verified and stored the run. */
 #include "serve_int.h"
 #include "mf_trace.h"
 
@@ -29,7 +29,6 @@ typedef struct segment {
     char *path;            /* a file */
     uint64_t size;
     char head[128];
-    const char *digest;    /* a shard's digest in the manifest: what is sent is hashed and compared */
 } segment;
 
 typedef struct body {
@@ -40,7 +39,6 @@ typedef struct body {
     size_t cur;
     uint64_t off;
     int fd;
-    mf_digest_state *dg;
     bool failed;
     char msg[600];
     mf_progress prog;
@@ -75,26 +73,10 @@ static size_t read_cb(char *buf, size_t size, size_t nitems, void *ud) {
                 return CURL_READFUNC_ABORT;
             }
             want = (size_t)r;
-            if (s->digest) {
-                if (!b->dg) b->dg = mf_digest_new();
-                mf_digest_update(b->dg, buf + out, want);
-            }
         }
         out += want;
         b->off += want;
         if (b->off == s->size) {
-            if (s->digest) {
-                /* the shard as read matches the manifest, or nothing more is sent (no "end": the server stores nothing) */
-                char have[33];
-                if (!b->dg) b->dg = mf_digest_new();
-                mf_digest_final(b->dg, have);
-                b->dg = NULL;
-                if (strcmp(have, s->digest) != 0) {
-                    snprintf(b->msg, sizeof b->msg, "%s: damaged shard: digest %s, the manifest records %s", s->path, have, s->digest);
-                    b->failed = true;
-                    return CURL_READFUNC_ABORT;
-                }
-            }
             if (b->fd >= 0) close(b->fd);
             b->fd = -1;
             b->cur++;
@@ -123,11 +105,6 @@ static int xfer_cb(void *ud, curl_off_t dltotal, curl_off_t dlnow, curl_off_t ul
 }
 
 static void rewind_body(body *b) {
-    if (b->dg) {
-        char d[33];
-        mf_digest_final(b->dg, d);
-        b->dg = NULL;
-    }
     if (b->fd >= 0) close(b->fd);
     b->fd = -1;
     b->cur = 0;
@@ -171,7 +148,7 @@ int mf_push(const mf_push_opts *o, mf_push_result *res, mf_error *err) {
     if (strncmp(o->url, "http://", 7) != 0 && strncmp(o->url, "https://", 8) != 0)
         return mf_fail(err, MF_EINVAL, "--to %s: give the server's URL, http://HOST:PORT", o->url);
     mf_run *r;
-    /* the manifest and the shards' headers are checked here; the shards' digests as they are sent (read_cb) */
+    /* the manifest and the shards' headers are checked here; the shards' digests by the server */
     if ((rc = mf_run_open_unhashed(&r, o->run_dir, err))) return mf_fail_wrap(err, "push %s", nm);
 
     body b = {0};
@@ -196,7 +173,6 @@ int mf_push(const mf_push_opts *o, mf_push_result *res, mf_error *err) {
         snprintf(p, sizeof p, "%s/%s", o->run_dir, r->shard_files[i]);
         f->path = mf_xstrdup(p);
         f->size = r->shard_bytes[i];
-        f->digest = r->shard_digest[i];
     }
     b.seg[k++] = (segment){.mem = "end\n", .size = 4};
     b.n = k;

@@ -804,7 +804,7 @@ Test(serve, damaged_upload_is_refused_and_damaged_run_is_not_pushed) {
     char p[700];
     snprintf(p, sizeof p, "%s/runs", root);
     cr_assert_eq(dir_entries(p), 0);
-    /* push checks the run before sending */
+    /* a damaged shard pushed: push sends it, the server refuses it and push says which shard (exit 1) */
     char shard[700], out[2048];
     snprintf(shard, sizeof shard, "%s/part-00000.safetensors", run);
     FILE *fp = fopen(shard, "r+b");
@@ -812,8 +812,8 @@ Test(serve, damaged_upload_is_refused_and_damaged_run_is_not_pushed) {
     fputc('Z', fp);
     fclose(fp);
     cr_assert_eq(run_moeflip(out, sizeof out, "push -q '%s' --to http://127.0.0.1:%d --token-file '%s/token'", run, s.port, d), 1);
-    cr_assert(strstr(out, "damaged shard"), "%s", out);
-    /* push hashes the shard as it sends it and stops before "end": nothing is stored */
+    cr_assert(strstr(out, "damaged shard") && strstr(out, "part-00000.safetensors"), "%s", out);
+    /* the server hashes the shard as it stores it and refuses it (422, which push reports): nothing is stored */
     http_request(s.port, "GET", "/api/runs", NULL, NULL, 0, &r);
     cr_assert_eq(r.status, 200);
     cr_assert(strstr(r.body, "\"runs\": []") || strstr(r.body, "\"runs\":[]"), "%s", r.body);
