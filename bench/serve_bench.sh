@@ -44,10 +44,11 @@ port=$(sed -n 's/.*127\.0\.0\.1:\([0-9]*\).*/\1/p' "$work/serve.out")
 url="http://127.0.0.1:$port"
 
 now() { date +%s.%N; }
-best_push=999 best_cp=999 best_cps=999
+best_push=999 best_cp=999 best_cps=999 pushes=
 for i in 1 2 3; do
   t0=$(now); "$bin" push "$work/big" --name "big-$i" --to "$url" --token-file "$work/token" -q; t1=$(now)
   best_push=$(python3 -c "print(min($best_push, $t1 - $t0))")
+  pushes="$pushes $(python3 -c "print(f'{$t1 - $t0:.3f}')")"
   t0=$(now); cp -r "$work/big" "$work/copy-$i"; t1=$(now)
   best_cp=$(python3 -c "print(min($best_cp, $t1 - $t0))")
   t0=$(now); cp -r "$work/big" "$work/copys-$i"; sync; t1=$(now)
@@ -65,6 +66,7 @@ for name, t in (("moeflip push -> moeflip serve (verified, fsynced)", p), ("cp -
     print(f"| {name} | {t:.3f} | {b / t / 1e6:.0f} |")
 print(f"\npush / cp: {c / p:.2f} of cp's speed; push / (cp + sync): {s / p:.2f}")
 PY
+echo "pushes (s):$pushes"
 
 for i in $(seq 20); do "$bin" push "$work/small" --name "run-$i" --to "$url" --token-file "$work/token" -q; done
 wrk_row() {
