@@ -62,7 +62,8 @@ int cmd_push(int argc, char **argv) {
     }
     if (push(&o, &r, &err)) return cli_fail(&err);
     if (!quiet)
-        printf("pushed %s to %s: %.1f MB in %.2f s, verified by the server%s%s\n", r.name, o.url, (double)r.bytes / 1e6, r.seconds,
+        printf("pushed %s to %s: %.1f MB in %.3f s (%.0f MB/s), verified by the server%s%s\n", r.name, o.url, (double)r.bytes / 1e6,
+               r.seconds, r.seconds > 0 ? (double)r.bytes / 1e6 / r.seconds : 0.0,
                r.existed ? " (it already held this run)" : "", r.attempts > 1 ? " after retries" : "");
     return 0;
 }

@@ -67,7 +67,7 @@ typedef struct mf_push_result {
     uint64_t bytes;                /* body bytes sent in the successful attempt */
     bool existed;                  /* the server already held this exact run */
     int attempts;
-    double seconds;
+    double seconds;                /* from the first attempt's start to the verified answer (retries included) */
 } mf_push_result;
 
 /* Streams a run to the server; MF_OK only when the server verified it. */
