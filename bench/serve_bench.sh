@@ -1,12 +1,14 @@
 #!/usr/bin/env bash
 # The collector service on loopback:
 #  1. upload throughput: `moeflip push` of a run with full logits (the 14M synthetic OLMoE, 16 prompts of
-#     512 tokens, ~140 MB) to `moeflip serve` (which writes, fsyncs, hashes and verifies it), MB/s, best of 3,
-#     next to `cp -r` of the same run on the same disk (and `cp -r` + `sync`);
+#     512 tokens, one 69 MB shard) to `moeflip serve` (which writes, fsyncs, hashes and verifies it), MB/s,
+#     median of ROUNDS [10] rounds, next to `cp -r` of the same run on the same disk (and `cp -r` + `sync`) in
+#     the same rounds;
 #  2. the list endpoint under wrk (GET /api/runs, 20 runs stored), requests/s and p99 latency, idle and
 #     while pushes of that run go on back to back.
-# Usage: bench/serve_bench.sh [BUILD_DIR] [WRK_SECONDS]; needs wrk (Debian package wrk).
+# Usage: [ROUNDS=N] bench/serve_bench.sh [BUILD_DIR] [WRK_SECONDS]; needs wrk (Debian package wrk).
 set -euo pipefail
+export LC_ALL=C   # EPOCHREALTIME with a decimal point
 build=${1:-build}
 secs=${2:-10}
 bin="$(cd "$(dirname "$build/moeflip")" && pwd)/moeflip"
@@ -37,37 +39,59 @@ mb=$(python3 -c "print(f'{$bytes/1e6:.1f}')")
 
 umask 077
 head -c 24 /dev/urandom | base64 > "$work/token"
-"$bin" serve --root "$work/root" --listen 127.0.0.1:0 --token-file "$work/token" --quiet > "$work/serve.out" &
-server=$!
-for _ in $(seq 100); do grep -q listening "$work/serve.out" 2> /dev/null && break; sleep 0.1; done
-port=$(sed -n 's/.*127\.0\.0\.1:\([0-9]*\).*/\1/p' "$work/serve.out")
-url="http://127.0.0.1:$port"
+# start_server ROOT: a server on an ephemeral loopback port; sets server (its pid) and url
+start_server() {
+  rm -f "$work/serve.out"
+  "$bin" serve --root "$1" --listen 127.0.0.1:0 --token-file "$work/token" --quiet > "$work/serve.out" &
+  server=$!
+  for _ in $(seq 100); do grep -q listening "$work/serve.out" 2> /dev/null && break; sleep 0.1; done
+  url="http://127.0.0.1:$(sed -n 's/.*127\.0\.0\.1:\([0-9]*\).*/\1/p' "$work/serve.out")"
+}
 
-now() { date +%s.%N; }
-best_push=999 best_cp=999 best_cps=999 pushes=
-for i in 1 2 3; do
-  t0=$(now); "$bin" push "$work/big" --name "big-$i" --to "$url" --token-file "$work/token" -q; t1=$(now)
-  best_push=$(python3 -c "print(min($best_push, $t1 - $t0))")
-  pushes="$pushes $(python3 -c "print(f'{$t1 - $t0:.3f}')")"
-  t0=$(now); cp -r "$work/big" "$work/copy-$i"; t1=$(now)
-  best_cp=$(python3 -c "print(min($best_cp, $t1 - $t0))")
-  t0=$(now); cp -r "$work/big" "$work/copys-$i"; sync; t1=$(now)
-  best_cps=$(python3 -c "print(min($best_cps, $t1 - $t0))")
-  rm -rf "$work/copy-$i" "$work/copys-$i"
+# Upload: rounds of push, cp -r, cp -r + sync and dd, one after the other, so that all of them see the same machine
+# (this VM's speed changes by up to 4x from one minute to the next); the medians are compared.
+rounds=${ROUNDS:-10}
+shard=$(ls "$work"/big/part-*.safetensors | head -n1)
+start_server "$work/uroot"
+: > "$work/times"
+for i in $(seq "$rounds"); do
+  t0=$EPOCHREALTIME; out=$("$bin" push "$work/big" --name "big-$i" --to "$url" --token-file "$work/token"); t1=$EPOCHREALTIME
+  inside=$(sed -n 's/.* in \([0-9.]*\) s .*/\1/p' <<< "$out")
+  t2=$EPOCHREALTIME; cp -r "$work/big" "$work/copy"; t3=$EPOCHREALTIME
+  t4=$EPOCHREALTIME; cp -r "$work/big" "$work/copys"; sync; t5=$EPOCHREALTIME
+  # the shard's bytes written straight to the disk (O_DIRECT, 4 MiB at a time) and fsynced: what another durable
+  # writer takes
+  t6=$EPOCHREALTIME; dd if="$shard" of="$work/direct" bs=4M oflag=direct conv=fsync status=none; t7=$EPOCHREALTIME
+  echo "$t0 $t1 $inside $t2 $t3 $t4 $t5 $t6 $t7" >> "$work/times"
+  rm -rf "$work/copy" "$work/copys" "$work/direct"
 done
-echo "## upload ($mb MB run, best of 3)"
+kill "$server"; wait "$server" 2> /dev/null || true
+echo "## upload ($mb MB run, $rounds rounds)"
 echo
-echo "| what | seconds | MB/s |"
-echo "|---|---|---|"
-python3 - "$bytes" "$best_push" "$best_cp" "$best_cps" <<'PY'
-import sys
-b, p, c, s = int(sys.argv[1]), *map(float, sys.argv[2:])
-for name, t in (("moeflip push -> moeflip serve (verified, fsynced)", p), ("cp -r, same disk", c), ("cp -r + sync, same disk", s)):
-    print(f"| {name} | {t:.3f} | {b / t / 1e6:.0f} |")
-print(f"\npush / cp: {c / p:.2f} of cp's speed; push / (cp + sync): {s / p:.2f}")
+python3 - "$bytes" "$work/times" <<'PY'
+import statistics, sys
+b = int(sys.argv[1])
+rows = [list(map(float, l.split())) for l in open(sys.argv[2])]
+cols = {
+    "moeflip push -> moeflip serve, the whole command (streamed, hashed, fsynced, verified)": [r[1] - r[0] for r in rows],
+    "the same pushes, connect to verified answer (as push reports it)": [r[2] for r in rows],
+    "cp -r, same disk": [r[4] - r[3] for r in rows],
+    "cp -r + sync, same disk": [r[6] - r[5] for r in rows],
+    "dd of the shard, O_DIRECT 4 MiB writes + fsync, same disk": [r[8] - r[7] for r in rows],
+}
+print("| what | median s | MB/s | best s |")
+print("|---|---|---|---|")
+med = {}
+for name, v in cols.items():
+    med[name] = statistics.median(v)
+    print(f"| {name} | {med[name]:.4f} | {b / med[name] / 1e6:.0f} | {min(v):.4f} |")
+push, inside, cp, cps, disk = med.values()
+print(f"\nof cp -r's speed (medians): the whole push command {cp / push:.2f}, the upload as push reports it {cp / inside:.2f}; "
+      f"of cp -r + sync's: {cps / push:.2f}; of dd's: {disk / push:.2f} and {disk / inside:.2f}")
+print("pushes (s): " + " ".join(f"{r[1] - r[0]:.3f}" for r in rows))
 PY
-echo "pushes (s):$pushes"
 
+start_server "$work/root"
 for i in $(seq 20); do "$bin" push "$work/small" --name "run-$i" --to "$url" --token-file "$work/token" -q; done
 wrk_row() {
   local label=$1 out
@@ -95,6 +119,6 @@ wrk_row "pushes of the $mb MB run back to back"
 touch "$work/stop"
 wait "$pusher"
 pusher=
-pushed=$(($(ls "$work/root/runs" | wc -l) - 23))
+pushed=$(($(ls "$work/root/runs" | wc -l) - 20))
 echo
 echo "pushes completed during the wrk run: $pushed; machine: $(nproc) cores, $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ //')"
