@@ -52,8 +52,7 @@ int mf_read_file(const char *path, char **out, size_t *len, mf_error *err) {
     size_t cap = 1 << 16, n = 0;
     char *buf = mf_xmalloc(cap);
     for (;;) {
-        if (n + 1 >= cap) buf = realloc(buf, cap *= 2);
-        if (!buf) abort();
+        if (n + 1 >= cap) buf = mf_xrealloc(buf, cap *= 2);
         size_t got = fread(buf + n, 1, cap - n - 1, fp);
         n += got;
         if (got == 0) break;
@@ -91,8 +90,7 @@ int mf_xz_decode(const void *in, size_t n, char **out, size_t *out_len) {
     do {
         if (cap - len < 4096) {
             cap *= 2;
-            buf = realloc(buf, cap);
-            if (!buf) abort();
+            buf = mf_xrealloc(buf, cap);
         }
         st.next_out = (uint8_t *)buf + len;
         st.avail_out = cap - len - 1;

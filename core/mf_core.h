@@ -209,6 +209,7 @@ double mf_rng_normal(mf_rng *r);             /* Box-Muller, standard normal */
 
 void *mf_xmalloc(size_t n);          /* aborts on out of memory: allocation failure is not recoverable here */
 void *mf_xcalloc(size_t n, size_t size);
+void *mf_xrealloc(void *p, size_t n);
 char *mf_xstrdup(const char *s);
 
 #endif

@@ -101,6 +101,15 @@ void *mf_xmalloc(size_t n) {
     return p;
 }
 
+void *mf_xrealloc(void *p, size_t n) {
+    void *q = realloc(p, n ? n : 1);
+    if (!q) {
+        fprintf(stderr, "moeflip: out of memory (%zu bytes)\n", n);
+        abort();
+    }
+    return q;
+}
+
 void *mf_xcalloc(size_t n, size_t size) {
     void *p = calloc(n ? n : 1, size ? size : 1);
     if (!p) {

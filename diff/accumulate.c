@@ -56,8 +56,7 @@ void mf_diff_acc_free(mf_diff_acc *a) {
 static mf_case *new_case(mf_diff_acc *a, const char *id) {
     if (a->n_cases == a->cap_cases) {
         a->cap_cases = a->cap_cases ? 2 * a->cap_cases : 16;
-        a->cases = realloc(a->cases, a->cap_cases * sizeof *a->cases);
-        if (!a->cases) abort();
+        a->cases = mf_xrealloc(a->cases, a->cap_cases * sizeof *a->cases);
     }
     mf_case *c = &a->cases[a->n_cases++];
     memset(c, 0, sizeof *c);
@@ -72,8 +71,7 @@ static mf_case *new_case(mf_diff_acc *a, const char *id) {
 static mf_position *new_pos(mf_diff_acc *a) {
     if (a->n_pos == a->cap_pos) {
         a->cap_pos = a->cap_pos ? 2 * a->cap_pos : 256;
-        a->pos = realloc(a->pos, a->cap_pos * sizeof *a->pos);
-        if (!a->pos) abort();
+        a->pos = mf_xrealloc(a->pos, a->cap_pos * sizeof *a->pos);
     }
     mf_position *p = &a->pos[a->n_pos++];
     memset(p, 0, sizeof *p);
@@ -470,8 +468,7 @@ static int add_sequence(mf_diff_acc *a, mf_run *ref, size_t si, mf_run *tgt, siz
             if (a->keep_slots) {
                 if (a->n_slots == a->cap_slots) {
                     a->cap_slots = a->cap_slots ? 2 * a->cap_slots : 1024;
-                    a->slots = realloc(a->slots, a->cap_slots * sizeof *a->slots);
-                    if (!a->slots) abort();
+                    a->slots = mf_xrealloc(a->slots, a->cap_slots * sizeof *a->slots);
                 }
                 sl = &a->slots[a->n_slots++];
                 memset(sl, 0, sizeof *sl);
@@ -505,8 +502,7 @@ static int add_sequence(mf_diff_acc *a, mf_run *ref, size_t si, mf_run *tgt, siz
             const bool inherited = earliest_before <= t;
             if (a->n_flips == a->cap_flips) {
                 a->cap_flips = a->cap_flips ? 2 * a->cap_flips : 256;
-                a->flip_list = realloc(a->flip_list, a->cap_flips * sizeof *a->flip_list);
-                if (!a->flip_list) abort();
+                a->flip_list = mf_xrealloc(a->flip_list, a->cap_flips * sizeof *a->flip_list);
             }
             a->flip_list[a->n_flips++] = (mf_flip){c->id, a->layers[l], t, inherited};
             c->inherited += inherited;
@@ -608,8 +604,7 @@ int mf_diff_acc_add_range(mf_diff_acc *a, mf_run *ref, mf_run *tgt, size_t first
     for (size_t i = first; i < first + count && i < ref->n_seqs; i++) positions += (size_t)ref->seqs[i].length;
     if (positions > a->cap_pos) {
         a->cap_pos = positions;
-        a->pos = realloc(a->pos, a->cap_pos * sizeof *a->pos);
-        if (!a->pos) abort();
+        a->pos = mf_xrealloc(a->pos, a->cap_pos * sizeof *a->pos);
     }
     for (size_t i = first; i < first + count && i < ref->n_seqs; i++)
         if ((rc = add_sequence(a, ref, i, tgt, (size_t)find_seq(tgt, ref->seqs[i].id), err))) return rc;
@@ -635,16 +630,14 @@ int mf_diff_merge(mf_diff_acc *dst, mf_diff_acc *src, mf_error *err) {
     for (size_t i = 0; i < src->n_pos; i++) *new_pos(dst) = src->pos[i];
     src->n_pos = 0;
     if (src->n_flips) {
-        dst->flip_list = realloc(dst->flip_list, (dst->n_flips + src->n_flips) * sizeof *dst->flip_list);
-        if (!dst->flip_list) abort();
+        dst->flip_list = mf_xrealloc(dst->flip_list, (dst->n_flips + src->n_flips) * sizeof *dst->flip_list);
         memcpy(dst->flip_list + dst->n_flips, src->flip_list, src->n_flips * sizeof *src->flip_list);
         dst->n_flips += src->n_flips;
         dst->cap_flips = dst->n_flips;
         src->n_flips = 0;
     }
     if (src->n_slots) {
-        dst->slots = realloc(dst->slots, (dst->n_slots + src->n_slots) * sizeof *dst->slots);
-        if (!dst->slots) abort();
+        dst->slots = mf_xrealloc(dst->slots, (dst->n_slots + src->n_slots) * sizeof *dst->slots);
         memcpy(dst->slots + dst->n_slots, src->slots, src->n_slots * sizeof *src->slots);
         dst->n_slots += src->n_slots;
         dst->cap_slots = dst->n_slots;

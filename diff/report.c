@@ -413,8 +413,7 @@ static void sb_reserve(sbuf *b, size_t more) {
     if (b->n + more + 1 <= b->cap) return;
     size_t cap = b->cap ? b->cap : 4096;
     while (cap < b->n + more + 1) cap *= 2;
-    b->p = realloc(b->p, cap);
-    if (!b->p) abort();
+    b->p = mf_xrealloc(b->p, cap);
     b->cap = cap;
 }
 

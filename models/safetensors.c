@@ -224,8 +224,7 @@ void mf_st_writer_add(mf_st_writer *w, const char *name, mf_dtype dtype, int ndi
                       const void *data) {
     if (w->n == w->cap) {
         w->cap = w->cap ? 2 * w->cap : 16;
-        w->t = realloc(w->t, w->cap * sizeof *w->t);
-        if (!w->t) abort();
+        w->t = mf_xrealloc(w->t, w->cap * sizeof *w->t);
     }
     wtensor *t = &w->t[w->n++];
     memset(t, 0, sizeof *t);

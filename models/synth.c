@@ -205,8 +205,7 @@ int mf_synth_write_like(const char *dir, mf_arch arch, mf_synth_size size, const
     char *out = mf_xmalloc(cap);
     for (int q = 0; q < nseq; q++) {
         int T = small || big ? 512 : tiny_len[q];
-        if (len + (size_t)T * 8 + 64 > cap) out = realloc(out, cap = 2 * cap + (size_t)T * 8 + 64);
-        if (!out) abort();
+        if (len + (size_t)T * 8 + 64 > cap) out = mf_xrealloc(out, cap = 2 * cap + (size_t)T * 8 + 64);
         len += (size_t)snprintf(out + len, cap - len, "{\"id\": \"s%d\", \"tokens\": [", q);
         for (int t = 0; t < T; t++)
             len += (size_t)snprintf(out + len, cap - len, t ? ", %d" : "%d", (int)(mf_rng_next(&s.rng) % (uint64_t)V));

@@ -281,7 +281,7 @@ void conn_json(conn *c, int status, json_t *j) {
     char *text = json_dumps(j, JSON_COMPACT);
     json_decref(j);
     size_t n = strlen(text);
-    text = realloc(text, n + 2);
+    text = mf_xrealloc(text, n + 2);
     text[n] = '\n';
     conn_respond(c, status, "application/json", text, n + 1);
     free(text);
@@ -318,7 +318,7 @@ static void on_read(uv_stream_t *st, ssize_t nread, const uv_buf_t *buf) {
         if (c->state == CS_DRAIN) {
             /* dropped */
         } else if (c->state == CS_WAIT) {
-            c->leftover = realloc(c->leftover, c->leftover_len + (size_t)nread);
+            c->leftover = mf_xrealloc(c->leftover, c->leftover_len + (size_t)nread);
             memcpy(c->leftover + c->leftover_len, buf->base, (size_t)nread);
             c->leftover_len += (size_t)nread;
             conn_stop_reading(c);
@@ -439,7 +439,7 @@ static void feed(conn *c, const char *data, size_t n) {
     enum http_errno e = HTTP_PARSER_ERRNO(&c->parser);
     if (e == HPE_PAUSED) {
         if (c->state == CS_WAIT && done < n) {   /* a pipelined request: kept for later */
-            c->leftover = realloc(c->leftover, c->leftover_len + (n - done));
+            c->leftover = mf_xrealloc(c->leftover, c->leftover_len + (n - done));
             memcpy(c->leftover + c->leftover_len, data + done, n - done);
             c->leftover_len += n - done;
             conn_stop_reading(c);
@@ -673,7 +673,7 @@ static int on_body(http_parser *p, const char *at, size_t len) {
             conn_error(c, 413, "request bodies here are limited to %d bytes", MAX_SMALL_BODY);
             return 0;
         }
-        c->body = realloc(c->body, c->body_len + len + 1);
+        c->body = mf_xrealloc(c->body, c->body_len + len + 1);
         memcpy(c->body + c->body_len, at, len);
         c->body_len += len;
         c->body[c->body_len] = 0;

@@ -97,7 +97,7 @@ void store_add(server *s, run_entry *e) {
     }
     if (s->n_runs == s->cap_runs) {
         s->cap_runs = s->cap_runs ? 2 * s->cap_runs : 16;
-        s->runs = realloc(s->runs, s->cap_runs * sizeof *s->runs);
+        s->runs = mf_xrealloc(s->runs, s->cap_runs * sizeof *s->runs);
     }
     s->runs[s->n_runs++] = e;
     free(s->list_cache);
@@ -117,7 +117,7 @@ const char *store_list_json(server *s, size_t *len) {
         char *t = json_dumps(o, JSON_COMPACT);
         json_decref(o);
         s->list_len = strlen(t);
-        s->list_cache = realloc(t, s->list_len + 2);
+        s->list_cache = mf_xrealloc(t, s->list_len + 2);
         s->list_cache[s->list_len++] = '\n';
         s->list_cache[s->list_len] = 0;
     }

@@ -124,8 +124,7 @@ static void stage_op(upload *u, uint8_t op, const void *a, size_t alen, uint64_t
     size_t need = 1 + 8 + 4 + alen;
     if (u->stage_len + need > u->stage_cap) {
         u->stage_cap = (u->stage_len + need) * 2 > STAGE_FLUSH * 2 ? (u->stage_len + need) * 2 : STAGE_FLUSH * 2;
-        u->stage = realloc(u->stage, u->stage_cap);
-        if (!u->stage) abort();
+        u->stage = mf_xrealloc(u->stage, u->stage_cap);
     }
     uint8_t *p = u->stage + u->stage_len;
     uint32_t l32 = (uint32_t)alen;
@@ -142,8 +141,7 @@ static void stage_ref(upload *u, const char *data, size_t len) {
     if (!u->n_bufs || u->bufs[u->n_bufs - 1] != c->rbuf) {
         if (u->n_bufs == u->cap_bufs) {
             u->cap_bufs = u->cap_bufs ? 2 * u->cap_bufs : 16;
-            u->bufs = realloc(u->bufs, u->cap_bufs * sizeof *u->bufs);
-            if (!u->bufs) abort();
+            u->bufs = mf_xrealloc(u->bufs, u->cap_bufs * sizeof *u->bufs);
         }
         u->bufs[u->n_bufs++] = c->rbuf;
         u->held += c->rbuf_cap;
@@ -343,7 +341,7 @@ static void run_ops(upload *u, const uint8_t *ops, size_t n) {
         const uint8_t *a = ops + i + 13;
         i += 13 + alen;
         if (op == OP_OPEN) {
-            u->files = realloc(u->files, (u->n_files + 1) * sizeof *u->files);
+            u->files = mf_xrealloc(u->files, (u->n_files + 1) * sizeof *u->files);
             wfile *f = &u->files[u->n_files++];
             memset(f, 0, sizeof *f);
             memcpy(f->name, a, alen < sizeof f->name ? alen : sizeof f->name - 1);
@@ -658,7 +656,7 @@ static bool header_line(upload *u) {
         if (!strcmp(u->names[i], name)) return refuse(u, 400, "a file is sent twice");
     if (u->n_names >= MAX_UPLOAD_FILES) return refuse(u, 400, "too many files");
     if (size > u->s->o.max_run_bytes) return refuse(u, 413, "a file is larger than the server takes");
-    u->names = realloc(u->names, (u->n_names + 1) * sizeof *u->names);
+    u->names = mf_xrealloc(u->names, (u->n_names + 1) * sizeof *u->names);
     snprintf(u->names[u->n_names++], 40, "%s", name);
     stage_op(u, OP_OPEN, name, strlen(name), size);
     u->remaining = size;

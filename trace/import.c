@@ -22,8 +22,7 @@ static int list_cases(const char *dir, char ***names, size_t *n, mf_error *err) 
     while ((e = readdir(d))) {
         size_t L = strlen(e->d_name);
         if (L <= 12 || strcmp(e->d_name + L - 12, ".safetensors")) continue;
-        if (*n == cap) *names = realloc(*names, (cap *= 2) * sizeof **names);
-        if (!*names) abort();
+        if (*n == cap) *names = mf_xrealloc(*names, (cap *= 2) * sizeof **names);
         (*names)[(*n)++] = mf_xstrdup(e->d_name);
     }
     closedir(d);

@@ -79,8 +79,7 @@ int mf_prompts_load(mf_prompts *p, const char *path, int vocab, mf_error *err) {
             json_decref(o);
             goto fail;
         }
-        if (p->n == cap) p->seq = realloc(p->seq, (cap *= 2) * sizeof *p->seq);
-        if (!p->seq) abort();
+        if (p->n == cap) p->seq = mf_xrealloc(p->seq, (cap *= 2) * sizeof *p->seq);
         mf_prompt *s = &p->seq[p->n];
         s->T = (int)json_array_size(toks);
         s->tokens = mf_xmalloc((size_t)s->T * sizeof(int32_t));

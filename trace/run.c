@@ -56,8 +56,7 @@ static int cmp_str(const void *a, const void *b) { return strcmp(*(char *const *
 static void done_insert(mf_run_writer *w, const char *id) {
     if (w->n_done == w->cap_done) {
         w->cap_done = w->cap_done ? 2 * w->cap_done : 64;
-        w->done = realloc(w->done, w->cap_done * sizeof *w->done);
-        if (!w->done) abort();
+        w->done = mf_xrealloc(w->done, w->cap_done * sizeof *w->done);
     }
     size_t lo = 0, hi = w->n_done;
     while (lo < hi) {

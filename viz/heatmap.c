@@ -181,8 +181,7 @@ static void cell(mf_figure *f, double x, double y, double w, double h, const cha
     if (!f) return;
     if (f->n_cells == f->cap_cells) {
         f->cap_cells = f->cap_cells ? 2 * f->cap_cells : 256;
-        f->cells = realloc(f->cells, f->cap_cells * sizeof *f->cells);
-        if (!f->cells) abort();
+        f->cells = mf_xrealloc(f->cells, f->cap_cells * sizeof *f->cells);
     }
     mf_cell *c = &f->cells[f->n_cells++];
     c->x = (float)x;
@@ -580,8 +579,7 @@ static cairo_status_t to_mem(void *closure, const unsigned char *data, unsigned 
     membuf *m = closure;
     if (m->n + length + 1 > m->cap) {
         m->cap = (m->n + length + 1) * 2;
-        m->p = realloc(m->p, m->cap);
-        if (!m->p) return CAIRO_STATUS_NO_MEMORY;
+        m->p = mf_xrealloc(m->p, m->cap);
     }
     memcpy(m->p + m->n, data, length);
     m->n += length;

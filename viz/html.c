@@ -17,8 +17,7 @@ typedef struct out {
 static void put(out *o, const char *s, size_t n) {
     if (o->n + n + 1 > o->cap) {
         o->cap = (o->n + n + 1) * 2;
-        o->p = realloc(o->p, o->cap);
-        if (!o->p) abort();
+        o->p = mf_xrealloc(o->p, o->cap);
     }
     memcpy(o->p + o->n, s, n);
     o->n += n;
