@@ -9,6 +9,7 @@
 #include <stddef.h>
 #include <stdint.h>
 #include <stdbool.h>
+#include <math.h>
 #include <stdio.h>
 
 #define MF_VERSION "0.1.0"
@@ -54,56 +55,107 @@ const char *mf_dtype_name(mf_dtype t);
 mf_dtype mf_dtype_from_name(const char *name);
 bool mf_dtype_is_float(mf_dtype t);
 
-/* Exact conversions, round-to-nearest-even, NaN kept quiet, Inf kept. */
-static inline uint32_t mf_f32_bits(float f) {
+/* Exact conversions, round-to-nearest-even, NaN kept quiet, Inf kept. These and the rounding below are
+ * compiled for the GPUs too (MF_HD): runtime/gpu's kernels round with this code, so a GPU run rounds as the
+ * CPU's does by construction. */
+#if defined(__CUDACC__) || defined(__HIPCC__)
+#define MF_HD __host__ __device__
+#else
+#define MF_HD
+#endif
+MF_HD static inline uint32_t mf_f32_bits(float f) {
     union { float f; uint32_t u; } v = { f };
     return v.u;
 }
-static inline float mf_bits_f32(uint32_t u) {
+MF_HD static inline float mf_bits_f32(uint32_t u) {
     union { uint32_t u; float f; } v = { u };
     return v.f;
 }
-static inline float mf_bf16_to_f32(uint16_t h) {
+MF_HD static inline float mf_bf16_to_f32(uint16_t h) {
     union { uint32_t u; float f; } v = { (uint32_t)h << 16 };
     return v.f;
 }
-static inline uint16_t mf_f32_to_bf16(float f) {
+MF_HD static inline uint16_t mf_f32_to_bf16(float f) {
     union { float f; uint32_t u; } v = { f };
     if ((v.u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((v.u >> 16) | 0x40);   /* quiet NaN */
     v.u += 0x7fffu + ((v.u >> 16) & 1u);
     return (uint16_t)(v.u >> 16);
 }
-uint16_t mf_f64_to_bf16(double d);   /* one rounding, straight from double */
-float mf_f16_to_f32(uint16_t h);
-uint16_t mf_f32_to_f16(float f);
-uint16_t mf_f64_to_f16(double d);    /* one rounding, straight from double */
+MF_HD static inline float mf_f16_to_f32(uint16_t h) {
+    uint32_t sign = (uint32_t)(h & 0x8000u) << 16;
+    uint32_t exp = (h >> 10) & 0x1f, man = h & 0x3ffu;
+    if (exp == 0) {
+        float f = ldexpf((float)man, -24);
+        return sign ? -f : f;
+    }
+    return mf_bits_f32(exp == 31 ? sign | 0x7f800000u | (man << 13) : sign | ((exp - 15 + 127) << 23) | (man << 13));
+}
 
-/* "Round through" helpers: the value a tensor of that dtype would hold.
- * Fast paths round the double's bits directly (nearest even) when the result
- * is a normal number of the target format; the rest takes the exact slow path. */
-double mf_round_bf16_slow(double x);
-double mf_round_f16_slow(double x);
-static inline double mf_round_f32(double x) { return (double)(float)x; }
-static inline double mf_round_bits_(double x, int drop) {
+/* Rounds a double to a binary format with `mant` explicit fraction bits, exponent range [emin, emax]
+ * (unbiased, normal numbers), gradual underflow; past the largest finite value, infinity. The result is a
+ * double (exact). */
+MF_HD static inline double mf_round_to_format(double x, int mant, int emin, int emax) {
+    if (x == 0 || !isfinite(x)) return x;
+    int e;
+    frexp(x, &e);           /* x = f * 2^e, 0.5 <= |f| < 1, so the leading bit weighs 2^(e-1) */
+    int exp = e - 1;
+    if (exp < emin) exp = emin;   /* subnormal: quantum fixed by emin */
+    double quantum = ldexp(1.0, exp - mant);
+    double y = nearbyint(x / quantum) * quantum;   /* x / quantum exact (a power of two); nearest even */
+    double maxv = ldexp(2.0 - ldexp(1.0, -mant), emax);
+    if (fabs(y) > maxv) return copysign((double)INFINITY, x);
+    return y;
+}
+
+/* "Round through" helpers: the value a tensor of that dtype would hold. Fast paths round the double's bits
+ * directly (nearest even) when the result is a normal number of the target format; zeros, subnormals,
+ * overflow and NaN take mf_round_to_format (a NaN becomes the format's quiet NaN, as stored). */
+MF_HD static inline double mf_round_f32(double x) { return (double)(float)x; }
+MF_HD static inline double mf_round_bits_(double x, int drop) {
     union { double d; uint64_t u; } v = { x };
     const uint64_t half = (1ull << (drop - 1)) - 1;
     v.u += half + ((v.u >> drop) & 1);
     v.u &= ~((1ull << drop) - 1);
     return v.d;
 }
-static inline double mf_round_bf16(double x) {
+MF_HD static inline double mf_round_bf16_slow(double x) {
+    return isnan(x) ? (double)mf_bf16_to_f32(mf_f32_to_bf16((float)x)) : mf_round_to_format(x, 7, -126, 127);
+}
+MF_HD static inline double mf_round_f16_slow(double x) {
+    return isnan(x) ? (double)mf_f16_to_f32(signbit(x) ? 0xfe00u : 0x7e00u) : mf_round_to_format(x, 10, -14, 15);
+}
+MF_HD static inline double mf_round_bf16(double x) {
     double a = x < 0 ? -x : x;
     /* normal bf16 range with room to round up: [2^-126, 2^127] */
     if (a >= 0x1p-126 && a <= 0x1p127) return mf_round_bits_(x, 52 - 7);
     if (a == 0) return x;
     return mf_round_bf16_slow(x);
 }
-static inline double mf_round_f16(double x) {
+MF_HD static inline double mf_round_f16(double x) {
     double a = x < 0 ? -x : x;
     if (a >= 0x1p-14 && a <= 0x1p15) return mf_round_bits_(x, 52 - 10);
     if (a == 0) return x;
     return mf_round_f16_slow(x);
 }
+
+/* One rounding, straight from double, to the format's bits. */
+MF_HD static inline uint16_t mf_f64_to_bf16(double d) {
+    return mf_f32_to_bf16((float)mf_round_bf16(d));   /* exact: the rounded value is a bf16 (or its NaN) */
+}
+MF_HD static inline uint16_t mf_f64_to_f16(double d) {
+    if (isnan(d)) return (uint16_t)(signbit(d) ? 0xfe00u : 0x7e00u);
+    const double r = mf_round_f16(d), a = fabs(r);   /* exactly representable in fp16, or +-Inf */
+    const uint16_t sign = signbit(r) ? 0x8000u : 0;
+    if (isinf(a)) return sign | 0x7c00u;
+    if (a == 0) return sign;
+    int e;
+    frexp(a, &e);
+    const int exp = e - 1;
+    if (exp < -14) return sign | (uint16_t)(a * 16777216.0);   /* subnormal: a / 2^-24 */
+    return sign | (uint16_t)((exp + 15) << 10) | (uint16_t)((ldexp(a, -exp) - 1.0) * 1024.0);
+}
+uint16_t mf_f32_to_f16(float f);
+
 /* F64 (or anything else): identity; F32, BF16, F16 as above. */
 static inline double mf_round_to(mf_dtype t, double x) {
     switch (t) {

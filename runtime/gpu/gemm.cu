@@ -46,8 +46,8 @@ __global__ static void k_epilogue_packed(void *dst, const float *C, int N, const
     const size_t i = (size_t)blockIdx.x * N + j;
     float v = C[i];
     if (bias) v = v + bias[j];
-    if (outdt == GK_BF16) ((uint16_t *)dst)[i] = bf16_bits((double)v);
-    else if (outdt == GK_F16) ((uint16_t *)dst)[i] = f16_bits((double)v);
+    if (outdt == GK_BF16) ((uint16_t *)dst)[i] = mf_f64_to_bf16((double)v);
+    else if (outdt == GK_F16) ((uint16_t *)dst)[i] = mf_f64_to_f16((double)v);
     else ((float *)dst)[i] = v;
 }
 
@@ -169,8 +169,8 @@ __global__ static void k_emu(gk_gemm g, int *flag) {
         int ar = r0 + ty, bc = blockIdx.x * ET + ty;
         uint16_t ab = ar < r1 && k0 + tx < g.Kp ? A[(size_t)ar * g.Kp + k0 + tx] : 0;
         uint16_t bb = bc < g.N && k0 + tx < g.Kp ? B[(size_t)bc * g.Kp + k0 + tx] : 0;
-        double av = g.fmt == GK_F16 ? f16_value(ab) : bf16_value(ab);
-        double bv = g.fmt == GK_F16 ? f16_value(bb) : bf16_value(bb);
+        double av = g.fmt == GK_F16 ? mf_f16_to_f32(ab) : mf_bf16_to_f32(ab);
+        double bv = g.fmt == GK_F16 ? mf_f16_to_f32(bb) : mf_bf16_to_f32(bb);
         unsafe |= !isfinite(av) || !isfinite(bv);
         Av[ty][tx] = isfinite(av) ? av : 0.0;
         Bv[ty][tx] = isfinite(bv) ? bv : 0.0;
