@@ -60,8 +60,10 @@ bool mf_dtype_is_float(mf_dtype t);
  * CPU's does by construction. */
 #if defined(__CUDACC__) || defined(__HIPCC__)
 #define MF_HD __host__ __device__
+#define MF_HD_COLD __host__ __device__ __noinline__   /* rare paths kept out of the kernels' hot loops */
 #else
 #define MF_HD
+#define MF_HD_COLD
 #endif
 MF_HD static inline uint32_t mf_f32_bits(float f) {
     union { float f; uint32_t u; } v = { f };
@@ -118,10 +120,10 @@ MF_HD static inline double mf_round_bits_(double x, int drop) {
     v.u &= ~((1ull << drop) - 1);
     return v.d;
 }
-MF_HD static inline double mf_round_bf16_slow(double x) {
+MF_HD_COLD static inline double mf_round_bf16_slow(double x) {
     return isnan(x) ? (double)mf_bf16_to_f32(mf_f32_to_bf16((float)x)) : mf_round_to_format(x, 7, -126, 127);
 }
-MF_HD static inline double mf_round_f16_slow(double x) {
+MF_HD_COLD static inline double mf_round_f16_slow(double x) {
     return isnan(x) ? (double)mf_f16_to_f32(signbit(x) ? 0xfe00u : 0x7e00u) : mf_round_to_format(x, 10, -14, 15);
 }
 MF_HD static inline double mf_round_bf16(double x) {
@@ -140,7 +142,7 @@ MF_HD static inline double mf_round_f16(double x) {
 
 /* One rounding, straight from double, to the format's bits. */
 MF_HD static inline uint16_t mf_f64_to_bf16(double d) {
-    return mf_f32_to_bf16((float)mf_round_bf16(d));   /* exact: the rounded value is a bf16 (or its NaN) */
+    return (uint16_t)(mf_f32_bits((float)mf_round_bf16(d)) >> 16);   /* the rounded value is a bf16 (or its quiet NaN) */
 }
 MF_HD static inline uint16_t mf_f64_to_f16(double d) {
     if (isnan(d)) return (uint16_t)(signbit(d) ? 0xfe00u : 0x7e00u);
