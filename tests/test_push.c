@@ -1,0 +1,267 @@
+/* `moeflip push` against a scripted server: the exact request both senders
+ * write (sendfile for plain http, libcurl's read callback when
+ * MOEFLIP_PUSH_SENDFILE=0), checked byte for byte against a body built here
+ * from the run's files, and the sender's behaviour when the server does not
+ * say 100 Continue, hangs up mid-body, refuses before the body, or answers
+ * with something that is not HTTP. */
+#include "test_serve_util.h"
+
+#include <arpa/inet.h>
+#include <criterion/criterion.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <pthread.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+typedef enum fake_act {
+    FAKE_OK,                /* 100 Continue when asked, the whole body, 201 verified */
+    FAKE_OK_NO_CONTINUE,    /* the same without ever saying 100 Continue */
+    FAKE_HANG_UP,           /* 100 Continue, 64 KiB of the body, then a reset */
+    FAKE_REFUSE,            /* 413 at once, no body read */
+    FAKE_NOT_HTTP,          /* the whole body, then an answer that is not HTTP */
+} fake_act;
+
+typedef struct fake_server {
+    int listener;
+    int port;
+    fake_act acts[4];       /* what to do on each connection; the last one repeats */
+    int n_acts;
+    int conns;              /* connections taken */
+    char head[8192];        /* the last request's head */
+    char *body;             /* the last request's body bytes read */
+    size_t body_len;
+    bool stop;
+    pthread_t thread;
+} fake_server;
+
+static const char ok_answer_body[] = "{\"name\": \"r\", \"stored\": \"new\", \"verified\": true}";
+
+static void answer(int fd, const char *status, const char *body) {
+    char a[1024];
+    int n = snprintf(a, sizeof a, "HTTP/1.1 %s\r\nContent-Type: application/json\r\nContent-Length: %zu\r\nConnection: close\r\n\r\n%s",
+                     status, strlen(body), body);
+    send_all(fd, a, (size_t)n);
+}
+
+/* Reads up to want body bytes into f->body; false when the client went first. */
+static bool read_body(fake_server *f, int fd, size_t want) {
+    while (f->body_len < want) {
+        ssize_t r = recv(fd, f->body + f->body_len, want - f->body_len, 0);
+        if (r <= 0) return false;
+        f->body_len += (size_t)r;
+    }
+    return true;
+}
+
+static void serve_one(fake_server *f, int fd, fake_act act) {
+    struct timeval tv = {20, 0};
+    setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+    /* the head, byte by byte up to the blank line, so no body byte is taken with it */
+    size_t h = 0;
+    while (h + 1 < sizeof f->head && !(h >= 4 && !memcmp(f->head + h - 4, "\r\n\r\n", 4))) {
+        if (recv(fd, f->head + h, 1, 0) != 1) return;
+        h++;
+    }
+    f->head[h] = 0;
+    const char *cl = strcasestr(f->head, "\r\nContent-Length:");
+    size_t length = cl ? strtoull(cl + 17, NULL, 10) : 0;
+    bool expect = strcasestr(f->head, "\r\nExpect: 100-continue\r\n") != NULL;
+    free(f->body);
+    f->body = malloc(length + 1);
+    f->body_len = 0;
+    static const char cont[] = "HTTP/1.1 100 Continue\r\n\r\n";
+    switch (act) {
+    case FAKE_OK:
+    case FAKE_OK_NO_CONTINUE:
+        if (expect && act == FAKE_OK) send_all(fd, cont, sizeof cont - 1);
+        if (read_body(f, fd, length)) answer(fd, "201 Created", ok_answer_body);
+        break;
+    case FAKE_HANG_UP: {
+        if (expect) send_all(fd, cont, sizeof cont - 1);
+        read_body(f, fd, length < 65536 ? length : 65536);
+        struct linger lg = {1, 0};   /* close with a reset, as a crashed server's kernel would */
+        setsockopt(fd, SOL_SOCKET, SO_LINGER, &lg, sizeof lg);
+        break;
+    }
+    case FAKE_REFUSE: answer(fd, "413 Payload Too Large", "{\"error\": \"the run is larger than this server takes\"}"); break;
+    case FAKE_NOT_HTTP:
+        if (expect) send_all(fd, cont, sizeof cont - 1);
+        if (read_body(f, fd, length)) send_all(fd, "SURPRISE 42\r\n\r\n", 15);
+        break;
+    }
+}
+
+static void *fake_main(void *arg) {
+    fake_server *f = arg;
+    while (!__atomic_load_n(&f->stop, __ATOMIC_ACQUIRE)) {
+        struct pollfd pf = {.fd = f->listener, .events = POLLIN};
+        if (poll(&pf, 1, 50) != 1) continue;
+        int fd = accept(f->listener, NULL, NULL);
+        if (fd < 0) continue;
+        int k = f->conns < f->n_acts ? f->conns : f->n_acts - 1;
+        serve_one(f, fd, f->acts[k]);
+        __atomic_add_fetch(&f->conns, 1, __ATOMIC_RELEASE);
+        close(fd);
+    }
+    return NULL;
+}
+
+static void fake_start(fake_server *f, const fake_act *acts, int n) {
+    memset(f, 0, sizeof *f);
+    memcpy(f->acts, acts, (size_t)n * sizeof *acts);
+    f->n_acts = n;
+    f->listener = socket(AF_INET, SOCK_STREAM, 0);
+    struct sockaddr_in a = {0};
+    a.sin_family = AF_INET;
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    cr_assert_eq(bind(f->listener, (struct sockaddr *)&a, sizeof a), 0);
+    cr_assert_eq(listen(f->listener, 8), 0);
+    socklen_t al = sizeof a;
+    getsockname(f->listener, (struct sockaddr *)&a, &al);
+    f->port = ntohs(a.sin_port);
+    pthread_create(&f->thread, NULL, fake_main, f);
+}
+
+static void fake_stop(fake_server *f) {
+    __atomic_store_n(&f->stop, true, __ATOMIC_RELEASE);
+    pthread_join(f->thread, NULL);
+    close(f->listener);
+}
+
+/* A run of about 12 MB (3 prompts of 512 tokens with full logits, from a synthetic small OLMoE): larger than
+ * what loopback's socket buffers hold, so a server can hang up while the body is still being sent. */
+static const char *big_run(const char *d) {
+    char err[2048], path[600];
+    cr_assert_eq(run_moeflip(err, sizeof err, "synth --arch olmoe --size small --seed 5 -o '%s/model'", d), 0, "%s", err);
+    snprintf(path, sizeof path, "%s/prompts.jsonl", d);
+    FILE *fp = fopen(path, "w");
+    cr_assert(fp);
+    for (int p = 0; p < 3; p++) {
+        fprintf(fp, "{\"id\": \"p%d\", \"tokens\": [", p);
+        for (int t = 0; t < 512; t++) fprintf(fp, "%s%d", t ? ", " : "", (p * 7919 + t * 104729) % 4096);
+        fprintf(fp, "]}\n");
+    }
+    fclose(fp);
+    static char run[600];
+    snprintf(run, sizeof run, "%s/big", d);
+    cr_assert_eq(run_moeflip(err, sizeof err, "trace -q --model '%s/model' --input '%s' --out '%s' --record logits --precision bf16", d, path, run),
+                 0, "%s", err);
+    return run;
+}
+
+static void use_sender(bool sendfile) {
+    setenv("MOEFLIP_PUSH_SENDFILE", sendfile ? "1" : "0", 1);
+}
+
+/* Both senders write the same request: PUT to the URL's path, Host, the bearer token, the content type and
+ * length, Expect: 100-continue, and a body equal to the one built here from the run's files. */
+Test(push, both_senders_write_the_same_request) {
+    const char *d = temp_dir();
+    const char *run = make_run(d, "r", "hf/olmoe", "--precision fp64 --record logits");
+    size_t want_len;
+    char *want = run_body(run, &want_len);
+    const char *tok = token_file(d);
+    for (int curl = 0; curl < 2; curl++) {
+        use_sender(!curl);
+        fake_server f;
+        fake_start(&f, (fake_act[]){FAKE_OK}, 1);
+        char out[2048];
+        cr_assert_eq(run_moeflip(out, sizeof out, "push -q '%s' --to http://127.0.0.1:%d/prefix/ --token-file '%s'", run, f.port, tok), 0,
+                     "%s sender: %s", curl ? "libcurl's" : "the sendfile", out);
+        fake_stop(&f);
+        cr_assert_eq(f.conns, 1);
+        char line[256];
+        snprintf(line, sizeof line, "\r\nHost: 127.0.0.1:%d\r\n", f.port);
+        cr_assert(!strncmp(f.head, "PUT /prefix/api/runs/r HTTP/1.1\r\n", 33), "%s", f.head);
+        cr_assert(strstr(f.head, line), "%s", f.head);
+        cr_assert(strstr(f.head, "\r\nAuthorization: Bearer " TEST_TOKEN "\r\n"), "%s", f.head);
+        cr_assert(strstr(f.head, "\r\nContent-Type: application/x-moeflip-run\r\n"), "%s", f.head);
+        cr_assert(strcasestr(f.head, "\r\nExpect: 100-continue\r\n"), "%s", f.head);
+        snprintf(line, sizeof line, "\r\nContent-Length: %zu\r\n", want_len);
+        cr_assert(strstr(f.head, line), "%s", f.head);
+        cr_assert_eq(f.body_len, want_len);
+        cr_assert(!memcmp(f.body, want, want_len), "%s sender: the body differs from the run's files", curl ? "libcurl's" : "the sendfile");
+        free(f.body);
+    }
+    free(want);
+}
+
+/* A server that never says 100 Continue still gets the body (after the sender's wait of about a second). */
+Test(push, body_goes_without_100_continue) {
+    const char *d = temp_dir();
+    const char *run = make_run(d, "r", "hf/olmoe", "--precision fp64");
+    size_t want_len;
+    char *want = run_body(run, &want_len);
+    use_sender(true);
+    fake_server f;
+    fake_start(&f, (fake_act[]){FAKE_OK_NO_CONTINUE}, 1);
+    char out[2048];
+    cr_assert_eq(run_moeflip(out, sizeof out, "push -q '%s' --to http://127.0.0.1:%d", run, f.port), 0, "%s", out);
+    fake_stop(&f);
+    cr_assert_eq(f.conns, 1);
+    cr_assert_eq(f.body_len, want_len);
+    cr_assert(!memcmp(f.body, want, want_len));
+    free(f.body);
+    free(want);
+}
+
+/* A server that resets the connection mid-body: the push is sent again, whole, on a new connection. */
+Test(push, hang_up_mid_body_is_retried) {
+    const char *d = temp_dir();
+    const char *run = big_run(d);
+    size_t want_len;
+    char *want = run_body(run, &want_len);
+    cr_assert_gt(want_len, 4u << 20, "the body must be larger than the loopback socket's buffers");
+    for (int curl = 0; curl < 2; curl++) {
+        use_sender(!curl);
+        fake_server f;
+        fake_start(&f, (fake_act[]){FAKE_HANG_UP, FAKE_OK}, 2);
+        char out[2048];
+        cr_assert_eq(run_moeflip(out, sizeof out, "push -q '%s' --to http://127.0.0.1:%d --retries 2", run, f.port), 0, "%s", out);
+        fake_stop(&f);
+        cr_assert_eq(f.conns, 2, "%s sender", curl ? "libcurl's" : "the sendfile");
+        cr_assert_eq(f.body_len, want_len);
+        cr_assert(!memcmp(f.body, want, want_len));
+        free(f.body);
+    }
+    free(want);
+}
+
+/* A server that refuses the request before its body: push reports the answer, sends no body, and does not retry
+ * a 413. */
+Test(push, refusal_before_the_body) {
+    const char *d = temp_dir();
+    const char *run = make_run(d, "r", "hf/olmoe", "--precision fp64");
+    for (int curl = 0; curl < 2; curl++) {
+        use_sender(!curl);
+        fake_server f;
+        fake_start(&f, (fake_act[]){FAKE_REFUSE}, 1);
+        char out[2048];
+        cr_assert_eq(run_moeflip(out, sizeof out, "push -q '%s' --to http://127.0.0.1:%d --retries 3", run, f.port), 1);
+        fake_stop(&f);
+        cr_assert_str_eq(out, "moeflip: push r: the server answered 413: the run is larger than this server takes\n");
+        cr_assert_eq(f.conns, 1);
+        cr_assert_eq(f.body_len, 0);
+        free(f.body);
+    }
+}
+
+/* An answer that is not HTTP: one line, exit 1, no retry. */
+Test(push, answer_that_is_not_http) {
+    const char *d = temp_dir();
+    const char *run = make_run(d, "r", "hf/olmoe", "--precision fp64");
+    use_sender(true);
+    fake_server f;
+    fake_start(&f, (fake_act[]){FAKE_NOT_HTTP}, 1);
+    char out[2048];
+    cr_assert_eq(run_moeflip(out, sizeof out, "push -q '%s' --to http://127.0.0.1:%d --retries 3", run, f.port), 1);
+    fake_stop(&f);
+    cr_assert(strstr(out, "Weird server reply"), "%s", out);
+    cr_assert_eq(strchr(out, '\n'), out + strlen(out) - 1, "one line: %s", out);
+    cr_assert_eq(f.conns, 1);
+    free(f.body);
+}
