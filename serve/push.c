@@ -1,4 +1,4 @@
-/* moeflip push: one PUT /api/runs/NAME, streaming
+/* moeflip push: one PUT /api/runs/NAME with libcurl, streaming
  *
  *   moeflip-run 1\n
  *   file <bytes> manifest.json\n <manifest>
@@ -11,15 +11,11 @@
  * refuses a damaged one (422, naming it; nothing is stored), which push
  * reports and does not retry. Connection failures, timeouts, 408, 429 and 5xx
  * are retried with backoff; success is only the server's answer that it
- * verified and stored the run.
- *
- * Two senders carry the request. For plain http, push_send.c writes it on a
- * connection libcurl opened and sends the shards with sendfile(2); for https,
- * and when libcurl would go through a proxy, libcurl sends it, reading the
- * body through read_cb below (two copies of every byte). */
-#include "push_int.h"
+ * verified and stored the run. */
+#include "serve_int.h"
 #include "mf_trace.h"
 
+#include <curl/curl.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <stdlib.h>
@@ -29,11 +25,34 @@
 #include <unistd.h>
 
 #define UPLOAD_BUFFER (2L << 20)   /* curl's upload buffer: the most curl takes, for fewer and larger sends */
-#define CONTENT_TYPE "application/x-moeflip-run"
 #define FIRST_READ (256u << 10)     /* the first read callback's bytes, doubled on each call up to UPLOAD_BUFFER */
 
+typedef struct segment {
+    const char *mem;       /* bytes in memory, or */
+    char *path;            /* a file */
+    uint64_t size;
+    char head[128];
+} segment;
+
+typedef struct body {
+    segment *seg;
+    size_t n;
+    uint64_t total;
+    /* reading position */
+    size_t cur;
+    uint64_t off;
+    int fd;
+    bool failed;
+    size_t ramp;           /* the current attempt's read size while it ramps up to curl's buffer */
+    char msg[600];
+    mf_progress prog;
+    bool progress;
+    char reply[65536];
+    size_t reply_len;
+} body;
+
 static size_t read_cb(char *buf, size_t size, size_t nitems, void *ud) {
-    push_body *b = ud;
+    body *b = ud;
     size_t cap = size * nitems, out = 0;
     /* The first reads are short and double up to curl's buffer: the buffer is new, and filling all 2 MiB of it
      * at once takes ~1.5 ms of page faults before the server has a byte to work on. */
@@ -42,7 +61,7 @@ static size_t read_cb(char *buf, size_t size, size_t nitems, void *ud) {
         if (b->ramp < cap) cap = b->ramp;
     }
     while (out < cap && b->cur < b->n) {
-        push_segment *s = &b->seg[b->cur];
+        segment *s = &b->seg[b->cur];
         uint64_t left = s->size - b->off;
         size_t want = cap - out < left ? cap - out : (size_t)left;
         if (s->mem) {
@@ -78,7 +97,7 @@ static size_t read_cb(char *buf, size_t size, size_t nitems, void *ud) {
 }
 
 static size_t write_cb(char *ptr, size_t size, size_t nmemb, void *ud) {
-    push_body *b = ud;
+    body *b = ud;
     size_t n = size * nmemb, room = sizeof b->reply - 1 - b->reply_len;
     memcpy(b->reply + b->reply_len, ptr, n < room ? n : room);
     b->reply_len += n < room ? n : room;
@@ -90,12 +109,12 @@ static int xfer_cb(void *ud, curl_off_t dltotal, curl_off_t dlnow, curl_off_t ul
     (void)dltotal;
     (void)dlnow;
     (void)ultotal;
-    push_body *b = ud;
+    body *b = ud;
     if (b->progress) mf_progress_update(&b->prog, (uint64_t)ulnow, NULL);
     return 0;
 }
 
-static void rewind_body(push_body *b) {
+static void rewind_body(body *b) {
     if (b->fd >= 0) close(b->fd);
     b->fd = -1;
     b->cur = 0;
@@ -113,51 +132,13 @@ static bool transient_curl(CURLcode c) {
 
 static bool transient_http(long s) { return s == 408 || s == 429 || s == 500 || s == 502 || s == 503 || s == 504; }
 
-static const char *server_message(push_body *b) {
+static const char *server_message(body *b) {
     static char m[600];
     json_t *j = json_loads(b->reply, 0, NULL);
     const char *e = json_string_value(json_object_get(j, "error"));
     snprintf(m, sizeof m, "%s", e ? e : b->reply_len ? "(no error message)" : "(empty answer)");
     json_decref(j);
     return m;
-}
-
-/* libcurl's sender, set up once for all attempts. */
-static CURL *curl_handle(const push_request *rq, push_body *b, struct curl_slist **headers) {
-    CURL *cu = curl_easy_init();
-    char line[MF_SERVE_TOKEN_MAX + 64];
-    snprintf(line, sizeof line, "Content-Type: %s", rq->content_type);
-    *headers = curl_slist_append(NULL, line);
-    if (rq->authorization) {
-        snprintf(line, sizeof line, "Authorization: %s", rq->authorization);
-        *headers = curl_slist_append(*headers, line);
-        explicit_bzero(line, sizeof line);
-    }
-    curl_easy_setopt(cu, CURLOPT_URL, rq->url);
-    curl_easy_setopt(cu, CURLOPT_UPLOAD, 1L);
-    curl_easy_setopt(cu, CURLOPT_INFILESIZE_LARGE, (curl_off_t)b->total);
-    curl_easy_setopt(cu, CURLOPT_READFUNCTION, read_cb);
-    curl_easy_setopt(cu, CURLOPT_READDATA, b);
-    curl_easy_setopt(cu, CURLOPT_WRITEFUNCTION, write_cb);
-    curl_easy_setopt(cu, CURLOPT_WRITEDATA, b);
-    curl_easy_setopt(cu, CURLOPT_HTTPHEADER, *headers);
-    curl_easy_setopt(cu, CURLOPT_NOSIGNAL, 1L);
-    curl_easy_setopt(cu, CURLOPT_CONNECTTIMEOUT, 10L);
-    curl_easy_setopt(cu, CURLOPT_LOW_SPEED_LIMIT, 1L);
-    curl_easy_setopt(cu, CURLOPT_LOW_SPEED_TIME, 60L);
-    curl_easy_setopt(cu, CURLOPT_UPLOAD_BUFFERSIZE, UPLOAD_BUFFER);
-    curl_easy_setopt(cu, CURLOPT_NOPROGRESS, 0L);
-    curl_easy_setopt(cu, CURLOPT_XFERINFOFUNCTION, xfer_cb);
-    curl_easy_setopt(cu, CURLOPT_XFERINFODATA, b);
-    return cu;
-}
-
-static push_outcome curl_attempt(CURL *cu) {
-    push_outcome got = {.code = curl_easy_perform(cu)};
-    curl_easy_getinfo(cu, CURLINFO_RESPONSE_CODE, &got.status);
-    curl_off_t ra = 0;
-    if (curl_easy_getinfo(cu, CURLINFO_RETRY_AFTER, &ra) == CURLE_OK) got.retry_after = (long)ra;
-    return got;
 }
 
 int mf_push(const mf_push_opts *o, mf_push_result *res, mf_error *err) {
@@ -181,30 +162,30 @@ int mf_push(const mf_push_opts *o, mf_push_result *res, mf_error *err) {
     /* the manifest and the shards' headers are checked here; the shards' digests by the server */
     if ((rc = mf_run_open_unhashed(&r, o->run_dir, err))) return mf_fail_wrap(err, "push %s", nm);
 
-    push_body b = {0};
+    body b = {0};
     b.fd = -1;
     b.n = 2 + r->n_shards;
     b.seg = mf_xcalloc(2 * b.n + 2, sizeof *b.seg);
     size_t k = 0;
-    b.seg[k++] = (push_segment){.mem = BODY_FORMAT_MAGIC, .size = strlen(BODY_FORMAT_MAGIC)};
-    push_segment *h = &b.seg[k++];
+    b.seg[k++] = (segment){.mem = BODY_FORMAT_MAGIC, .size = strlen(BODY_FORMAT_MAGIC)};
+    segment *h = &b.seg[k++];
     const size_t mlen = strlen(r->manifest_text);
     snprintf(h->head, sizeof h->head, "file %zu manifest.json\n", mlen);
     h->mem = h->head;
     h->size = strlen(h->head);
-    b.seg[k++] = (push_segment){.mem = r->manifest_text, .size = mlen};
+    b.seg[k++] = (segment){.mem = r->manifest_text, .size = mlen};
     for (size_t i = 0; i < r->n_shards; i++) {
         h = &b.seg[k++];
         snprintf(h->head, sizeof h->head, "file %llu %s\n", (unsigned long long)r->shard_bytes[i], r->shard_files[i]);
         h->mem = h->head;
         h->size = strlen(h->head);
-        push_segment *f = &b.seg[k++];
+        segment *f = &b.seg[k++];
         char p[4300];
         snprintf(p, sizeof p, "%s/%s", o->run_dir, r->shard_files[i]);
         f->path = mf_xstrdup(p);
         f->size = r->shard_bytes[i];
     }
-    b.seg[k++] = (push_segment){.mem = "end\n", .size = 4};
+    b.seg[k++] = (segment){.mem = "end\n", .size = 4};
     b.n = k;
     for (size_t i = 0; i < b.n; i++) b.total += b.seg[i].size;
     res->bytes = b.total;
@@ -212,13 +193,30 @@ int mf_push(const mf_push_opts *o, mf_push_result *res, mf_error *err) {
     char url[4400];
     snprintf(url, sizeof url, "%.*s/api/runs/%s", (int)(strlen(o->url) - (o->url[strlen(o->url) - 1] == '/')), o->url, nm);
     curl_global_init(CURL_GLOBAL_DEFAULT);
-    char bearer[MF_SERVE_TOKEN_MAX + 16] = "";
-    if (token[0]) snprintf(bearer, sizeof bearer, "Bearer %s", token);
-    const push_request rq = {.url = url, .authorization = token[0] ? bearer : NULL, .content_type = CONTENT_TYPE};
-    /* plain http: the shards go with sendfile (push_send.c); https and proxies through libcurl's read callback */
-    const bool direct = push_send_direct_usable(url);
-    struct curl_slist *headers = NULL;
-    CURL *cu = direct ? NULL : curl_handle(&rq, &b, &headers);
+    CURL *cu = curl_easy_init();
+    struct curl_slist *hdr = curl_slist_append(NULL, "Content-Type: application/x-moeflip-run");
+    char auth[MF_SERVE_TOKEN_MAX + 32];
+    if (token[0]) {
+        snprintf(auth, sizeof auth, "Authorization: Bearer %s", token);
+        hdr = curl_slist_append(hdr, auth);
+        memset(auth, 0, sizeof auth);
+    }
+    curl_easy_setopt(cu, CURLOPT_URL, url);
+    curl_easy_setopt(cu, CURLOPT_UPLOAD, 1L);
+    curl_easy_setopt(cu, CURLOPT_INFILESIZE_LARGE, (curl_off_t)b.total);
+    curl_easy_setopt(cu, CURLOPT_READFUNCTION, read_cb);
+    curl_easy_setopt(cu, CURLOPT_READDATA, &b);
+    curl_easy_setopt(cu, CURLOPT_WRITEFUNCTION, write_cb);
+    curl_easy_setopt(cu, CURLOPT_WRITEDATA, &b);
+    curl_easy_setopt(cu, CURLOPT_HTTPHEADER, hdr);
+    curl_easy_setopt(cu, CURLOPT_NOSIGNAL, 1L);
+    curl_easy_setopt(cu, CURLOPT_CONNECTTIMEOUT, 10L);
+    curl_easy_setopt(cu, CURLOPT_LOW_SPEED_LIMIT, 1L);
+    curl_easy_setopt(cu, CURLOPT_LOW_SPEED_TIME, 60L);
+    curl_easy_setopt(cu, CURLOPT_UPLOAD_BUFFERSIZE, UPLOAD_BUFFER);
+    curl_easy_setopt(cu, CURLOPT_NOPROGRESS, 0L);
+    curl_easy_setopt(cu, CURLOPT_XFERINFOFUNCTION, xfer_cb);
+    curl_easy_setopt(cu, CURLOPT_XFERINFODATA, &b);
 
     double t0 = mf_now();
     int retries = o->retries < 0 ? 0 : o->retries;
@@ -228,16 +226,20 @@ int mf_push(const mf_push_opts *o, mf_push_result *res, mf_error *err) {
         rewind_body(&b);
         b.progress = o->progress;
         if (b.progress) mf_progress_begin(&b.prog, nm, b.total);
-        push_outcome got = direct ? push_send_direct(&rq, &b) : curl_attempt(cu);
+        CURLcode cc = curl_easy_perform(cu);
         if (b.progress) mf_progress_end(&b.prog);
+        long status = 0, retry_after = 0;
+        curl_easy_getinfo(cu, CURLINFO_RESPONSE_CODE, &status);
+        curl_off_t ra = 0;
+        if (curl_easy_getinfo(cu, CURLINFO_RETRY_AFTER, &ra) == CURLE_OK) retry_after = (long)ra;
         bool again = false;
         if (b.failed) {
             rc = mf_fail(err, MF_EIO, "push %s: %s", nm, b.msg);
             break;
-        } else if (got.code != CURLE_OK) {
-            rc = mf_fail(err, MF_EIO, "push %s to %s: %s", nm, o->url, curl_easy_strerror(got.code));
-            again = transient_curl(got.code);
-        } else if (got.status == 200 || got.status == 201) {
+        } else if (cc != CURLE_OK) {
+            rc = mf_fail(err, MF_EIO, "push %s to %s: %s", nm, o->url, curl_easy_strerror(cc));
+            again = transient_curl(cc);
+        } else if (status == 200 || status == 201) {
             json_t *j = json_loads(b.reply, 0, NULL);
             bool verified = json_is_true(json_object_get(j, "verified"));
             const char *stored = json_string_value(json_object_get(j, "stored"));
@@ -246,24 +248,21 @@ int mf_push(const mf_push_opts *o, mf_push_result *res, mf_error *err) {
             rc = verified ? MF_OK : mf_fail(err, MF_EFORMAT, "push %s: the server did not say it verified the run", nm);
             break;
         } else {
-            rc = mf_fail(err, got.status == 401 || got.status == 403 ? MF_EINVAL : MF_EIO, "push %s: the server answered %ld: %s", nm,
-                         got.status, server_message(&b));
-            again = transient_http(got.status);
+            rc = mf_fail(err, status == 401 || status == 403 ? MF_EINVAL : MF_EIO, "push %s: the server answered %ld: %s", nm,
+                         status, server_message(&b));
+            again = transient_http(status);
         }
         if (!again || attempt == retries) break;
         double wait = 0.25 * (double)(1 << (attempt < 5 ? attempt : 5));
-        if (got.retry_after > 0) wait = got.retry_after < 30 ? (double)got.retry_after : 30;
+        if (retry_after > 0) wait = retry_after < 30 ? (double)retry_after : 30;
         struct timespec ts = {(time_t)wait, (long)((wait - (double)(time_t)wait) * 1e9)};
         nanosleep(&ts, NULL);
     }
     res->seconds = mf_now() - t0;
     rewind_body(&b);
-    if (cu) {
-        curl_slist_free_all(headers);
-        curl_easy_cleanup(cu);
-    }
-    explicit_bzero(token, sizeof token);
-    explicit_bzero(bearer, sizeof bearer);
+    curl_slist_free_all(hdr);
+    curl_easy_cleanup(cu);
+    memset(token, 0, sizeof token);
     for (size_t i = 0; i < b.n; i++) free(b.seg[i].path);
     free(b.seg);
     mf_run_close(r);

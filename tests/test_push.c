@@ -1,9 +1,9 @@
-/* `moeflip push` against a scripted server: the exact request both senders
- * write (sendfile for plain http, libcurl's read callback when
- * MOEFLIP_PUSH_SENDFILE=0), checked byte for byte against a body built here
- * from the run's files, and the sender's behaviour when the server does not
- * say 100 Continue, hangs up mid-body, refuses before the body, or answers
- * with something that is not HTTP. */
+/* `moeflip push` against a scripted server: the exact request it writes,
+ * checked byte for byte against a body built here from the run's files (a
+ * wrongly assembled body, e.g. from the read callback's ramp, fails it), and
+ * what push does when the server does not say 100 Continue, resets the
+ * connection mid-body, refuses before the body, or answers with something that
+ * is not HTTP. */
 #include "test_serve_util.h"
 
 #include <arpa/inet.h>
@@ -153,50 +153,42 @@ static const char *big_run(const char *d) {
     return run;
 }
 
-static void use_sender(bool sendfile) {
-    setenv("MOEFLIP_PUSH_SENDFILE", sendfile ? "1" : "0", 1);
-}
-
-/* Both senders write the same request: PUT to the URL's path, Host, the bearer token, the content type and
- * length, Expect: 100-continue, and a body equal to the one built here from the run's files. */
-Test(push, both_senders_write_the_same_request) {
+/* The request: PUT to the URL's path, Host, the bearer token, the content type and length, Expect: 100-continue,
+ * and a body equal to the one built here from the run's files. */
+Test(push, writes_the_run_as_one_request) {
     const char *d = temp_dir();
     const char *run = make_run(d, "r", "hf/olmoe", "--precision fp64 --record logits");
     size_t want_len;
     char *want = run_body(run, &want_len);
     const char *tok = token_file(d);
-    for (int curl = 0; curl < 2; curl++) {
-        use_sender(!curl);
-        fake_server f;
-        fake_start(&f, (fake_act[]){FAKE_OK}, 1);
-        char out[2048];
-        cr_assert_eq(run_moeflip(out, sizeof out, "push -q '%s' --to http://127.0.0.1:%d/prefix/ --token-file '%s'", run, f.port, tok), 0,
-                     "%s sender: %s", curl ? "libcurl's" : "the sendfile", out);
-        fake_stop(&f);
-        cr_assert_eq(f.conns, 1);
-        char line[256];
-        snprintf(line, sizeof line, "\r\nHost: 127.0.0.1:%d\r\n", f.port);
-        cr_assert(!strncmp(f.head, "PUT /prefix/api/runs/r HTTP/1.1\r\n", 33), "%s", f.head);
-        cr_assert(strstr(f.head, line), "%s", f.head);
-        cr_assert(strstr(f.head, "\r\nAuthorization: Bearer " TEST_TOKEN "\r\n"), "%s", f.head);
-        cr_assert(strstr(f.head, "\r\nContent-Type: application/x-moeflip-run\r\n"), "%s", f.head);
-        cr_assert(strcasestr(f.head, "\r\nExpect: 100-continue\r\n"), "%s", f.head);
-        snprintf(line, sizeof line, "\r\nContent-Length: %zu\r\n", want_len);
-        cr_assert(strstr(f.head, line), "%s", f.head);
-        cr_assert_eq(f.body_len, want_len);
-        cr_assert(!memcmp(f.body, want, want_len), "%s sender: the body differs from the run's files", curl ? "libcurl's" : "the sendfile");
-        free(f.body);
-    }
+    fake_server f;
+    fake_start(&f, (fake_act[]){FAKE_OK}, 1);
+    char out[2048];
+    cr_assert_eq(run_moeflip(out, sizeof out, "push -q '%s' --to http://127.0.0.1:%d/prefix/ --token-file '%s'", run, f.port, tok), 0,
+                 "%s", out);
+    fake_stop(&f);
+    cr_assert_eq(f.conns, 1);
+    char line[256];
+    snprintf(line, sizeof line, "\r\nHost: 127.0.0.1:%d\r\n", f.port);
+    cr_assert(!strncmp(f.head, "PUT /prefix/api/runs/r HTTP/1.1\r\n", 33), "%s", f.head);
+    cr_assert(strstr(f.head, line), "%s", f.head);
+    cr_assert(strstr(f.head, "\r\nAuthorization: Bearer " TEST_TOKEN "\r\n"), "%s", f.head);
+    cr_assert(strstr(f.head, "\r\nContent-Type: application/x-moeflip-run\r\n"), "%s", f.head);
+    cr_assert(strcasestr(f.head, "\r\nExpect: 100-continue\r\n"), "%s", f.head);
+    snprintf(line, sizeof line, "\r\nContent-Length: %zu\r\n", want_len);
+    cr_assert(strstr(f.head, line), "%s", f.head);
+    cr_assert_eq(f.body_len, want_len);
+    cr_assert(!memcmp(f.body, want, want_len), "the body differs from the run's files");
+    free(f.body);
     free(want);
 }
 
-/* A server that never says 100 Continue still gets the body (after the sender's wait of about a second). */
+/* A server that never says 100 Continue still gets the body (after libcurl's wait of about a second). */
 Test(push, body_goes_without_100_continue) {
     const char *d = temp_dir();
     const char *run = make_run(d, "r", "hf/olmoe", "--precision fp64");
     size_t want_len;
     char *want = run_body(run, &want_len);
-    use_sender(true);
     fake_server f;
     fake_start(&f, (fake_act[]){FAKE_OK_NO_CONTINUE}, 1);
     char out[2048];
@@ -216,18 +208,15 @@ Test(push, hang_up_mid_body_is_retried) {
     size_t want_len;
     char *want = run_body(run, &want_len);
     cr_assert_gt(want_len, 4u << 20, "the body must be larger than the loopback socket's buffers");
-    for (int curl = 0; curl < 2; curl++) {
-        use_sender(!curl);
-        fake_server f;
-        fake_start(&f, (fake_act[]){FAKE_HANG_UP, FAKE_OK}, 2);
-        char out[2048];
-        cr_assert_eq(run_moeflip(out, sizeof out, "push -q '%s' --to http://127.0.0.1:%d --retries 2", run, f.port), 0, "%s", out);
-        fake_stop(&f);
-        cr_assert_eq(f.conns, 2, "%s sender", curl ? "libcurl's" : "the sendfile");
-        cr_assert_eq(f.body_len, want_len);
-        cr_assert(!memcmp(f.body, want, want_len));
-        free(f.body);
-    }
+    fake_server f;
+    fake_start(&f, (fake_act[]){FAKE_HANG_UP, FAKE_OK}, 2);
+    char out[2048];
+    cr_assert_eq(run_moeflip(out, sizeof out, "push -q '%s' --to http://127.0.0.1:%d --retries 2", run, f.port), 0, "%s", out);
+    fake_stop(&f);
+    cr_assert_eq(f.conns, 2);
+    cr_assert_eq(f.body_len, want_len);
+    cr_assert(!memcmp(f.body, want, want_len));
+    free(f.body);
     free(want);
 }
 
@@ -236,31 +225,27 @@ Test(push, hang_up_mid_body_is_retried) {
 Test(push, refusal_before_the_body) {
     const char *d = temp_dir();
     const char *run = make_run(d, "r", "hf/olmoe", "--precision fp64");
-    for (int curl = 0; curl < 2; curl++) {
-        use_sender(!curl);
-        fake_server f;
-        fake_start(&f, (fake_act[]){FAKE_REFUSE}, 1);
-        char out[2048];
-        cr_assert_eq(run_moeflip(out, sizeof out, "push -q '%s' --to http://127.0.0.1:%d --retries 3", run, f.port), 1);
-        fake_stop(&f);
-        cr_assert_str_eq(out, "moeflip: push r: the server answered 413: the run is larger than this server takes\n");
-        cr_assert_eq(f.conns, 1);
-        cr_assert_eq(f.body_len, 0);
-        free(f.body);
-    }
+    fake_server f;
+    fake_start(&f, (fake_act[]){FAKE_REFUSE}, 1);
+    char out[2048];
+    cr_assert_eq(run_moeflip(out, sizeof out, "push -q '%s' --to http://127.0.0.1:%d --retries 3", run, f.port), 1);
+    fake_stop(&f);
+    cr_assert_str_eq(out, "moeflip: push r: the server answered 413: the run is larger than this server takes\n");
+    cr_assert_eq(f.conns, 1);
+    cr_assert_eq(f.body_len, 0);
+    free(f.body);
 }
 
 /* An answer that is not HTTP: one line, exit 1, no retry. */
 Test(push, answer_that_is_not_http) {
     const char *d = temp_dir();
     const char *run = make_run(d, "r", "hf/olmoe", "--precision fp64");
-    use_sender(true);
     fake_server f;
     fake_start(&f, (fake_act[]){FAKE_NOT_HTTP}, 1);
     char out[2048];
     cr_assert_eq(run_moeflip(out, sizeof out, "push -q '%s' --to http://127.0.0.1:%d --retries 3", run, f.port), 1);
     fake_stop(&f);
-    cr_assert(strstr(out, "Weird server reply"), "%s", out);
+    cr_assert(strstr(out, "push r to http://127.0.0.1:"), "%s", out);
     cr_assert_eq(strchr(out, '\n'), out + strlen(out) - 1, "one line: %s", out);
     cr_assert_eq(f.conns, 1);
     free(f.body);
