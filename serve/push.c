@@ -210,6 +210,8 @@ int mf_push(const mf_push_opts *o, mf_push_result *res, mf_error *err) {
     curl_easy_setopt(cu, CURLOPT_WRITEDATA, &b);
     curl_easy_setopt(cu, CURLOPT_HTTPHEADER, hdr);
     curl_easy_setopt(cu, CURLOPT_NOSIGNAL, 1L);
+    char why[CURL_ERROR_SIZE];   /* libcurl's own account of a failure: more than curl_easy_strerror's */
+    curl_easy_setopt(cu, CURLOPT_ERRORBUFFER, why);
     curl_easy_setopt(cu, CURLOPT_CONNECTTIMEOUT, 10L);
     curl_easy_setopt(cu, CURLOPT_LOW_SPEED_LIMIT, 1L);
     curl_easy_setopt(cu, CURLOPT_LOW_SPEED_TIME, 60L);
@@ -226,6 +228,7 @@ int mf_push(const mf_push_opts *o, mf_push_result *res, mf_error *err) {
         rewind_body(&b);
         b.progress = o->progress;
         if (b.progress) mf_progress_begin(&b.prog, nm, b.total);
+        why[0] = 0;
         CURLcode cc = curl_easy_perform(cu);
         if (b.progress) mf_progress_end(&b.prog);
         long status = 0, retry_after = 0;
@@ -237,7 +240,11 @@ int mf_push(const mf_push_opts *o, mf_push_result *res, mf_error *err) {
             rc = mf_fail(err, MF_EIO, "push %s: %s", nm, b.msg);
             break;
         } else if (cc != CURLE_OK) {
-            rc = mf_fail(err, MF_EIO, "push %s to %s: %s", nm, o->url, curl_easy_strerror(cc));
+            const char *detail = why[0] ? why : curl_easy_strerror(cc);
+            if (cc == CURLE_UNSUPPORTED_PROTOCOL || cc == CURLE_WEIRD_SERVER_REPLY)   /* the URL was checked: the answer is at fault */
+                rc = mf_fail(err, MF_EIO, "push %s to %s: the answer is not HTTP (%s); is this a moeflip serve?", nm, o->url, detail);
+            else
+                rc = mf_fail(err, MF_EIO, "push %s to %s: %s", nm, o->url, detail);
             again = transient_curl(cc);
         } else if (status == 200 || status == 201) {
             json_t *j = json_loads(b.reply, 0, NULL);

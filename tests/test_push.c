@@ -245,7 +245,7 @@ Test(push, answer_that_is_not_http) {
     char out[2048];
     cr_assert_eq(run_moeflip(out, sizeof out, "push -q '%s' --to http://127.0.0.1:%d --retries 3", run, f.port), 1);
     fake_stop(&f);
-    cr_assert(strstr(out, "push r to http://127.0.0.1:"), "%s", out);
+    cr_assert(strstr(out, "push r to http://127.0.0.1:") && strstr(out, ": the answer is not HTTP ("), "%s", out);
     cr_assert_eq(strchr(out, '\n'), out + strlen(out) - 1, "one line: %s", out);
     cr_assert_eq(f.conns, 1);
     free(f.body);
