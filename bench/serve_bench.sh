@@ -2,8 +2,8 @@
 # The collector service on loopback:
 #  1. upload throughput: `moeflip push` of a run with full logits (the 14M synthetic OLMoE, 16 prompts of
 #     512 tokens, one 69 MB shard) to `moeflip serve` (which writes, fsyncs, hashes and verifies it), MB/s,
-#     median of ROUNDS [10] rounds, next to `cp -r` of the same run on the same disk (and `cp -r` + `sync`) in
-#     the same rounds;
+#     median of ROUNDS [10] rounds, next to `cp -r` of the same run on the same disk (and `cp -r` + `sync`, and
+#     dd) in the same rounds; then push and `cp -r` of a run four times as large (64 prompts, 276 MB);
 #  2. the list endpoint under wrk (GET /api/runs, 20 runs stored), requests/s and p99 latency, idle and
 #     while pushes of that run go on back to back.
 # Usage: [ROUNDS=N] bench/serve_bench.sh [BUILD_DIR] [WRK_SECONDS]; needs wrk (Debian package wrk).
@@ -25,15 +25,20 @@ cleanup() {
 trap cleanup EXIT
 
 "$bin" synth --arch olmoe --size small --seed 1 -o "$work/model" > /dev/null
-python3 - "$work/p.jsonl" <<'PY'
+prompts() {
+python3 - "$1" "$2" <<'PY'
 import random, sys
 random.seed(3)
 with open(sys.argv[1], "w") as f:
-    for i in range(16):
+    for i in range(int(sys.argv[2])):
         f.write('{"id": "q%03d", "tokens": [%s]}\n' % (i, ", ".join(str(random.randrange(4096)) for _ in range(512))))
 PY
+}
+prompts "$work/p.jsonl" 16
+prompts "$work/p64.jsonl" 64
 "$bin" trace --model "$work/model" --input "$work/p.jsonl" --out "$work/big" --record logits --precision bf16 --threads 2 -q
 "$bin" trace --model "$work/model" --input "$work/p.jsonl" --out "$work/small" --record routing --precision bf16 --threads 2 -q
+"$bin" trace --model "$work/model" --input "$work/p64.jsonl" --out "$work/huge" --record logits --precision bf16 --threads 2 -q
 bytes=$(du -cb "$work/big" | tail -n1 | cut -f1)
 mb=$(python3 -c "print(f'{$bytes/1e6:.1f}')")
 
@@ -49,23 +54,44 @@ start_server() {
 }
 
 # Upload: rounds of push, cp -r, cp -r + sync and dd, one after the other, so that all of them see the same machine
-# (this VM's speed changes by up to 4x from one minute to the next); the medians are compared.
+# (this VM's speed changes by up to 4x from one minute to the next); the medians are compared. Every round starts a
+# server on an empty root and removes every copy once it is timed: on this VM a page the guest has not used lately
+# costs a fault in the hypervisor when it is touched again (freed pages go back to the host), so a copy made while
+# the earlier ones are kept runs into fresh pages and is several times slower (cp -r of the 69 MB run: 0.16 s
+# against 0.018 s) for reasons of the VM alone. Both sides write into recycled pages here.
 rounds=${ROUNDS:-10}
 shard=$(ls "$work"/big/part-*.safetensors | head -n1)
-start_server "$work/uroot"
+stop_server() { kill "$server"; wait "$server" 2> /dev/null || true; server=; }
+# push_timed RUN NAME: the whole command's start and end, and the upload's seconds as push reports it
+push_timed() {
+  local t0 t1 out
+  t0=$EPOCHREALTIME; out=$("$bin" push "$1" --name "$2" --to "$url" --token-file "$work/token"); t1=$EPOCHREALTIME
+  echo "$t0 $t1 $(sed -n 's/.* in \([0-9.]*\) s .*/\1/p' <<< "$out")"
+}
 : > "$work/times"
 for i in $(seq "$rounds"); do
-  t0=$EPOCHREALTIME; out=$("$bin" push "$work/big" --name "big-$i" --to "$url" --token-file "$work/token"); t1=$EPOCHREALTIME
-  inside=$(sed -n 's/.* in \([0-9.]*\) s .*/\1/p' <<< "$out")
+  rm -rf "$work/uroot"; start_server "$work/uroot"; sync
+  read -r t0 t1 inside <<< "$(push_timed "$work/big" big)"
   t2=$EPOCHREALTIME; cp -r "$work/big" "$work/copy"; t3=$EPOCHREALTIME
+  rm -rf "$work/copy"; sync
   t4=$EPOCHREALTIME; cp -r "$work/big" "$work/copys"; sync; t5=$EPOCHREALTIME
+  rm -rf "$work/copys"
   # the shard's bytes written straight to the disk (O_DIRECT, 4 MiB at a time) and fsynced: what another durable
   # writer takes
   t6=$EPOCHREALTIME; dd if="$shard" of="$work/direct" bs=4M oflag=direct conv=fsync status=none; t7=$EPOCHREALTIME
+  rm -f "$work/direct"
   echo "$t0 $t1 $inside $t2 $t3 $t4 $t5 $t6 $t7" >> "$work/times"
-  rm -rf "$work/copy" "$work/copys" "$work/direct"
+  stop_server
 done
-kill "$server"; wait "$server" 2> /dev/null || true
+: > "$work/times4"
+for i in $(seq "$rounds"); do
+  rm -rf "$work/uroot"; start_server "$work/uroot"; sync
+  read -r t0 t1 inside <<< "$(push_timed "$work/huge" huge)"
+  stop_server; rm -rf "$work/uroot"; sync
+  t2=$EPOCHREALTIME; cp -r "$work/huge" "$work/copy"; t3=$EPOCHREALTIME
+  rm -rf "$work/copy"
+  echo "$t0 $t1 $inside $t2 $t3" >> "$work/times4"
+done
 echo "## upload ($mb MB run, $rounds rounds)"
 echo
 python3 - "$bytes" "$work/times" <<'PY'
@@ -89,6 +115,16 @@ push, inside, cp, cps, disk = med.values()
 print(f"\nof cp -r's speed (medians): the whole push command {cp / push:.2f}, the upload as push reports it {cp / inside:.2f}; "
       f"of cp -r + sync's: {cps / push:.2f}; of dd's: {disk / push:.2f} and {disk / inside:.2f}")
 print("pushes (s): " + " ".join(f"{r[1] - r[0]:.3f}" for r in rows))
+PY
+bytes4=$(du -cb "$work/huge" | tail -n1 | cut -f1)
+python3 - "$bytes4" "$work/times4" <<'PY'
+import statistics, sys
+b = int(sys.argv[1])
+rows = [list(map(float, l.split())) for l in open(sys.argv[2])]
+push, inside, cp = (statistics.median(v) for v in ([r[1] - r[0] for r in rows], [r[2] for r in rows], [r[4] - r[3] for r in rows]))
+print(f"\n{b / 1e6:.0f} MB run ({len(rows)} rounds, medians): push {push:.4f} s whole, {inside:.4f} s upload; cp -r {cp:.4f} s; "
+      f"of cp -r's speed: whole command {cp / push:.2f}, upload {cp / inside:.2f}")
+print("pushes (s): " + " ".join(f"{r[1] - r[0]:.3f}" for r in rows) + "; cp -r (s): " + " ".join(f"{r[4] - r[3]:.3f}" for r in rows))
 PY
 
 start_server "$work/root"
