@@ -153,21 +153,35 @@ static const char *big_run(const char *d) {
     return run;
 }
 
+/* Runs `moeflip push -q RUN --to http://127.0.0.1:PORT` + opts against a fake server acting acts[] on its
+ * connections (f: what it saw, stopped); returns push's exit status, its stderr in out. */
+static int push_to_fake(fake_server *f, const fake_act *acts, int n_acts, const char *run, const char *opts, char *out, size_t cap) {
+    fake_start(f, acts, n_acts);
+    int rc = run_moeflip(out, cap, "push -q '%s' --to http://127.0.0.1:%d%s", run, f->port, opts);
+    fake_stop(f);
+    return rc;
+}
+
+/* The last request's body is the run's files as built here. */
+static void assert_body_is_run(const fake_server *f, const char *run) {
+    size_t want_len;
+    char *want = run_body(run, &want_len);
+    cr_assert_eq(f->body_len, want_len);
+    cr_assert(!memcmp(f->body, want, want_len), "the body differs from the run's files");
+    free(want);
+}
+
 /* The request: PUT to the URL's path, Host, the bearer token, the content type and length, Expect: 100-continue,
  * and a body equal to the one built here from the run's files. */
 Test(push, writes_the_run_as_one_request) {
     const char *d = temp_dir();
     const char *run = make_run(d, "r", "hf/olmoe", "--precision fp64 --record logits");
-    size_t want_len;
-    char *want = run_body(run, &want_len);
-    const char *tok = token_file(d);
+    char opts[700], out[2048];
+    snprintf(opts, sizeof opts, "/prefix/ --token-file '%s'", token_file(d));   /* the URL's path goes on after the port */
     fake_server f;
-    fake_start(&f, (fake_act[]){FAKE_OK}, 1);
-    char out[2048];
-    cr_assert_eq(run_moeflip(out, sizeof out, "push -q '%s' --to http://127.0.0.1:%d/prefix/ --token-file '%s'", run, f.port, tok), 0,
-                 "%s", out);
-    fake_stop(&f);
+    cr_assert_eq(push_to_fake(&f, (fake_act[]){FAKE_OK}, 1, run, opts, out, sizeof out), 0, "%s", out);
     cr_assert_eq(f.conns, 1);
+    assert_body_is_run(&f, run);
     char line[256];
     snprintf(line, sizeof line, "\r\nHost: 127.0.0.1:%d\r\n", f.port);
     cr_assert(!strncmp(f.head, "PUT /prefix/api/runs/r HTTP/1.1\r\n", 33), "%s", f.head);
@@ -175,61 +189,41 @@ Test(push, writes_the_run_as_one_request) {
     cr_assert(strstr(f.head, "\r\nAuthorization: Bearer " TEST_TOKEN "\r\n"), "%s", f.head);
     cr_assert(strstr(f.head, "\r\nContent-Type: application/x-moeflip-run\r\n"), "%s", f.head);
     cr_assert(strcasestr(f.head, "\r\nExpect: 100-continue\r\n"), "%s", f.head);
-    snprintf(line, sizeof line, "\r\nContent-Length: %zu\r\n", want_len);
+    snprintf(line, sizeof line, "\r\nContent-Length: %zu\r\n", f.body_len);
     cr_assert(strstr(f.head, line), "%s", f.head);
-    cr_assert_eq(f.body_len, want_len);
-    cr_assert(!memcmp(f.body, want, want_len), "the body differs from the run's files");
     free(f.body);
-    free(want);
 }
 
 /* A server that never says 100 Continue still gets the body (after libcurl's wait of about a second). */
 Test(push, body_goes_without_100_continue) {
-    const char *d = temp_dir();
-    const char *run = make_run(d, "r", "hf/olmoe", "--precision fp64");
-    size_t want_len;
-    char *want = run_body(run, &want_len);
+    const char *run = make_run(temp_dir(), "r", "hf/olmoe", "--precision fp64");
     fake_server f;
-    fake_start(&f, (fake_act[]){FAKE_OK_NO_CONTINUE}, 1);
     char out[2048];
-    cr_assert_eq(run_moeflip(out, sizeof out, "push -q '%s' --to http://127.0.0.1:%d", run, f.port), 0, "%s", out);
-    fake_stop(&f);
+    cr_assert_eq(push_to_fake(&f, (fake_act[]){FAKE_OK_NO_CONTINUE}, 1, run, "", out, sizeof out), 0, "%s", out);
     cr_assert_eq(f.conns, 1);
-    cr_assert_eq(f.body_len, want_len);
-    cr_assert(!memcmp(f.body, want, want_len));
+    assert_body_is_run(&f, run);
     free(f.body);
-    free(want);
 }
 
 /* A server that resets the connection mid-body: the push is sent again, whole, on a new connection. */
 Test(push, hang_up_mid_body_is_retried) {
-    const char *d = temp_dir();
-    const char *run = big_run(d);
-    size_t want_len;
-    char *want = run_body(run, &want_len);
-    cr_assert_gt(want_len, 4u << 20, "the body must be larger than the loopback socket's buffers");
+    const char *run = big_run(temp_dir());
     fake_server f;
-    fake_start(&f, (fake_act[]){FAKE_HANG_UP, FAKE_OK}, 2);
     char out[2048];
-    cr_assert_eq(run_moeflip(out, sizeof out, "push -q '%s' --to http://127.0.0.1:%d --retries 2", run, f.port), 0, "%s", out);
-    fake_stop(&f);
+    cr_assert_eq(push_to_fake(&f, (fake_act[]){FAKE_HANG_UP, FAKE_OK}, 2, run, " --retries 2", out, sizeof out), 0, "%s", out);
+    cr_assert_gt(f.body_len, 4u << 20, "the body must be larger than the loopback socket's buffers");
     cr_assert_eq(f.conns, 2);
-    cr_assert_eq(f.body_len, want_len);
-    cr_assert(!memcmp(f.body, want, want_len));
+    assert_body_is_run(&f, run);
     free(f.body);
-    free(want);
 }
 
 /* A server that refuses the request before its body: push reports the answer, sends no body, and does not retry
  * a 413. */
 Test(push, refusal_before_the_body) {
-    const char *d = temp_dir();
-    const char *run = make_run(d, "r", "hf/olmoe", "--precision fp64");
+    const char *run = make_run(temp_dir(), "r", "hf/olmoe", "--precision fp64");
     fake_server f;
-    fake_start(&f, (fake_act[]){FAKE_REFUSE}, 1);
     char out[2048];
-    cr_assert_eq(run_moeflip(out, sizeof out, "push -q '%s' --to http://127.0.0.1:%d --retries 3", run, f.port), 1);
-    fake_stop(&f);
+    cr_assert_eq(push_to_fake(&f, (fake_act[]){FAKE_REFUSE}, 1, run, " --retries 3", out, sizeof out), 1);
     cr_assert_str_eq(out, "moeflip: push r: the server answered 413: the run is larger than this server takes\n");
     cr_assert_eq(f.conns, 1);
     cr_assert_eq(f.body_len, 0);
@@ -238,13 +232,10 @@ Test(push, refusal_before_the_body) {
 
 /* An answer that is not HTTP: one line, exit 1, no retry. */
 Test(push, answer_that_is_not_http) {
-    const char *d = temp_dir();
-    const char *run = make_run(d, "r", "hf/olmoe", "--precision fp64");
+    const char *run = make_run(temp_dir(), "r", "hf/olmoe", "--precision fp64");
     fake_server f;
-    fake_start(&f, (fake_act[]){FAKE_NOT_HTTP}, 1);
     char out[2048];
-    cr_assert_eq(run_moeflip(out, sizeof out, "push -q '%s' --to http://127.0.0.1:%d --retries 3", run, f.port), 1);
-    fake_stop(&f);
+    cr_assert_eq(push_to_fake(&f, (fake_act[]){FAKE_NOT_HTTP}, 1, run, " --retries 3", out, sizeof out), 1);
     cr_assert(strstr(out, "push r to http://127.0.0.1:") && strstr(out, ": the answer is not HTTP ("), "%s", out);
     cr_assert_eq(strchr(out, '\n'), out + strlen(out) - 1, "one line: %s", out);
     cr_assert_eq(f.conns, 1);
