@@ -163,56 +163,38 @@ static void kernel_f64_avx2(int mr, int k, const double *a, size_t lda, const do
  * parallel region costs more than it saves. */
 #define PARALLEL_MIN_WORK (1 << 16)
 
-void mf_gemm_f32(int m, const float *a, size_t lda, const mf_packed *w, float *c, size_t ldc, int threads, mf_tri tri) {
-    const int n = w->n, k = w->k, nr = MF_NR_F32;
-    const int panels = (n + nr - 1) / nr, rblocks = (m + MR - 1) / MR;
-    const long tiles = (long)panels * rblocks;
-    const bool avx = cpu_has_avx2_fma();
-    const float *wd = w->data;
-    const double work = (double)m * n * k;
-    (void)threads;
-#pragma omp parallel for schedule(static) num_threads(threads) if (work >= PARALLEL_MIN_WORK && threads > 1)
-    for (long t = 0; t < tiles; t++) {
-        int pi = (int)(t / rblocks), ri = (int)(t % rblocks);
-        int i0 = ri * MR, mr = m - i0 < MR ? m - i0 : MR;
-        int j0 = pi * nr, nc = n - j0 < nr ? n - j0 : nr;
-        if (tri == MF_TRI_COLS && j0 > i0 + mr - 1) continue;
-        int kk = tri == MF_TRI_K && i0 + mr < k ? i0 + mr : k;
-        float acc[MR * MF_NR_F32];
-        const float *b = wd + (size_t)pi * (size_t)k * nr;
+/* The driver of both precisions: tiles of MR rows by one packed panel, each computed into a local accumulator by
+ * the AVX2 kernel where the CPU has it (else the portable one) and copied out; one definition for both types so
+ * that their tiling, threading and triangular skips cannot drift apart. */
 #ifdef MF_HAVE_X86
-        if (avx) kernel_f32_avx2(mr, kk, a + (size_t)i0 * lda, lda, b, acc);
-        else
+#define GEMM_KERNEL(avx, kavx, kport) if (avx) kavx; else kport
+#else
+#define GEMM_KERNEL(avx, kavx, kport) kport
 #endif
-            kernel_f32_portable(mr, kk, a + (size_t)i0 * lda, lda, b, acc);
-        for (int i = 0; i < mr; i++) memcpy(c + (size_t)(i0 + i) * ldc + j0, acc + i * nr, (size_t)nc * sizeof(float));
+#define DEFINE_GEMM(NAME, T, NR, KERNEL_AVX2, KERNEL_PORTABLE)                                                            \
+    void NAME(int m, const T *a, size_t lda, const mf_packed *w, T *c, size_t ldc, int threads, mf_tri tri) {          \
+        const int n = w->n, k = w->k, nr = NR;                                                                          \
+        const int panels = (n + nr - 1) / nr, rblocks = (m + MR - 1) / MR;                                              \
+        const long tiles = (long)panels * rblocks;                                                                      \
+        const bool avx = cpu_has_avx2_fma();                                                                            \
+        const T *wd = w->data;                                                                                          \
+        const double work = (double)m * n * k;                                                                          \
+        (void)threads;                                                                                                  \
+        _Pragma("omp parallel for schedule(static) num_threads(threads) if (work >= PARALLEL_MIN_WORK && threads > 1)") \
+        for (long t = 0; t < tiles; t++) {                                                                              \
+            int pi = (int)(t / rblocks), ri = (int)(t % rblocks);                                                       \
+            int i0 = ri * MR, mr = m - i0 < MR ? m - i0 : MR;                                                           \
+            int j0 = pi * nr, nc = n - j0 < nr ? n - j0 : nr;                                                           \
+            if (tri == MF_TRI_COLS && j0 > i0 + mr - 1) continue;                                                       \
+            int kk = tri == MF_TRI_K && i0 + mr < k ? i0 + mr : k;                                                      \
+            T acc[MR * NR];                                                                                             \
+            const T *b = wd + (size_t)pi * (size_t)k * nr;                                                              \
+            GEMM_KERNEL(avx, KERNEL_AVX2(mr, kk, a + (size_t)i0 * lda, lda, b, acc),                                    \
+                        KERNEL_PORTABLE(mr, kk, a + (size_t)i0 * lda, lda, b, acc));                                    \
+            for (int i = 0; i < mr; i++) memcpy(c + (size_t)(i0 + i) * ldc + j0, acc + i * nr, (size_t)nc * sizeof(T)); \
+        }                                                                                                               \
+        (void)avx;                                                                                                      \
     }
-    (void)avx;
-}
 
-void mf_gemm_f64(int m, const double *a, size_t lda, const mf_packed *w, double *c, size_t ldc, int threads, mf_tri tri) {
-    const int n = w->n, k = w->k, nr = MF_NR_F64;
-    const int panels = (n + nr - 1) / nr, rblocks = (m + MR - 1) / MR;
-    const long tiles = (long)panels * rblocks;
-    const bool avx = cpu_has_avx2_fma();
-    const double *wd = w->data;
-    const double work = (double)m * n * k;
-    (void)threads;
-#pragma omp parallel for schedule(static) num_threads(threads) if (work >= PARALLEL_MIN_WORK && threads > 1)
-    for (long t = 0; t < tiles; t++) {
-        int pi = (int)(t / rblocks), ri = (int)(t % rblocks);
-        int i0 = ri * MR, mr = m - i0 < MR ? m - i0 : MR;
-        int j0 = pi * nr, nc = n - j0 < nr ? n - j0 : nr;
-        if (tri == MF_TRI_COLS && j0 > i0 + mr - 1) continue;
-        int kk = tri == MF_TRI_K && i0 + mr < k ? i0 + mr : k;
-        double acc[MR * MF_NR_F64];
-        const double *b = wd + (size_t)pi * (size_t)k * nr;
-#ifdef MF_HAVE_X86
-        if (avx) kernel_f64_avx2(mr, kk, a + (size_t)i0 * lda, lda, b, acc);
-        else
-#endif
-            kernel_f64_portable(mr, kk, a + (size_t)i0 * lda, lda, b, acc);
-        for (int i = 0; i < mr; i++) memcpy(c + (size_t)(i0 + i) * ldc + j0, acc + i * nr, (size_t)nc * sizeof(double));
-    }
-    (void)avx;
-}
+DEFINE_GEMM(mf_gemm_f32, float, MF_NR_F32, kernel_f32_avx2, kernel_f32_portable)
+DEFINE_GEMM(mf_gemm_f64, double, MF_NR_F64, kernel_f64_avx2, kernel_f64_portable)
