@@ -21,7 +21,7 @@ typedef enum fake_act {
     FAKE_OK,                /* 100 Continue when asked, the whole body, 201 verified */
     FAKE_OK_NO_CONTINUE,    /* the same without ever saying 100 Continue */
     FAKE_HANG_UP,           /* 100 Continue, 64 KiB of the body, then a reset */
-    FAKE_REFUSE,            /* 413 at once, no body read */
+    FAKE_REFUSE,            /* 413 at once; what comes in the next 300 ms is counted as body */
     FAKE_NOT_HTTP,          /* the whole body, then an answer that is not HTTP */
 } fake_act;
 
@@ -87,7 +87,13 @@ static void serve_one(fake_server *f, int fd, fake_act act) {
         setsockopt(fd, SOL_SOCKET, SO_LINGER, &lg, sizeof lg);
         break;
     }
-    case FAKE_REFUSE: answer(fd, "413 Payload Too Large", "{\"error\": \"the run is larger than this server takes\"}"); break;
+    case FAKE_REFUSE: {
+        answer(fd, "413 Payload Too Large", "{\"error\": \"the run is larger than this server takes\"}");
+        struct timeval brief = {0, 300000};   /* what the client sends after the refusal: nothing, if it waited as asked */
+        setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &brief, sizeof brief);
+        read_body(f, fd, length);
+        break;
+    }
     case FAKE_NOT_HTTP:
         if (expect) send_all(fd, cont, sizeof cont - 1);
         if (read_body(f, fd, length)) send_all(fd, "SURPRISE 42\r\n\r\n", 15);
@@ -226,7 +232,8 @@ Test(push, refusal_before_the_body) {
     cr_assert_eq(push_to_fake(&f, (fake_act[]){FAKE_REFUSE}, 1, run, " --retries 3", out, sizeof out), 1);
     cr_assert_str_eq(out, "moeflip: push r: the server answered 413: the run is larger than this server takes\n");
     cr_assert_eq(f.conns, 1);
-    cr_assert_eq(f.body_len, 0);
+    cr_assert(strcasestr(f.head, "\r\nExpect: 100-continue\r\n"), "%s", f.head);
+    cr_assert_eq(f.body_len, 0, "%zu body bytes came after the refusal", f.body_len);
     free(f.body);
 }
 
