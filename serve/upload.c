@@ -5,7 +5,7 @@
  *   end\n
  *
  * and its bytes are staged; the pool writes and hashes them into a private
- * directory under ROOT/.tmp, one batch at a time, fsyncs every file, then
+ * directory under ROOT/.tmp, one batch at a time, fsyncs every file at the end, then
  * verifies the whole run (mf_run_open_given: the manifest, every shard's
  * safetensors header, every shard's digest as computed while its bytes were
  * written compared with the manifest, nothing extra) and renames the directory
@@ -375,10 +375,26 @@ static void run_ops(upload *u, const uint8_t *ops, size_t n) {
             unmap_file(u);
             free(u->hbuf);
             u->hbuf = NULL;
-            if (fsync(u->fd) != 0) werr(u, 500, "storing the upload failed: %s", strerror(errno));
+            /* the rest of the file goes to the disk now, but the fsync waits for the end of the run (sync_files):
+             * here it would stall the next file's bytes in the socket for a journal commit (0.9-2.2 ms per file
+             * on the bench's VM) */
+            (void)sync_file_range(u->fd, 0, 0, SYNC_FILE_RANGE_WRITE);
             close(u->fd);
             u->fd = -1;
         }
+    }
+}
+
+/* Every file of the run made durable before it is renamed into place. The last file's fsync commits the
+ * journal with every file's metadata; the others' data went to the disk when they were closed, so theirs are
+ * quick. */
+static void sync_files(upload *u) {
+    for (size_t i = u->n_files; i-- > 0 && !u->werr;) {
+        char p[4300];
+        snprintf(p, sizeof p, "%s/%s", u->tmp, u->files[i].name);
+        int fd = open(p, O_RDONLY | O_CLOEXEC);
+        if (fd < 0 || fsync(fd) != 0) werr(u, 500, "storing the upload failed: %s", strerror(errno));
+        if (fd >= 0) close(fd);
     }
 }
 
@@ -443,6 +459,7 @@ static void finalize(upload *u) {
         if (!named) werr(u, 422, "run %s: %s is not named by its manifest", u->name, f->name);
     }
     json_decref(m);
+    sync_files(u);   /* a run that verifies is made durable before it is renamed into place */
     if (u->werr) {
         json_decref(e->summary);
         free(e->manifest);
