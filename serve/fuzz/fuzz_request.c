@@ -68,10 +68,11 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     bool closed = false;
     char sink[65536];
     for (int spins = 0; spins < 100000; spins++) {
+        bool sent = false;
         if (off < size) {
             size_t n = size - off < cut ? size - off : cut;
             ssize_t w = send(sv[1], data + off, n, MSG_NOSIGNAL);
-            if (w > 0) off += (size_t)w;
+            if (w > 0) off += (size_t)w, sent = true;
             else if (w < 0 && errno != EAGAIN) off = size;   /* the server closed */
         } else if (!closed) {
             shutdown(sv[1], SHUT_WR);
@@ -80,7 +81,10 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
         while (read(sv[1], sink, sizeof sink) > 0) {
         }
         if (closed && srv->n_conns == 0 && srv->n_uploads == 0 && !srv->jobs) break;
-        uv_run(&loop, off < size ? UV_RUN_NOWAIT : UV_RUN_ONCE);
+        /* while the socket takes bytes the loop only looks; when it is full (the server stopped reading, e.g.
+         * while its pool writes) or all is sent, the loop waits for an event, so the spin count does not run out
+         * on a slow machine */
+        uv_run(&loop, sent ? UV_RUN_NOWAIT : UV_RUN_ONCE);
     }
     if (srv->n_conns || srv->n_uploads || srv->jobs) {
         fprintf(stderr, "fuzz: a connection was not finished after its client half-closed\n");
