@@ -46,7 +46,6 @@ int store_remove_tree(const char *path);
 #define WRITE_BACK (2u << 20)       /* writeback of a file is started each time this much more has been written */
 #define SPLICE_PIPE (1u << 20)      /* the pipe between socket and file (F_SETPIPE_SZ; the kernel's default if refused) */
 #define SPLICE_TURN (16u << 20)     /* at most this much per work item, so that other uploads and diffs get the pool */
-#define HASH_CHUNK (256u << 10)     /* without a mapping, spliced bytes are read back for hashing in pieces this large */
 
 enum { F_MAGIC, F_LINE, F_DATA, F_DONE };
 enum { OP_OPEN = 1, OP_DATA, OP_CLOSE, OP_DATA_REF, OP_SPLICE };
@@ -105,7 +104,6 @@ struct upload {
     size_t pipe_cap;
     const uint8_t *map;       /* the open file mapped (its size), where spliced bytes are hashed in the page cache */
     size_t map_len;
-    uint8_t *hbuf;            /* HASH_CHUNK bytes, where mapping failed */
     wfile *files;
     size_t n_files;
     int werr;                 /* HTTP status of a failure in the pool, 0 when fine */
@@ -201,7 +199,6 @@ static void upload_free(upload *u) {
     free_bufs(u->s, u->batch_bufs, u->n_batch_bufs);
     free(u->names);
     free(u->files);
-    free(u->hbuf);
     if (u->pipe_r >= 0) close(u->pipe_r);
     if (u->pipe_w >= 0) close(u->pipe_w);
     if (u->poll_open) {   /* the descriptor is closed, and u freed, once the loop has let go of the poll handle */
@@ -277,14 +274,14 @@ static void splice_in(upload *u, uint64_t want) {
         const int cap = fcntl(u->pipe_w, F_GETPIPE_SZ);
         u->pipe_cap = cap > 0 ? (size_t)cap : 65536;
     }
-    if (!u->map && !u->hbuf && !u->werr) {
+    if (!u->map && !u->werr) {
         void *m = mmap(NULL, (size_t)f->size, PROT_READ, MAP_SHARED, u->fd, 0);
-        if (m != MAP_FAILED) {
-            u->map = m;
-            u->map_len = (size_t)f->size;
-        } else {
-            u->hbuf = mf_xmalloc(HASH_CHUNK);   /* read back instead */
+        if (m == MAP_FAILED) {
+            werr(u, 500, "storing the upload failed: mapping %s: %s", f->name, strerror(errno));
+            return;
         }
+        u->map = m;
+        u->map_len = (size_t)f->size;
     }
     while (want && !u->werr && u->spliced < SPLICE_TURN) {
         ssize_t n = splice(u->sfd, NULL, u->pipe_w, NULL, want < u->pipe_cap ? (size_t)want : u->pipe_cap,
@@ -306,19 +303,9 @@ static void splice_in(upload *u, uint64_t want) {
             if (w <= 0) werr(u, 500, "storing the upload failed: %s", w < 0 ? strerror(errno) : "the file took no bytes");
             else left -= (size_t)w;
         }
-        /* the bytes just written are hashed where they lie in the page cache (still in the CPU's caches) */
-        if (u->map) mf_digest_update(u->dg, u->map + f->written, (size_t)n);
-        for (uint64_t off = f->written, end = f->written + (uint64_t)n; !u->map && off < end && !u->werr;) {
-            const size_t k = end - off < HASH_CHUNK ? (size_t)(end - off) : HASH_CHUNK;
-            ssize_t r = pread(u->fd, u->hbuf, k, (off_t)off);
-            if (r < 0 && errno == EINTR) continue;
-            if (r <= 0) werr(u, 500, "storing the upload failed: reading back: %s", r < 0 ? strerror(errno) : "short file");
-            else {
-                mf_digest_update(u->dg, u->hbuf, (size_t)r);
-                off += (uint64_t)r;
-            }
-        }
         if (u->werr) return;
+        /* the bytes just written are hashed where they lie in the page cache (still in the CPU's caches) */
+        mf_digest_update(u->dg, u->map + f->written, (size_t)n);
         f->written += (uint64_t)n;
         want -= (uint64_t)n;
         u->spliced += (uint64_t)n;
@@ -373,8 +360,6 @@ static void run_ops(upload *u, const uint8_t *ops, size_t n) {
             mf_digest_final(u->dg, f->digest);
             u->dg = NULL;
             unmap_file(u);
-            free(u->hbuf);
-            u->hbuf = NULL;
             /* the rest of the file goes to the disk now, but the fsync waits for the end of the run (sync_files):
              * here it would stall the next file's bytes in the socket for a journal commit (0.9-2.2 ms per file
              * on the bench's VM) */
