@@ -3,6 +3,7 @@
  * and cairo with its dozen libraries, which a trace or a diff never loads). */
 #include "mf_viz.h"
 
+#include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -28,22 +29,23 @@ typedef int (*draw_file_fn)(const char *, int, mf_heat_kind, const char *, const
 typedef int (*draw_svg_fn)(const char *, int, mf_heat_kind, const char *, char **, size_t *, mf_figure *, mf_error *);
 
 static struct {
-    bool tried;
     draw_file_fn file;
     draw_svg_fn svg;
     char why[1024];
 } draw;
+static pthread_once_t draw_once = PTHREAD_ONCE_INIT;
+
+/* Once per process (the module stays loaded); pthread_once, because the collector draws in its thread pool. */
+static void load_draw_once(void) {
+    void *m = mf_module_open("libmoeflip_draw.so", draw.why, sizeof draw.why);
+    if (!m) return;
+    draw.file = (draw_file_fn)mf_module_symbol(m, "mf_draw_heatmap_file");
+    draw.svg = (draw_svg_fn)mf_module_symbol(m, "mf_draw_heatmap_svg");
+    if (!draw.file || !draw.svg) snprintf(draw.why, sizeof draw.why, "libmoeflip_draw.so lacks its functions");
+}
 
 static int load_draw(mf_error *err) {
-    if (!draw.tried) {   /* once per process; the module stays loaded */
-        draw.tried = true;
-        void *m = mf_module_open("libmoeflip_draw.so", draw.why, sizeof draw.why);
-        if (m) {
-            draw.file = (draw_file_fn)mf_module_symbol(m, "mf_draw_heatmap_file");
-            draw.svg = (draw_svg_fn)mf_module_symbol(m, "mf_draw_heatmap_svg");
-            if (!draw.file || !draw.svg) snprintf(draw.why, sizeof draw.why, "libmoeflip_draw.so lacks its functions");
-        }
-    }
+    pthread_once(&draw_once, load_draw_once);
     if (draw.file && draw.svg) return MF_OK;
     return mf_fail(err, MF_EIO, "cannot load the drawing module: %s", draw.why);
 }
