@@ -143,7 +143,7 @@ int store_load_run(const char *dir, const char *name, const char *(*given)(void 
                    run_entry **out, mf_error *err) {
     *out = NULL;
     mf_run *r;
-    int rc = given ? mf_run_open_given(&r, dir, given, ud, err) : mf_run_open(&r, dir, err);
+    int rc = mf_run_open_given(&r, dir, given, ud, err);   /* given NULL: every shard hashed */
     if (rc) return rc;
     json_t *m = json_loads(r->manifest_text, 0, NULL);
     if (!m) {

@@ -115,12 +115,12 @@ int mf_run_open(mf_run **out, const char *dir, mf_error *err);
 /* mf_run_open without reading the shards' bytes a second time: given(ud, file) returns the XXH3-128 digest
  * (32 hex digits) that the caller computed over exactly the bytes it wrote to that file (moeflip serve hashes
  * an upload as it writes it), and it must equal the manifest's, with the file's size; where given returns
- * NULL the shard is hashed as mf_run_open does. The manifest and every shard's safetensors header are checked
- * either way. */
+ * NULL (or given is NULL) the shard is hashed as mf_run_open does. The manifest and every shard's safetensors
+ * header are checked either way. */
 int mf_run_open_given(mf_run **out, const char *dir, const char *(*given)(void *ud, const char *file), void *ud,
                       mf_error *err);
-/* mf_run_open that hashes no shard: the caller compares r->shard_digest[i] with the bytes as it reads them
- * and refuses the run on a mismatch (moeflip push hashes what it sends). */
+/* mf_run_open that hashes no shard, for a caller whose shards' bytes are checked elsewhere (moeflip push: the
+ * server hashes what it receives and refuses a shard that differs from the manifest). */
 int mf_run_open_unhashed(mf_run **out, const char *dir, mf_error *err);
 void mf_run_close(mf_run *r);
 /* Tensor <seq-id>/<field> of sequence i, or NULL with *err set to why: a

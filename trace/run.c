@@ -496,8 +496,9 @@ void mf_run_close(mf_run *r) {
 
 static int get_int(json_t *o, const char *k) { return (int)json_integer_value(json_object_get(o, k)); }
 
-/* hash: 0 hash every shard; 1 take given()'s digests where it has one; 2 hash nothing (the caller does) */
-static int run_open(mf_run **out, const char *dir, int hash, const char *(*given)(void *ud, const char *file), void *ud,
+/* hash: check every shard's digest, hashing it unless given (when not NULL) has its digest; !hash: the caller
+ * checks them */
+static int run_open(mf_run **out, const char *dir, bool hash, const char *(*given)(void *ud, const char *file), void *ud,
                     mf_error *err) {
     *out = NULL;
     char path[4096];
@@ -576,8 +577,8 @@ static int run_open(mf_run **out, const char *dir, int hash, const char *(*given
                 rc = err->code ? err->code : MF_EFORMAT;
             goto fail;
         }
-        const char *known = hash == 1 && given ? given(ud, f) : NULL;
-        if (hash == 2) continue;
+        if (!hash) continue;
+        const char *known = given ? given(ud, f) : NULL;
         if (known) {
             if (r->shards[i]->map.size != r->shard_bytes[i] || strcmp(known, d) != 0) {
                 rc = mf_fail(err, MF_EDIGEST, "%s: damaged shard: digest %s (%zu bytes), the manifest records %s (%llu bytes)", sp,
@@ -617,14 +618,14 @@ fail:
     return rc;
 }
 
-int mf_run_open(mf_run **out, const char *dir, mf_error *err) { return run_open(out, dir, 0, NULL, NULL, err); }
+int mf_run_open(mf_run **out, const char *dir, mf_error *err) { return run_open(out, dir, true, NULL, NULL, err); }
 
 int mf_run_open_given(mf_run **out, const char *dir, const char *(*given)(void *ud, const char *file), void *ud,
                       mf_error *err) {
-    return run_open(out, dir, 1, given, ud, err);
+    return run_open(out, dir, true, given, ud, err);
 }
 
-int mf_run_open_unhashed(mf_run **out, const char *dir, mf_error *err) { return run_open(out, dir, 2, NULL, NULL, err); }
+int mf_run_open_unhashed(mf_run **out, const char *dir, mf_error *err) { return run_open(out, dir, false, NULL, NULL, err); }
 
 /* Each field's shape in the run's own terms: T positions, L MoE layers, K
  * chosen experts, E experts, V vocabulary, H hidden; '*' any extent. The
