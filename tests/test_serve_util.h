@@ -45,8 +45,6 @@ void http_request(int port, const char *method, const char *path, const char *he
                   http_resp *r);
 void http_free(http_resp *r);
 
-/* Traces tests/fixtures/hf/<model> into dir/<name> with the given options. */
-const char *make_run(const char *dir, const char *name, const char *model, const char *opts);
 /* The upload body of a run directory. */
 char *run_body(const char *dir, size_t *len);
 /* Hex of a run name: its directory under ROOT/runs. */

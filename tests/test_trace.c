@@ -177,10 +177,7 @@ Test(trace, synth_every_architecture) {
 
 Test(trace, record_levels) {
     const char *d = temp_dir();
-    char run[4200], err[2048];
-    snprintf(run, sizeof run, "%s/topk", d);
-    cr_assert_eq(run_moeflip(err, sizeof err, "trace --model %s --input %s --out %s --record topk -q", fixture("hf/olmoe"),
-                             fixture("hf/olmoe/tokens.jsonl"), run), 0, "%s", err);
+    const char *run = make_run(d, "topk", "hf/olmoe", "--record topk");
     mf_run *r;
     mf_error e = {0};
     cr_assert_eq(mf_run_open(&r, run, &e), MF_OK, "%s", e.msg);
@@ -201,9 +198,7 @@ Test(trace, record_levels) {
     mf_run_tensor(r, 0, "logsumexp", &lse, &e);
     cr_assert_geq(mf_load_as_f64(lse->data, MF_F64, 0), mf_load_as_f64(t->data, t->dtype, 0));
     mf_run_close(r);
-    snprintf(run, sizeof run, "%s/full", d);
-    cr_assert_eq(run_moeflip(err, sizeof err, "trace --model %s --input %s --out %s --record full -q", fixture("hf/olmoe"),
-                             fixture("hf/olmoe/tokens.jsonl"), run), 0, "%s", err);
+    run = make_run(d, "full", "hf/olmoe", "--record full");
     cr_assert_eq(mf_run_open(&r, run, &e), MF_OK, "%s", e.msg);
     cr_assert_eq(mf_run_tensor(r, 1, "router_in", &t, &e), MF_OK);
     cr_assert_not_null(t);
@@ -219,11 +214,8 @@ static const char *given_digest(void *ud, const char *file) {
 }
 
 Test(trace, open_with_given_digests) {
-    const char *d = temp_dir();
-    char run[4200], err[2048], shard[4300];
-    snprintf(run, sizeof run, "%s/r", d);
-    cr_assert_eq(run_moeflip(err, sizeof err, "trace --model %s --input %s --out %s --record routing -q", fixture("hf/olmoe"),
-                             fixture("hf/olmoe/tokens.jsonl"), run), 0, "%s", err);
+    const char *run = make_run(temp_dir(), "r", "hf/olmoe", "--record routing");
+    char shard[4300];
     mf_run *r;
     mf_error e = {0};
     cr_assert_eq(mf_run_open(&r, run, &e), MF_OK, "%s", e.msg);

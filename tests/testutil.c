@@ -99,3 +99,16 @@ void write_text(const char *dir, const char *name, const char *text) {
     fputs(text, fp);
     fclose(fp);
 }
+
+const char *make_run(const char *dir, const char *name, const char *model, const char *opts) {
+    static char out[8][600];
+    static int next;
+    char *o = out[next++ % 8];
+    snprintf(o, 600, "%s/%s", dir, name);
+    char m[4200];
+    snprintf(m, sizeof m, "%s", fixture(model));
+    char err[2048];
+    int rc = run_moeflip(err, sizeof err, "trace -q --model '%s' --input '%s/tokens.jsonl' --out '%s' %s", m, m, o, opts);
+    cr_assert_eq(rc, 0, "trace failed: %s", err);
+    return o;
+}

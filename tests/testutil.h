@@ -18,6 +18,9 @@ int run_moeflip(char *err_out, size_t cap, const char *fmt, ...) __attribute__((
 double *read_tensor(const char *path, const char *name, size_t *n);
 /* Copies a fixture checkpoint directory into a fresh temp dir and returns it. */
 const char *copy_fixture_dir(const char *case_name);
+/* Traces tests/fixtures/<model> (with its tokens.jsonl) into dir/<name> with the given options, quietly; the
+ * path (one of 8 rotating buffers). Fails the test if the trace fails. */
+const char *make_run(const char *dir, const char *name, const char *model, const char *opts);
 /* Writes text to dir/name. */
 void write_text(const char *dir, const char *name, const char *text);
 
