@@ -66,14 +66,14 @@ typedef struct gpu {
     bool glu_fused;        /* CUDA: they do (MF_GPU_GLU=0 runs them as three steps, for benchmarks) */
     double *cos_t, *sin_t;
     int32_t *tokens;
-    uint16_t *ids;
-    double *topk_w, *router, *shared_gate, *router_in;
+    double *topk_w, *router, *shared_gate, *router_in;   /* the MoE layer at work; its routing leaves in route_dev */
     int *offset, *token, *row_of;
     void *logits;          /* device [T][V] in the head's dtype (bf16, f16: 2 bytes; else fp32) */
     void *logits_host;     /* pinned, the same */
     /* the routing on its way out, layer by layer as each is done: router
      * logits, top-k weights and shared gates narrowed to fp32 (every one is
-     * an fp32, bf16 or f16 value, so exactly), then the ids (route_layout) */
+     * an fp32, bf16 or f16 value, so exactly), then the ids, which the router
+     * writes there itself (route_layout) */
     float *route_dev;
     void *route_host;      /* pinned, the same */
     mf_dtype logits_dtype;
@@ -183,7 +183,7 @@ static void free_scratch(gpu *G) {
     void **bufs[] = {(void **)&G->h, (void **)&G->x, (void **)&G->y, (void **)&G->q, (void **)&G->k, (void **)&G->v,
                      (void **)&G->ctxv, (void **)&G->s, (void **)&G->g, (void **)&G->u, (void **)&G->ye,
                      (void **)&G->sh, (void **)&G->probs, (void **)&G->cf, &G->opA, &G->opB, &G->opH, (void **)&G->cos_t,
-                     (void **)&G->sin_t, (void **)&G->tokens, (void **)&G->ids, (void **)&G->topk_w,
+                     (void **)&G->sin_t, (void **)&G->tokens, (void **)&G->topk_w,
                      (void **)&G->router, (void **)&G->shared_gate, (void **)&G->router_in, (void **)&G->offset,
                      (void **)&G->token, (void **)&G->row_of, (void **)&G->logits, (void **)&G->route_dev};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) {
@@ -227,7 +227,7 @@ static int ensure_scratch(gpu *G, int T, mf_error *err) {
     const mf_config *c = &G->m->cfg;
     const size_t H = c->hidden, V = c->vocab, nh = c->n_heads, hd = c->head_dim;
     const size_t nq = nh * hd, nk = (size_t)c->n_kv_heads * hd, E = c->n_experts > 0 ? c->n_experts : 1;
-    const size_t K = c->top_k > 0 ? c->top_k : 1, nm = c->n_moe_layers;
+    const size_t K = c->top_k > 0 ? c->top_k : 1;
     const size_t I = max_sz(max_sz(c->intermediate, c->moe_intermediate), c->shared_intermediate);
     const size_t t = T, R = max_sz(t * K, t), Tp = round16(T);
     const size_t Hp = round16((int)H), Ip = round16((int)I), hdp = round16((int)hd), nqp = round16((int)nq);
@@ -257,10 +257,9 @@ static int ensure_scratch(gpu *G, int T, mf_error *err) {
     GET(cos_t, t * hd * 8);
     GET(sin_t, t * hd * 8);
     GET(tokens, t * 4);
-    GET(ids, (nm ? nm : 1) * t * K * 2);
-    GET(topk_w, (nm ? nm : 1) * t * K * 8);
-    GET(router, (nm ? nm : 1) * t * E * 8);
-    GET(shared_gate, (nm ? nm : 1) * t * 8);
+    GET(topk_w, t * K * 8);
+    GET(router, t * E * 8);
+    GET(shared_gate, t * 8);
     GET(offset, (2 * E + 1) * 4);
     GET(token, R * 4);
     GET(row_of, R * 4);
@@ -485,13 +484,14 @@ static int moe(step *st, mf_dtype D, mf_dtype DR, glayer *L, int mi, mf_error *e
     gpu *G = st->G;
     const mf_config *c = &G->m->cfg;
     const int T = st->T, H = c->hidden, E = c->n_experts, K = c->top_k, R = T * K;
-    double *logits = G->router + (size_t)mi * T * E;
+    const route_layout lo = route_layout_for(c, T);
+    double *logits = G->router;
     int rc;
     if ((rc = linear(G, st->l, "router", &L->router, DR, DR, G->x, T, logits, err))) return rc;
     mark(G, P_ROUTER);
     const mf_dtype wdt = c->route_rule == MF_ROUTE_SOFTMAX_TOPK_RENORM ? st->O : DR;
-    uint16_t *ids = G->ids + (size_t)mi * T * K;
-    double *w = G->topk_w + (size_t)mi * T * K;
+    uint16_t *ids = (uint16_t *)(G->route_dev + lo.ids_at) + (size_t)mi * lo.w;   /* this layer's slot of the staging */
+    double *w = G->topk_w;
     GPU_FN(route)(G->ctx, logits, G->probs, T, E, K, c->norm_topk_prob, gk_dt(wdt), ids, w);
     mark(G, P_ROUTE);
     GPU_FN(dispatch)(G->ctx, ids, T, K, E, G->offset, G->token, G->row_of);
@@ -504,18 +504,18 @@ static int moe(step *st, mf_dtype D, mf_dtype DR, glayer *L, int mi, mf_error *e
     mark(G, P_COMBINE);
     if (c->has_shared_expert) {
         if ((rc = ffn(st, D, &L->sh_gate, &L->sh_up, &L->sh_down, G->x, T, NULL, G->sh, err))) return rc;
-        double *gate = G->shared_gate + (size_t)mi * T;
+        double *gate = G->shared_gate;
         if ((rc = linear(G, st->l, "shared gate", &L->sh_router, D, D, G->x, T, gate, err))) return rc;
         GPU_FN(shared_add)(G->ctx, G->y, G->sh, gate, T, H, gk_dt(D));
         mark(G, P_SHARED);
     }
     if (st->routing) {
-        /* this layer's routing leaves now, on the side, while the next layers run */
-        const route_layout lo = route_layout_for(c, T);
+        /* this layer's routing leaves now, on the side, while the next layers run (they reuse router, topk_w
+         * and shared_gate after these narrowing copies, in stream order) */
         float *blk = G->route_dev + (size_t)mi * lo.per_layer;
         GPU_FN(narrow)(G->ctx, blk, logits, lo.router);
         GPU_FN(narrow)(G->ctx, blk + lo.router, w, lo.w);
-        if (lo.sh) GPU_FN(narrow)(G->ctx, blk + lo.router + lo.w, G->shared_gate + (size_t)mi * T, lo.sh);
+        if (lo.sh) GPU_FN(narrow)(G->ctx, blk + lo.router + lo.w, G->shared_gate, lo.sh);
         float *hblk = (float *)G->route_host + (size_t)mi * lo.per_layer;
         uint16_t *hids = (uint16_t *)((float *)G->route_host + lo.ids_at) + (size_t)mi * lo.w;
         if (GPU_FN(download_behind)(G->ctx, hblk, blk, lo.per_layer * sizeof(float), mi) ||
