@@ -16,7 +16,7 @@
  *   moeflip_gpu_check bench MODEL_DIR PRECISION REPS NUMERICS[,NUMERICS...] [OUT.json]
  *       (profile:NUMERICS: also print where the time goes, with a wait after every step;
  *       VAR=VALUE/NUMERICS: with a backend variable set for that entry, e.g.
- *       MF_GPU_TILE_M=64/native for the grouped products' 64-row blocks)
+ *       MF_GPU_GLU=0/native for gate, up and the activation as three steps)
  *       teacher-forced capture of the first prompt of MODEL_DIR/tokens.jsonl,
  *       logits and routing copied to the host; tokens per second (median of
  *       REPS after one warm-up), and for the first numerics the same without
@@ -312,7 +312,7 @@ static int bench(const char *dir, const char *prec_name, int reps, const char *n
     snprintf(list, sizeof list, "%s", nums);
     bool first = true;
     for (char *save = NULL, *name = strtok_r(list, ",", &save); name; name = strtok_r(NULL, ",", &save)) {
-        /* "VAR=VALUE/NUMERICS": with that variable of the backend set (MF_GPU_TILE_M=64/native) */
+        /* "VAR=VALUE/NUMERICS": with that variable of the backend set (MF_GPU_GLU=0/native) */
         char *slash = strchr(name, '/'), *eq = strchr(name, '=');
         char *variant = (char *)"";
         if (slash && eq && eq < slash) {

@@ -50,7 +50,6 @@ typedef struct gpu {
     mf_precision prec;
     mf_numerics num;
     int engine16;          /* engine of products with bf16/f16 operands */
-    int tile_m;            /* rows a block of the grouped mma.sync products: MF_GPU_TILE_M, else 64 */
     bool fixed;
     glayer *layers;
     float *embed;          /* [V][H] */
@@ -353,7 +352,6 @@ static int product(gpu *G, prod *p, mf_error *err) {
         g.bias = p->w ? p->w->bias : NULL;
         g.outdt = gk_dt(p->out);
     }
-    g.tile_m = G->tile_m;
     g.offsets = p->offsets;
     if (g.engine == GK_ENGINE_EMU) {
         const mf_kschedule *ks = mf_numerics_schedule(&G->num, p->in);
@@ -583,8 +581,6 @@ int GPU_FN(gpu_open)(void **out, int device, const mf_model *m, const mf_precisi
     G->num = *num;
     const char *pe = getenv("MF_GPU_PROFILE");
     G->prof = pe && *pe && strcmp(pe, "0") != 0;
-    const char *tm = getenv("MF_GPU_TILE_M");   /* for benchmarks: 64 or 128 */
-    G->tile_m = tm && atoi(tm) == 128 ? 128 : 64;
 
     char msg[256];
     if (GPU_FN(ctx_open)(&G->ctx, device, G->desc, sizeof G->desc, msg, sizeof msg)) {

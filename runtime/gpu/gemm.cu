@@ -284,8 +284,8 @@ __device__ static int frag_row(int f, int gq) { return (f >> 4) * 16 + gq + 8 * 
 __device__ static int frag_col(int f, int tq) { return ((f >> 2) & 3) * 8 + 2 * tq + (f & 1); }
 
 /* 64 WR threads, WR x 2 warps of 32x32 (a block tile of 32 WR rows by 64
- * columns; WR = 4 for grouped products, whose experts have about 64 rows
- * each, so that one block reads an expert's weight tile once), K in stages
+ * columns; launched with WR = 2: 128-row blocks for the grouped products,
+ * WR = 4, were slower, 20.60 against 19.35 ms, bench/README.md), K in stages
  * of 32 moved by cp.async MSTAGES - 1 stages ahead, fragments read with
  * ldmatrix. Each k16 step is one mma.sync per 16x8 piece with the running
  * fp32 sums as C: the same k16 chain, K ascending from zero, as
@@ -489,13 +489,8 @@ extern "C" int GPU_FN(gemm)(gk_ctx *c, const gk_gemm *g, char *msg, size_t msg_n
     case GK_ENGINE_MMA: {
 #if defined(GPU_CUDA)
         const int cols = g->H ? 32 : MBN;
-        if (g->offsets && g->tile_m == 128) {
-            dim3 grid((g->N + cols - 1) / cols, row_tiles(g, 128), g->batch);
-            k_mma<4><<<grid, 256, 0, c->stream>>>(*g);
-        } else {
-            dim3 grid((g->N + cols - 1) / cols, row_tiles(g, 64), g->batch);
-            k_mma<2><<<grid, 128, 0, c->stream>>>(*g);
-        }
+        dim3 grid((g->N + cols - 1) / cols, row_tiles(g, 64), g->batch);
+        k_mma<2><<<grid, 128, 0, c->stream>>>(*g);
         fused = true;
 #else
         dim3 grid((g->N + 15) / 16, row_tiles(g, 16), g->batch);

@@ -60,7 +60,6 @@ typedef struct gk_gemm {
     size_t ldd, d_bstride;
     const float *bias;
     int outdt;
-    int tile_m;                 /* grouped mma.sync products: 64 or 128 (0: 64) rows a block */
     /* gate and up at once (GK_ENGINE_MMA on CUDA only): B holds the gate's
      * rows and B2 the up's (bias2 its bias); H receives the down
      * projection's operand, round_outdt(round_outdt(act(gate)) * up) as fmt
