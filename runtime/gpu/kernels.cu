@@ -17,6 +17,23 @@ static int fail(char *msg, size_t n, const char *what, gpuError_t e) {
     return 1;
 }
 
+/* Frees what a context holds and the context; on a part-made one (ctx_open's failures) members still zero are
+ * skipped. */
+static void ctx_release(gk_ctx *c) {
+    if (c->stream) (void)gpuStreamSynchronize(c->stream);
+    if (c->side) (void)gpuStreamSynchronize(c->side);
+    for (int i = 0; i < c->n_marks; i++) (void)gpuEventDestroy(c->marks[i]);
+    free(c->marks);
+    if (c->fence) (void)gpuEventDestroy(c->fence);
+    if (c->side) (void)gpuStreamDestroy(c->side);
+#if defined(GPU_CUDA)
+    if (c->blas) (void)cublasDestroy(c->blas);
+#endif
+    if (c->flag) (void)gpuFree(c->flag);
+    if (c->stream) (void)gpuStreamDestroy(c->stream);
+    free(c);
+}
+
 extern "C" int GPU_FN(ctx_open)(gk_ctx **out, int device, char *desc, size_t desc_n, char *msg, size_t msg_n) {
     *out = NULL;
     int count = 0;
@@ -41,30 +58,21 @@ extern "C" int GPU_FN(ctx_open)(gk_ctx **out, int device, char *desc, size_t des
 #endif
     gk_ctx *c = (gk_ctx *)calloc(1, sizeof *c);
     c->device = device;
-    if ((e = gpuStreamCreate(&c->stream)) != gpuSuccess) {
-        free(c);
-        return fail(msg, msg_n, "creating a stream", e);
-    }
-    if ((e = gpuStreamCreate(&c->side)) != gpuSuccess ||
-        (e = gpuEventCreateWithFlags(&c->fence, gpuEventDisableTiming)) != gpuSuccess) {
-        (void)gpuStreamDestroy(c->stream);
-        free(c);
-        return fail(msg, msg_n, "creating a stream", e);
-    }
-    if ((e = gpuMalloc((void **)&c->flag, sizeof(int))) != gpuSuccess) {
-        (void)gpuEventDestroy(c->fence);
-        (void)gpuStreamDestroy(c->side);
-        (void)gpuStreamDestroy(c->stream);
-        free(c);
-        return fail(msg, msg_n, "allocating GPU memory", e);
+    const char *what = NULL;
+    if ((e = gpuStreamCreate(&c->stream)) != gpuSuccess || (e = gpuStreamCreate(&c->side)) != gpuSuccess)
+        what = "creating a stream";
+    else if ((e = gpuEventCreateWithFlags(&c->fence, gpuEventDisableTiming)) != gpuSuccess)
+        what = "creating an event";
+    else if ((e = gpuMalloc((void **)&c->flag, sizeof(int))) != gpuSuccess)
+        what = "allocating GPU memory";
+    if (what) {
+        ctx_release(c);
+        return fail(msg, msg_n, what, e);
     }
 #if defined(GPU_CUDA)
     if (cublasCreate(&c->blas) != CUBLAS_STATUS_SUCCESS) {
-        (void)gpuFree(c->flag);
-        (void)gpuEventDestroy(c->fence);
-        (void)gpuStreamDestroy(c->side);
-        (void)gpuStreamDestroy(c->stream);
-        free(c);
+        c->blas = NULL;
+        ctx_release(c);
         snprintf(msg, msg_n, "cuBLAS could not be initialised");
         return 1;
     }
@@ -78,19 +86,7 @@ extern "C" int GPU_FN(ctx_open)(gk_ctx **out, int device, char *desc, size_t des
 }
 
 extern "C" void GPU_FN(ctx_close)(gk_ctx *c) {
-    if (!c) return;
-    (void)gpuStreamSynchronize(c->stream);
-    (void)gpuStreamSynchronize(c->side);
-    for (int i = 0; i < c->n_marks; i++) (void)gpuEventDestroy(c->marks[i]);
-    free(c->marks);
-    (void)gpuEventDestroy(c->fence);
-    (void)gpuStreamDestroy(c->side);
-#if defined(GPU_CUDA)
-    (void)cublasDestroy(c->blas);
-#endif
-    (void)gpuFree(c->flag);
-    (void)gpuStreamDestroy(c->stream);
-    free(c);
+    if (c) ctx_release(c);
 }
 
 extern "C" void *GPU_FN(alloc)(gk_ctx *c, size_t bytes) {
