@@ -3,7 +3,8 @@
 #  1. upload throughput: `moeflip push` of a run with full logits (the 14M synthetic OLMoE, 16 prompts of
 #     512 tokens, one 69 MB shard) to `moeflip serve` (which writes, fsyncs, hashes and verifies it), MB/s,
 #     median of ROUNDS [10] rounds, next to `cp -r` of the same run on the same disk (and `cp -r` + `sync`, and
-#     dd) in the same rounds; then push and `cp -r` of a run four times as large (64 prompts, 276 MB);
+#     dd) in the same rounds; then push, `cp -r` and `cp -r` + `sync` of a run four times as large (64 prompts,
+#     276 MB);
 #  2. the list endpoint under wrk (GET /api/runs, 20 runs stored), requests/s and p99 latency, idle and
 #     while pushes of that run go on back to back.
 # Usage: [ROUNDS=N] bench/serve_bench.sh [BUILD_DIR] [WRK_SECONDS]; needs wrk (Debian package wrk).
@@ -89,8 +90,11 @@ for i in $(seq "$rounds"); do
   read -r t0 t1 inside <<< "$(push_timed "$work/huge" huge)"
   stop_server; rm -rf "$work/uroot"; sync
   t2=$EPOCHREALTIME; cp -r "$work/huge" "$work/copy"; t3=$EPOCHREALTIME
-  rm -rf "$work/copy"
-  echo "$t0 $t1 $inside $t2 $t3" >> "$work/times4"
+  rm -rf "$work/copy"; sync
+  # cp -r + sync: what the disk took in this round, for reading a slow push (a durable one waits for the disk)
+  t4=$EPOCHREALTIME; cp -r "$work/huge" "$work/copys"; sync; t5=$EPOCHREALTIME
+  rm -rf "$work/copys"
+  echo "$t0 $t1 $inside $t2 $t3 $t4 $t5" >> "$work/times4"
 done
 echo "## upload ($mb MB run, $rounds rounds)"
 echo
@@ -114,6 +118,10 @@ for name, v in cols.items():
 push, inside, cp, cps, disk = med.values()
 print(f"\nof cp -r's speed (medians): the whole push command {cp / push:.2f}, the upload as push reports it {cp / inside:.2f}; "
       f"of cp -r + sync's: {cps / push:.2f}; of dd's: {disk / push:.2f} and {disk / inside:.2f}")
+# each push against the cp -r of its own round (seconds apart, so the same minute of this machine): median of the ratios
+whole = statistics.median((r[4] - r[3]) / (r[1] - r[0]) for r in rows)
+upload = statistics.median((r[4] - r[3]) / r[2] for r in rows)
+print(f"of cp -r's speed in the same round (median of the rounds' ratios): the whole command {whole:.2f}, the upload {upload:.2f}")
 print("pushes (s): " + " ".join(f"{r[1] - r[0]:.3f}" for r in rows))
 PY
 bytes4=$(du -cb "$work/huge" | tail -n1 | cut -f1)
@@ -124,7 +132,12 @@ rows = [list(map(float, l.split())) for l in open(sys.argv[2])]
 push, inside, cp = (statistics.median(v) for v in ([r[1] - r[0] for r in rows], [r[2] for r in rows], [r[4] - r[3] for r in rows]))
 print(f"\n{b / 1e6:.0f} MB run ({len(rows)} rounds, medians): push {push:.4f} s whole, {inside:.4f} s upload; cp -r {cp:.4f} s; "
       f"of cp -r's speed: whole command {cp / push:.2f}, upload {cp / inside:.2f}")
-print("pushes (s): " + " ".join(f"{r[1] - r[0]:.3f}" for r in rows) + "; cp -r (s): " + " ".join(f"{r[4] - r[3]:.3f}" for r in rows))
+print(f"of cp -r's speed in the same round (median of the rounds' ratios): whole command "
+      f"{statistics.median((r[4] - r[3]) / (r[1] - r[0]) for r in rows):.2f}, upload {statistics.median((r[4] - r[3]) / r[2] for r in rows):.2f}")
+print(f"cp -r + sync {statistics.median(r[6] - r[5] for r in rows):.4f} s, of its speed: whole command "
+      f"{statistics.median(r[6] - r[5] for r in rows) / push:.2f}")
+print("pushes (s): " + " ".join(f"{r[1] - r[0]:.3f}" for r in rows) + "; cp -r (s): " + " ".join(f"{r[4] - r[3]:.3f}" for r in rows)
+      + "; cp -r + sync (s): " + " ".join(f"{r[6] - r[5]:.3f}" for r in rows))
 PY
 
 start_server "$work/root"
