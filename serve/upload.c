@@ -133,10 +133,14 @@ static void stage_op(upload *u, uint8_t op, const void *a, size_t alen, uint64_t
     u->stage_len += need;
 }
 
-/* File bytes that lie in the socket buffer being parsed: the upload keeps the buffer and stages a reference. */
-static void stage_ref(upload *u, const char *data, size_t len) {
+/* File bytes that lie in the socket buffer being parsed: the upload keeps the buffer and stages a reference.
+ * false when the buffer has already gone to the pool with a batch: a chunked body brings several chunks in one
+ * read, and a batch may be submitted between two of them. The batch gives the buffer back when it is done, so the
+ * caller copies these bytes instead. */
+static bool stage_ref(upload *u, const char *data, size_t len) {
     conn *c = u->c;
     if (!u->n_bufs || u->bufs[u->n_bufs - 1] != c->rbuf) {
+        if (c->rbuf_kept) return false;
         if (u->n_bufs == u->cap_bufs) {
             u->cap_bufs = u->cap_bufs ? 2 * u->cap_bufs : 16;
             u->bufs = mf_xrealloc(u->bufs, u->cap_bufs * sizeof *u->bufs);
@@ -146,6 +150,7 @@ static void stage_ref(upload *u, const char *data, size_t len) {
         c->rbuf_kept = true;
     }
     stage_op(u, OP_DATA_REF, &data, sizeof data, len);
+    return true;
 }
 
 static void free_bufs(server *s, char **bufs, size_t n) {
@@ -679,8 +684,8 @@ bool upload_feed(upload *u, const char *data, size_t len) {
         if (u->fstate == F_DATA) {
             size_t take = len - i < u->remaining ? len - i : (size_t)u->remaining;
             const conn *c = u->c;
-            if (take >= UPLOAD_ADOPT && c && c->rbuf && c->rbuf_cap == UPLOAD_READ && data + i >= c->rbuf && data + i + take <= c->rbuf + c->rbuf_len) {
-                stage_ref(u, data + i, take);   /* no copy: the pool writes from the socket buffer */
+            if (take >= UPLOAD_ADOPT && c && c->rbuf && c->rbuf_cap == UPLOAD_READ && data + i >= c->rbuf &&
+                data + i + take <= c->rbuf + c->rbuf_len && stage_ref(u, data + i, take)) {   /* no copy: the pool writes from the socket buffer */
                 i += take;
                 u->remaining -= take;
                 take = 0;

@@ -634,6 +634,65 @@ Test(serve, spliced_files_in_pieces_stalls_disconnects_keepalive_and_chunked, .t
     free(b3);
 }
 
+/* A chunked upload of several MiB in chunks large enough that the server keeps the socket buffer instead of
+ * copying it (16 KiB and up), many chunks to one read: a buffer that went to the pool with the bytes of one chunk
+ * must not be taken again for the next chunk's (that corrupted the stored bytes and crashed the server). */
+Test(serve, chunked_bodies_in_large_chunks, .timeout = 120) {
+    const char *d = temp_dir();
+    /* 4 prompts of 512 tokens with their logits: one 7.3 MB shard */
+    char prompts[4 * 512 * 6 + 200] = "", *p = prompts;
+    uint32_t x = 12345;
+    for (int i = 0; i < 4; i++) {
+        p += sprintf(p, "{\"id\": \"p%d\", \"tokens\": [", i);
+        for (int t = 0; t < 512; t++) {
+            x = x * 1664525u + 1013904223u;
+            p += sprintf(p, "%s%u", t ? "," : "", (x >> 8) % 384);   /* the fixture's vocabulary */
+        }
+        p += sprintf(p, "]}\n");
+    }
+    write_text(d, "long.jsonl", prompts);
+    char run[600], err[2048];
+    snprintf(run, sizeof run, "%s/long", d);
+    cr_assert_eq(run_moeflip(err, sizeof err, "trace -q --model '%s' --input '%s/long.jsonl' --out '%s' --record logits --precision fp64",
+                             fixture("hf/olmoe"), d, run),
+                 0, "trace failed: %s", err);
+    char root[600], extra[700];
+    test_server s;
+    server_start_in(&s, d, "", root, extra);
+    size_t len;
+    char *body = run_body(run, &len);
+    cr_assert_gt(len, 6u << 20);
+    const size_t chunks[3] = {20000, 65536, 300000};
+    for (int k = 0; k < 3; k++) {
+        /* the whole request in one buffer, so that one read of the server holds several chunks */
+        char *req = malloc(len + len / chunks[k] * 32 + 1024), *q = req;
+        char name[32];
+        snprintf(name, sizeof name, "chunked-%zu", chunks[k]);
+        q += sprintf(q, "PUT /api/runs/%s HTTP/1.1\r\nHost: x\r\n" AUTH "Transfer-Encoding: chunked\r\n\r\n", name);
+        for (size_t off = 0; off < len; off += chunks[k]) {
+            const size_t c = len - off < chunks[k] ? len - off : chunks[k];
+            q += sprintf(q, "%zx\r\n", c);
+            memcpy(q, body + off, c);
+            q += c;
+            q += sprintf(q, "\r\n");
+        }
+        q += sprintf(q, "0\r\n\r\n");
+        int fd = http_connect(s.port);
+        cr_assert(send_all(fd, req, (size_t)(q - req)));
+        free(req);
+        http_resp r;
+        http_read(fd, &r);
+        close(fd);
+        cr_assert_eq(r.status, 201, "chunks of %zu bytes: %d %s", chunks[k], r.status, r.body);
+        http_free(&r);
+        assert_stored_verifies(root, name, run);
+        cr_assert(server_alive(&s), "the server died after chunks of %zu bytes", chunks[k]);
+    }
+    free(body);
+    const int st = server_stop(&s, SIGTERM);
+    cr_assert(WIFEXITED(st) && WEXITSTATUS(st) == 0, "the server did not stop cleanly on SIGTERM (status %d)", st);
+}
+
 /* ---- 50 concurrent pushes, random disconnects, then a crash and a restart ---- */
 
 typedef struct pusher {
