@@ -407,7 +407,9 @@ static void begin_request(conn *c) {
     c->body_len = 0;
     c->started = mf_now();
     c->got = 0;
-    arm_timer(c, c->srv->o.header_timeout_ms);
+    /* a new connection has the header time from its accept; a kept-alive one waits up to the idle time for its
+     * next request, whose header time starts with its first byte (feed) */
+    arm_timer(c, c->kept_alive ? c->srv->o.idle_timeout_ms : c->srv->o.header_timeout_ms);
 }
 
 void conn_resume(conn *c) {
@@ -416,6 +418,7 @@ void conn_resume(conn *c) {
         if (c->writes == 0) conn_close(c);
         return;
     }
+    c->kept_alive = true;
     begin_request(c);
     http_parser_pause(&c->parser, 0);
     conn_start_reading(c);
@@ -431,7 +434,10 @@ void conn_resume(conn *c) {
 
 static void feed(conn *c, const char *data, size_t n) {
     if (c->state == CS_HEADERS) {
-        if (c->got == 0) c->started = mf_now();
+        if (c->got == 0) {
+            c->started = mf_now();
+            if (c->kept_alive) arm_timer(c, c->srv->o.header_timeout_ms);
+        }
         c->got += n;
     }
     size_t done = http_parser_execute(&c->parser, &c->srv->settings, data, n);

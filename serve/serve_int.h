@@ -85,6 +85,7 @@ struct conn {
     bool responded;          /* the current request has its response (or it is being written) */
     bool close_after;        /* close once written */
     bool eof;
+    bool kept_alive;         /* a request has been answered on it: the next one is awaited for the idle time */
     int writes;              /* writes in flight */
     int refs;                /* handles open + work items holding the conn */
     conn *prev, *next;

@@ -509,6 +509,61 @@ Test(serve, slow_and_stalled_clients_time_out, .timeout = 60) {
     server_stop(&s, SIGKILL);
 }
 
+/* On a kept-alive connection the next request may come after up to the idle time, and its header time starts with
+ * its first byte, not with the previous answer. */
+Test(serve, kept_alive_connection_times_each_request_from_its_first_byte, .timeout = 60) {
+    const char *d = temp_dir();
+    char root[600], extra[700];
+    test_server s;
+    server_start_in(&s, d, "--header-timeout 600 --idle-timeout 2500", root, extra);
+    static const char req[] = "GET /api/health HTTP/1.1\r\nHost: x\r\n\r\n";
+    int fd = http_connect(s.port);
+    http_resp r;
+    cr_assert(send_all(fd, req, sizeof req - 1));
+    http_read(fd, &r);
+    cr_assert_eq(r.status, 200);
+    http_free(&r);
+    /* 0.5 s of quiet, then headers over 0.3 s: 0.8 s after the answer, but 0.3 s after the request began */
+    sleep_ms(500);
+    cr_assert(send_all(fd, req, 26));
+    sleep_ms(300);
+    cr_assert(send_all(fd, req + 26, sizeof req - 1 - 26));
+    http_read(fd, &r);
+    cr_assert_eq(r.status, 200, "a request begun 0.5 s after the last answer, headers in 0.3 s: %d", r.status);
+    http_free(&r);
+    /* 1.2 s of quiet, twice the header time: the connection is still open */
+    sleep_ms(1200);
+    cr_assert(send_all(fd, req, sizeof req - 1));
+    http_read(fd, &r);
+    cr_assert_eq(r.status, 200, "a request 1.2 s after the last answer, idle time 2.5 s: %d", r.status);
+    http_free(&r);
+    /* headers that trickle on a kept-alive connection: 408 when the header time since their first byte is up */
+    double t0 = mf_now();
+    cr_assert(send_all(fd, req, 26));
+    for (int i = 0; i < 30 && send_all(fd, "X-a: b\r\n", 8); i++) sleep_ms(50);
+    http_read(fd, &r);
+    const double dt = mf_now() - t0;
+    cr_assert_eq(r.status, 408, "trickling headers: %d", r.status);
+    cr_assert(dt > 0.55 && dt < 2.4, "answered after %.2f s", dt);
+    http_free(&r);
+    close(fd);
+    /* a kept-alive connection left idle is closed after the idle time, without a word */
+    fd = http_connect(s.port);
+    cr_assert(send_all(fd, req, sizeof req - 1));
+    http_read(fd, &r);
+    cr_assert_eq(r.status, 200);
+    http_free(&r);
+    t0 = mf_now();
+    http_read(fd, &r);
+    const double idle = mf_now() - t0;
+    cr_assert_eq(r.status, 0);
+    cr_assert(idle > 2.3 && idle < 6, "the idle connection was closed after %.2f s", idle);
+    http_free(&r);
+    close(fd);
+    cr_assert(server_alive(&s));
+    server_stop(&s, SIGKILL);
+}
+
 /* ---- file bytes spliced from the socket into the file (serve/upload.c) ---- */
 
 /* Sends n bytes in pieces of `piece`, pausing `pause_ms` every `every` bytes. */
