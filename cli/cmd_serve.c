@@ -18,8 +18,9 @@ static const char *help =
     "(port 0: any free port; the first line on stdout names it). Limits: uploads larger than\n"
     "--max-run-bytes [8 GiB] get 413, more than --max-uploads [8] at once get 429; requests whose headers\n"
     "take longer than --header-timeout [10000 ms] or that stall longer than --idle-timeout [30000 ms] are\n"
-    "closed, and so is a kept-alive connection idle that long. Diffs use --bootstrap [1000] resamples unless a request asks otherwise. SIGINT or SIGTERM\n"
-    "stops it; uploads under way are dropped, stored runs are never partial.\n";
+    "closed, and so is a kept-alive connection idle that long. Diffs use --bootstrap [1000] resamples\n"
+    "unless a request asks otherwise. SIGINT or SIGTERM stops it; uploads under way are dropped, stored\n"
+    "runs are never partial.\n";
 
 int cmd_serve(int argc, char **argv) {
     mf_serve_opts o;
