@@ -758,8 +758,10 @@ void upload_read_done(upload *u) {
     }
     u->splicing = true;
     conn_stop_reading(c);
-    /* while the pool writes what is staged, after_cb starts the poll */
-    if (!u->busy) uv_poll_start(&u->poll, UV_READABLE | UV_DISCONNECT, on_readable);
+    /* while the pool writes what is staged, nothing reads the socket, and a slow disk is not the client's stall:
+     * after_cb starts the poll and the idle timer again */
+    if (u->busy) uv_timer_stop(&c->timer);
+    else uv_poll_start(&u->poll, UV_READABLE | UV_DISCONNECT, on_readable);
 }
 
 void upload_abort(upload *u) {
