@@ -123,7 +123,19 @@ static void arm_timer(conn *c, int ms);
 static void on_timeout(uv_timer_t *t) {
     conn *c = t->data;
     if (c->state == CS_CLOSING) return;
-    if (c->writes > 0 || c->state == CS_DRAIN) {   /* the client does not read, or the drain is over */
+    if (c->writes > 0) {
+        /* an answer is being written: a client that reads it, however slowly, gets the idle time again; one
+         * that has read nothing of it for that long is closed */
+        const size_t queued = uv_stream_get_write_queue_size(c->stream);
+        if (queued < c->write_queue_seen) {
+            c->write_queue_seen = queued;
+            arm_timer(c, c->srv->o.idle_timeout_ms);
+            return;
+        }
+        conn_close(c);
+        return;
+    }
+    if (c->state == CS_DRAIN) {   /* the drain is over */
         conn_close(c);
         return;
     }
@@ -220,6 +232,7 @@ static void write_raw(conn *c, char *head, size_t hlen, char *body, size_t blen)
         conn_close(c);
         return;
     }
+    c->write_queue_seen = uv_stream_get_write_queue_size(c->stream);
     arm_timer(c, c->srv->o.idle_timeout_ms);
 }
 

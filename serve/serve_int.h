@@ -87,6 +87,7 @@ struct conn {
     bool eof;
     bool kept_alive;         /* a request has been answered on it: the next one is awaited for the idle time */
     int writes;              /* writes in flight */
+    size_t write_queue_seen; /* bytes that waited in libuv's write queue when the idle timer was last armed */
     int refs;                /* handles open + work items holding the conn */
     conn *prev, *next;
     /* request */
