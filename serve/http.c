@@ -258,6 +258,9 @@ void conn_respond(conn *c, int status, const char *ctype, const void *body, size
             upload_abort(c->up);
             c->up = NULL;
         }
+        /* reading may have been stopped (an upload ahead of the pool, or splicing): the drain reads again, so that
+         * the client, still sending, gets this answer and not a reset */
+        conn_start_reading(c);
     }
     if (c->srv->stopping) c->close_after = true;
     char *head = NULL;
