@@ -1,9 +1,16 @@
 /* Diffs on request: POST /api/diffs {"reference": NAME, "targets": [NAME...],
  * "bootstrap": N} computes diff.json, report.html and every heatmap of every
- * target in the thread pool (one diff at a time), into ROOT/.tmp, then renames
- * the directory to ROOT/diffs/<id>. The id is a digest of the runs' manifests
- * and the options, so a repeated request is answered from the cache; requests
- * for a diff being computed wait for it. */
+ * target in the thread pool, into ROOT/.tmp, then renames the directory to
+ * ROOT/diffs/<id>. The id is a digest of the runs' manifests and the options,
+ * so a repeated request is answered from the cache; requests for a diff being
+ * computed wait for it.
+ *
+ * A job first looks for its meta.json in the pool (a cached diff is answered
+ * at once, whatever else is computing); one that is not there joins a queue
+ * on the loop, and one diff is computed at a time. The queue is the loop's,
+ * not a lock's: a job waiting for its turn holds no pool thread, so uploads
+ * and file reads are never stuck behind diffs. A queued job whose clients
+ * have all gone is dropped before it starts. */
 #include "serve_int.h"
 #include "mf_diff.h"
 #include "mf_viz.h"
@@ -32,6 +39,7 @@ struct diff_job {
     int nt;
     int bootstrap;
     conn *waiters;
+    bool queued;              /* not in the cache: waits for its turn to be computed */
     /* result */
     int status;               /* 200, or an error status */
     char msg[1200];
@@ -148,20 +156,29 @@ static int compute(diff_job *j, const char *dir, mf_error *err) {
     return rc;
 }
 
-static void work_cb(uv_work_t *w) {
+static void diff_dirs(const diff_job *j, char *final, size_t fl, char *meta, size_t ml) {
+    snprintf(final, fl, "%s/diffs/%s", j->s->root, j->id);
+    snprintf(meta, ml, "%s/diffs/%s/meta.json", j->s->root, j->id);
+}
+
+/* pool: the diff made before, if it was */
+static void lookup_cb(uv_work_t *w) {
+    diff_job *j = w->data;
+    char final[4300], mp[4400];
+    diff_dirs(j, final, sizeof final, mp, sizeof mp);
+    mf_error err = {0};
+    size_t len;
+    if (mf_read_file(mp, &j->meta, &len, &err) == MF_OK) j->status = 200;
+}
+
+/* pool: one diff at a time (diffs_start_next) */
+static void compute_cb(uv_work_t *w) {
     diff_job *j = w->data;
     server *s = j->s;
     char final[4300], mp[4400], tmp[4300];
-    snprintf(final, sizeof final, "%s/diffs/%s", s->root, j->id);
-    snprintf(mp, sizeof mp, "%s/meta.json", final);
-    uv_mutex_lock(&s->diff_lock);
+    diff_dirs(j, final, sizeof final, mp, sizeof mp);
     mf_error err = {0};
     size_t len;
-    if (mf_read_file(mp, &j->meta, &len, &err) == MF_OK) {   /* made before */
-        j->status = 200;
-        uv_mutex_unlock(&s->diff_lock);
-        return;
-    }
     snprintf(tmp, sizeof tmp, "%s/.tmp/diff-%s", s->root, j->id);
     if (mf_path_exists(tmp)) store_remove_tree(tmp);
     if (mkdir(tmp, 0755) != 0) {
@@ -184,18 +201,19 @@ static void work_cb(uv_work_t *w) {
     /* the messages name runs, not directories */
     char *p;
     while ((p = strstr(j->msg, s->root))) memmove(p, p + strlen(s->root), strlen(p + strlen(s->root)) + 1);
-    uv_mutex_unlock(&s->diff_lock);
 }
 
-static void after_cb(uv_work_t *w, int status) {
-    (void)status;
-    diff_job *j = w->data;
-    server *s = j->s;
+static void unlink_job(server *s, diff_job *j) {
     for (diff_job **pp = &s->jobs; *pp; pp = &(*pp)->next)
         if (*pp == j) {
             *pp = j->next;
             break;
         }
+}
+
+/* The job is done: its clients get its answer. */
+static void finish(diff_job *j) {
+    unlink_job(j->s, j);
     while (j->waiters) {
         conn *c = j->waiters;
         j->waiters = c->wait_next;
@@ -207,6 +225,51 @@ static void after_cb(uv_work_t *w, int status) {
     }
     free(j->meta);
     free(j);
+}
+
+static void compute_after(uv_work_t *w, int status);
+
+/* Starts the oldest queued diff unless one is being computed; queued jobs nobody waits for any more are dropped. */
+static void start_next(server *s) {
+    if (s->diff_computing) return;
+    for (;;) {
+        diff_job *oldest = NULL;
+        for (diff_job *j = s->jobs; j; j = j->next)   /* new jobs go in front: the oldest is the last */
+            if (j->queued) oldest = j;
+        if (!oldest) return;
+        oldest->queued = false;
+        if (!oldest->waiters) {
+            finish(oldest);
+            continue;
+        }
+        s->diff_computing = true;
+        if (uv_queue_work(s->loop, &oldest->work, compute_cb, compute_after) != 0) abort();
+        return;
+    }
+}
+
+static void compute_after(uv_work_t *w, int status) {
+    (void)status;
+    diff_job *j = w->data;
+    server *s = j->s;
+    s->diff_computing = false;
+    finish(j);
+    start_next(s);
+}
+
+static void lookup_after(uv_work_t *w, int status) {
+    (void)status;
+    diff_job *j = w->data;
+    if (j->status == 200) {
+        finish(j);
+        return;
+    }
+    j->queued = true;
+    start_next(j->s);
+}
+
+void diffs_free(server *s) {
+    while (s->jobs) finish(s->jobs);   /* queued jobs left at the end: nobody waits for them */
 }
 
 void diffs_conn_gone(conn *c) {
@@ -288,7 +351,7 @@ void diffs_post(conn *c, const char *body, size_t len) {
         j->next = s->jobs;
         s->jobs = j;
         j->work.data = j;
-        if (uv_queue_work(s->loop, &j->work, work_cb, after_cb) != 0) abort();
+        if (uv_queue_work(s->loop, &j->work, lookup_cb, lookup_after) != 0) abort();
     }
     c->waiting = j;
     c->wait_next = j->waiters;

@@ -829,7 +829,6 @@ void server_init(server *s, uv_loop_t *loop, const mf_serve_opts *o) {
     s->settings.on_headers_complete = on_headers_complete;
     s->settings.on_body = on_body;
     s->settings.on_message_complete = on_message_complete;
-    uv_mutex_init(&s->diff_lock);
 }
 
 int server_listen(server *s, mf_error *err);

@@ -63,6 +63,8 @@ void upload_read_done(upload *u);
 void diffs_post(conn *c, const char *body, size_t len);
 void diffs_get(conn *c, const char *rest);
 void diffs_conn_gone(conn *c);
+/* Frees the jobs left when the loop has ended (queued ones whose clients were closed). */
+void diffs_free(server *s);
 
 /* ---- connections and responses (http.c) -------------------------------- */
 
@@ -143,8 +145,8 @@ struct server {
     char *list_cache;
     size_t list_len;
     /* diffs */
-    diff_job *jobs;
-    uv_mutex_t diff_lock;    /* one diff computation at a time */
+    diff_job *jobs;          /* diffs looked up, queued or being computed, newest first */
+    bool diff_computing;     /* one diff is computed at a time (diffs.c) */
     bool stopping;
     int lock_fd;
     /* the buffer on_read is parsing: an upload freed meanwhile leaves it to on_read */

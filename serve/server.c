@@ -90,9 +90,9 @@ out:
     if (s->listening) uv_close((uv_handle_t *)&s->listener, NULL);
     for (conn *c = s->conns; c; c = c->next) conn_close(c);
     uv_run(&loop, UV_RUN_DEFAULT);   /* let closes and pool work finish */
+    diffs_free(s);
     store_free(s);
     server_rbufs_free(s);
-    uv_mutex_destroy(&s->diff_lock);
     if (uv_loop_close(&loop) != 0) {
         uv_walk(&loop, close_walk, NULL);
         uv_run(&loop, UV_RUN_DEFAULT);

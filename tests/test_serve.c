@@ -1088,6 +1088,84 @@ Test(serve, diff_report_and_heatmaps_cached, .timeout = 120) {
     server_stop(&s, SIGKILL);
 }
 
+typedef struct diff_poster {
+    int port;
+    char body[600];
+    int status;
+} diff_poster;
+
+static void *post_diff_thread(void *arg) {
+    diff_poster *p = arg;
+    http_resp r;
+    http_request(p->port, "POST", "/api/diffs", "Content-Type: application/json\r\n", p->body, strlen(p->body), &r);
+    p->status = r.status;
+    http_free(&r);
+    return NULL;
+}
+
+/* Diffs waiting for their turn hold no pool thread: with four long diffs asked at once (as many as the pool has
+ * threads), a diff made before is answered from the cache and an upload is stored at once, not after them. */
+Test(serve, queued_diffs_leave_the_pool_to_cached_diffs_and_uploads, .timeout = 240) {
+    const char *d = temp_dir();
+    const char *ref = make_run(d, "ref", "hf/olmoe", "--precision fp64");
+    const char *hop = make_run(d, "hopper", "hf/olmoe", "--numerics emu:hopper --precision bf16");
+    const char *late = make_run(d, "late", "hf/olmoe", "--precision fp32");
+    char root[600], extra[700];
+    test_server s;
+    server_start_in(&s, d, "", root, extra);
+    http_resp r;
+    put_run(s.port, "ref", ref, AUTH, &r);
+    cr_assert_eq(r.status, 201);
+    http_free(&r);
+    put_run(s.port, "hopper", hop, AUTH, &r);
+    cr_assert_eq(r.status, 201);
+    http_free(&r);
+    static const char small[] = "{\"reference\": \"ref\", \"targets\": [\"hopper\"], \"bootstrap\": 100}";
+    http_request(s.port, "POST", "/api/diffs", NULL, small, strlen(small), &r);
+    cr_assert_eq(r.status, 200, "%d %s", r.status, r.body);
+    http_free(&r);
+    /* a long diff: eight targets, each with its four heatmaps; how long one takes alone here */
+    char eight[600];
+    int el = snprintf(eight, sizeof eight, "{\"reference\": \"ref\", \"targets\": [");
+    for (int i = 0; i < 8; i++) el += snprintf(eight + el, sizeof eight - (size_t)el, "%s\"hopper\"", i ? ", " : "");
+    snprintf(eight + el, sizeof eight - (size_t)el, "], \"bootstrap\": %%d}");
+    diff_poster alone = {.port = s.port};
+    snprintf(alone.body, sizeof alone.body, eight, 300);
+    double t0 = mf_now();
+    post_diff_thread(&alone);
+    const double one = mf_now() - t0;
+    cr_assert_eq(alone.status, 200);
+    /* four new long diffs at once */
+    diff_poster ps[4];
+    pthread_t th[4];
+    for (int i = 0; i < 4; i++) {
+        ps[i] = (diff_poster){.port = s.port};
+        snprintf(ps[i].body, sizeof ps[i].body, eight, 301 + i);
+        pthread_create(&th[i], NULL, post_diff_thread, &ps[i]);
+    }
+    sleep_ms(100);
+    t0 = mf_now();
+    http_request(s.port, "POST", "/api/diffs", NULL, small, strlen(small), &r);
+    const double cached = mf_now() - t0;
+    cr_assert_eq(r.status, 200, "%d %s", r.status, r.body);
+    http_free(&r);
+    t0 = mf_now();
+    put_run(s.port, "late", late, AUTH, &r);
+    const double upload = mf_now() - t0;
+    cr_assert_eq(r.status, 201, "%d %s", r.status, r.body);
+    http_free(&r);
+    for (int i = 0; i < 4; i++) {
+        pthread_join(th[i], NULL);
+        cr_assert_eq(ps[i].status, 200, "diff %d: %d", i, ps[i].status);
+    }
+    cr_assert_lt(cached, one / 2, "a cached diff took %.2f s while four diffs of %.2f s each waited", cached, one);
+    cr_assert_lt(upload, one / 2, "an upload took %.2f s while four diffs of %.2f s each waited", upload, one);
+    assert_stored_verifies(root, "late", late);
+    cr_assert(server_alive(&s));
+    const int st = server_stop(&s, SIGTERM);
+    cr_assert(WIFEXITED(st) && WEXITSTATUS(st) == 0, "status %d", st);
+}
+
 /* Real `moeflip push` processes killed at random moments: a push that exited 0 is stored and verifies;
  * one that was killed is either absent or complete and verified; nothing partial. */
 Test(serve, push_processes_killed_at_random_moments, .timeout = 120) {
