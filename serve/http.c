@@ -2,9 +2,11 @@
  * timeouts. Everything here runs on the loop thread and never touches a disk. */
 #include "serve_int.h"
 
+#include <errno.h>
 #include <stdarg.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/random.h>
 #include <unistd.h>
 
 enum { H_OTHER, H_AUTH, H_EXPECT };
@@ -236,14 +238,40 @@ static void write_raw(conn *c, char *head, size_t hlen, char *body, size_t blen)
     arm_timer(c, c->srv->o.idle_timeout_ms);
 }
 
-/* HTML pages may load nothing from elsewhere: the UI talks only to this server, a report has no scripts. */
-static const char *csp(const conn *c, const char *ctype) {
+/* HTML pages may load nothing from elsewhere: the UI talks only to this server and runs only its own script (the
+ * one carrying this answer's nonce), a report has no scripts. */
+static const char *csp(const conn *c, const char *ctype, char *buf, size_t cap) {
     if (strncmp(ctype, "text/html", 9) != 0) return "";
-    if (c->route == R_UI)
-        return "Content-Security-Policy: default-src 'none'; script-src 'unsafe-inline'; style-src 'unsafe-inline'; "
-               "img-src blob: data:; connect-src 'self'; frame-src 'self'; base-uri 'none'; form-action 'none'\r\n";
+    if (c->route == R_UI) {
+        snprintf(buf, cap,
+                 "Content-Security-Policy: default-src 'none'; script-src 'nonce-%s'; style-src 'unsafe-inline'; "
+                 "img-src blob: data:; connect-src 'self'; frame-src 'self'; base-uri 'none'; form-action 'none'\r\n",
+                 c->nonce);
+        return buf;
+    }
     return "Content-Security-Policy: default-src 'none'; style-src 'unsafe-inline'; img-src data:; base-uri 'none'; "
            "form-action 'none'\r\n";
+}
+
+/* The UI page with a fresh nonce on its script (the CSP allows that script and nothing else). */
+static void serve_ui(conn *c, bool head_only) {
+    unsigned char r[16];
+    if (getrandom(r, sizeof r, 0) != (ssize_t)sizeof r) {
+        conn_error(c, 500, "no random bytes for the page's nonce: %s", strerror(errno));
+        return;
+    }
+    for (size_t i = 0; i < sizeof r; i++) snprintf(c->nonce + 2 * i, 3, "%02x", r[i]);
+    if (head_only) {
+        conn_respond(c, 200, "text/html; charset=utf-8", NULL, 0);
+        return;
+    }
+    const char *at = strstr(mf_serve_ui_html, "<script>");
+    char *page = NULL;
+    const int n = asprintf(&page, "%.*s<script nonce=\"%s\">%s", (int)(at - mf_serve_ui_html), mf_serve_ui_html, c->nonce,
+                           at + strlen("<script>"));
+    if (n < 0) abort();
+    conn_respond(c, 200, "text/html; charset=utf-8", page, (size_t)n);
+    free(page);
 }
 
 void conn_respond(conn *c, int status, const char *ctype, const void *body, size_t len) {
@@ -263,11 +291,11 @@ void conn_respond(conn *c, int status, const char *ctype, const void *body, size
         conn_start_reading(c);
     }
     if (c->srv->stopping) c->close_after = true;
-    char *head = NULL;
+    char *head = NULL, policy[512];
     int hl = asprintf(&head,
                       "HTTP/1.1 %d %s\r\nContent-Type: %s\r\nContent-Length: %zu\r\nCache-Control: no-store\r\n"
                       "X-Content-Type-Options: nosniff\r\n%s%s%s%s\r\n",
-                      status, reason(status), ctype, len, csp(c, ctype), c->close_after ? "Connection: close\r\n" : "",
+                      status, reason(status), ctype, len, csp(c, ctype, policy, sizeof policy), c->close_after ? "Connection: close\r\n" : "",
                       status == 401 ? "WWW-Authenticate: Bearer\r\n" : "", status == 429 || status == 503 ? "Retry-After: 1\r\n" : "");
     if (hl < 0) abort();
     char *b = NULL;
@@ -733,10 +761,7 @@ static int on_message_complete(http_parser *p) {
     http_parser_pause(p, 1);
     uv_timer_stop(&c->timer);
     switch (c->route) {
-    case R_UI:
-        if (p->method == HTTP_HEAD) conn_respond(c, 200, "text/html; charset=utf-8", NULL, 0);
-        else conn_respond(c, 200, "text/html; charset=utf-8", mf_serve_ui_html, strlen(mf_serve_ui_html));
-        break;
+    case R_UI: serve_ui(c, p->method == HTTP_HEAD); break;
     case R_HEALTH: health(c); break;
     case R_LIST: {
         size_t n;

@@ -88,6 +88,7 @@ struct conn {
     bool close_after;        /* close once written */
     bool eof;
     bool kept_alive;         /* a request has been answered on it: the next one is awaited for the idle time */
+    char nonce[33];          /* the UI page's script nonce, for its CSP header */
     int writes;              /* writes in flight */
     size_t write_queue_seen; /* bytes that waited in libuv's write queue when the idle timer was last armed */
     int refs;                /* handles open + work items holding the conn */

@@ -49,6 +49,19 @@ Test(serve_ui, load_pick_and_see_the_heatmaps_in_chromium, .timeout = 240) {
     cr_assert_null(strstr(r.body, "https://"), "no external resources");
     cr_assert_null(strstr(r.body, "<link"), "no external stylesheets");
     cr_assert_null(strstr(r.body, " src="), "no external scripts or images");
+    /* its one script runs by the nonce of this answer, and no other script would: not even an inline one */
+    const char *np = strstr(r.head, "script-src 'nonce-");
+    cr_assert(np, "the policy names no script nonce: %s", r.head);
+    char nonce[64] = "", tag[128];
+    cr_assert_eq(sscanf(np, "script-src 'nonce-%63[0-9a-f]'", nonce), 1);
+    cr_assert_eq(strlen(nonce), 32);
+    cr_assert_null(strstr(r.head, "script-src 'unsafe-inline'"));
+    snprintf(tag, sizeof tag, "<script nonce=\"%s\">", nonce);
+    cr_assert(strstr(r.body, tag), "the page's script does not carry the header's nonce");
+    cr_assert_eq(count(r.body, "<script"), 1);
+    http_free(&r);
+    http_request(s.port, "GET", "/", NULL, NULL, 0, &r);
+    cr_assert(strstr(r.head, "script-src 'nonce-") && !strstr(r.head, nonce), "the nonce is the same for two answers");
     http_free(&r);
     if (system("command -v chromium > /dev/null 2>&1") != 0) {
         server_stop(&s, SIGKILL);

@@ -136,6 +136,42 @@ Test(viz, heatmap_command_writes_png_svg_pdf) {
     cr_assert_eq(run_moeflip(err, sizeof err, "heatmap %s --kind margin -o %s/x.gif", diff, d), 1);
 }
 
+/* Every string a manifest brings into the report (run names, numerics, precision, device, tool, architecture,
+ * digests) is text, not markup: whoever made a run cannot put a script into the report of whoever compares it. */
+Test(viz, report_escapes_what_runs_say) {
+    static const char hostile[] = "<img src=x onerror=alert(1)>\"><script>alert(2)</script>";
+    char *text = fake_diff(3, 8, 6);
+    json_t *d = json_loads(text, 0, NULL);
+    free(text);
+    json_t *runs[2] = {json_object_get(d, "reference"), json_array_get(json_object_get(d, "targets"), 0)};
+    static const char *keys[] = {"run", "numerics", "precision", "device_name", "tool"};
+    for (int r = 0; r < 2; r++)
+        for (size_t k = 0; k < sizeof keys / sizeof keys[0]; k++) json_object_set_new(runs[r], keys[k], json_string(hostile));
+    json_t *model = json_object_get(runs[0], "model");
+    json_object_set_new(model, "architecture", json_string(hostile));
+    json_object_set_new(model, "config_digest", json_string(hostile));
+    json_object_set_new(model, "weights_digest", json_string(hostile));
+    const char *dir = temp_dir();
+    char path[4200], out[4200];
+    snprintf(path, sizeof path, "%s/diff.json", dir);
+    snprintf(out, sizeof out, "%s/report.html", dir);
+    cr_assert_eq(json_dump_file(d, path, 0), 0);
+    json_decref(d);
+    mf_error e = {0};
+    cr_assert_eq(mf_report_write(path, out, &e), MF_OK, "%s", e.msg);
+    char *html;
+    size_t n;
+    cr_assert_eq(mf_read_file(out, &html, &n, &e), MF_OK);
+    cr_assert_null(strstr(html, "<img src=x"), "a manifest's text went into the report as markup");
+    cr_assert_null(strstr(html, "<script"), "a manifest's text went into the report as markup");
+    int escaped = 0;
+    for (const char *p = html; (p = strstr(p, "&lt;img src=x onerror=alert(1)&gt;&quot;&gt;&lt;script&gt;")); p++) escaped++;
+    /* the section's heading and line (3), the two runs' rows (10), the model line (3) */
+    cr_assert_geq(escaped, 16, "the hostile text appears escaped %d times", escaped);
+    cr_assert(strstr(html, "<meta http-equiv=Content-Security-Policy content=\"default-src 'none';"), "no CSP of its own");
+    free(html);
+}
+
 /* The main job with no arguments in an empty folder, then the report in Chromium. */
 Test(viz, sweep_default_and_report_in_chromium, .timeout = 240) {
     const char *d = temp_dir();

@@ -117,12 +117,28 @@ static void figure(out *o, const char *diff_text, int target, mf_heat_kind kind,
     mf_figure_free(&fig);
 }
 
+/* A run's row in the metadata table: every string in it comes from a manifest, which whoever made the run wrote,
+ * and is escaped like all such text in the report. */
+static void run_cells(out *o, json_t *run) {
+    static const char *keys[] = {"run", "numerics", "precision", "device_name", "tool"};
+    for (size_t k = 0; k < sizeof keys / sizeof keys[0]; k++) {
+        puts_(o, "<td>");
+        esc(o, str(run, keys[k]));
+        puts_(o, "</td>");
+    }
+    puts_(o, "</tr>");
+}
+
 static void section(out *o, const char *path, const char *text, json_t *d, int *fig_no) {
     json_t *ref = json_object_get(d, "reference"), *targets = json_object_get(d, "targets");
     json_t *model = json_object_get(ref, "model");
-    printf_(o, "<section><h2>Reference %s &times; %s</h2>\n", str(ref, "numerics"), str(ref, "precision"));
-    printf_(o, "<p class=meta>%s, %lld sequences; diff <code>", str(model, "architecture"),
-            (long long)json_integer_value(json_object_get(d, "sequences")));
+    puts_(o, "<section><h2>Reference ");
+    esc(o, str(ref, "numerics"));
+    puts_(o, " &times; ");
+    esc(o, str(ref, "precision"));
+    puts_(o, "</h2>\n<p class=meta>");
+    esc(o, str(model, "architecture"));
+    printf_(o, ", %lld sequences; diff <code>", (long long)json_integer_value(json_object_get(d, "sequences")));
     esc(o, path);
     json_t *bs = json_object_get(d, "bootstrap");
     printf_(o, "</code>; intervals: %lld resamples of whole sequences (seed %lld).</p>\n",
@@ -176,20 +192,19 @@ static void section(out *o, const char *path, const char *text, json_t *d, int *
     /* metadata */
     puts_(o, "<details><summary>Runs</summary><table class=meta><tr><th>role</th><th>run</th><th>numerics</th><th>precision</th>"
              "<th>device</th><th>tool</th></tr>");
-    printf_(o, "<tr><td>reference</td><td>");
-    esc(o, str(ref, "run"));
-    printf_(o, "</td><td>%s</td><td>%s</td><td>", str(ref, "numerics"), str(ref, "precision"));
-    esc(o, str(ref, "device_name"));
-    printf_(o, "</td><td>%s</td></tr>", str(ref, "tool"));
+    puts_(o, "<tr><td>reference</td>");
+    run_cells(o, ref);
     json_array_foreach(targets, i, t) {
-        printf_(o, "<tr><td>target %zu</td><td>", i + 1);
-        esc(o, str(t, "run"));
-        printf_(o, "</td><td>%s</td><td>%s</td><td>", str(t, "numerics"), str(t, "precision"));
-        esc(o, str(t, "device_name"));
-        printf_(o, "</td><td>%s</td></tr>", str(t, "tool"));
+        printf_(o, "<tr><td>target %zu</td>", i + 1);
+        run_cells(o, t);
     }
-    printf_(o, "</table><p class=meta>model %s, config digest %s, weights digest %s</p></details></section>\n",
-            str(model, "architecture"), str(model, "config_digest"), str(model, "weights_digest"));
+    puts_(o, "</table><p class=meta>model ");
+    esc(o, str(model, "architecture"));
+    puts_(o, ", config digest ");
+    esc(o, str(model, "config_digest"));
+    puts_(o, ", weights digest ");
+    esc(o, str(model, "weights_digest"));
+    puts_(o, "</p></details></section>\n");
 }
 
 static const char *css =
@@ -203,7 +218,10 @@ static const char *css =
 
 int mf_report_write_many(const char **paths, int n, const char *out_path, mf_error *err) {
     out o = {0};
-    puts_(&o, "<!DOCTYPE html>\n<html lang=en><head><meta charset=utf-8><title>moeflip report</title><style>");
+    /* The report runs no script, and says so to the browser wherever it is opened (from disk, from the collector,
+     * as a blob the collector's page made): text from a manifest that got past the escaping could not run. */
+    puts_(&o, "<!DOCTYPE html>\n<html lang=en><head><meta charset=utf-8><meta http-equiv=Content-Security-Policy "
+              "content=\"default-src 'none'; style-src 'unsafe-inline'; img-src data:\"><title>moeflip report</title><style>");
     puts_(&o, css);
     puts_(&o, "</style></head><body>\n<h1>moeflip: where expert choices flip, and what it does to the output</h1>\n");
     puts_(&o, "<p class=meta>Each target runs the same model on the same tokens as the reference under other arithmetic "
