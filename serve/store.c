@@ -136,7 +136,10 @@ static json_t *jget(json_t *o, const char *path) {
     return o;
 }
 
-static json_t *copy_or_null(json_t *v) { return v ? json_deep_copy(v) : json_null(); }
+/* A manifest field for the run list, of the type the API documents (a string, or an integer for the model's
+ * sizes), else null: a manifest is whatever its writer made it, and one odd field must not break clients. */
+static json_t *string_or_null(json_t *v) { return json_is_string(v) ? json_string(json_string_value(v)) : json_null(); }
+static json_t *integer_or_null(json_t *v) { return json_is_integer(v) ? json_integer(json_integer_value(v)) : json_null(); }
 
 /* Opens (verifies) a run directory and describes it. */
 int store_load_run(const char *dir, const char *name, const char *(*given)(void *ud, const char *file), void *ud,
@@ -160,13 +163,17 @@ int store_load_run(const char *dir, const char *name, const char *(*given)(void 
     for (size_t i = 0; i < r->n_shards; i++) bytes += r->shard_bytes[i];
     for (size_t i = 0; i < r->n_seqs; i++) tokens += (uint64_t)r->seqs[i].length;
     json_t *model = json_object();
-    static const char *model_keys[] = {"architecture", "parameters", "n_layers", "n_experts", "top_k", "vocab", "weights_digest"};
-    for (size_t i = 0; i < sizeof model_keys / sizeof model_keys[0]; i++)
-        json_object_set_new(model, model_keys[i], copy_or_null(json_object_get(json_object_get(m, "model"), model_keys[i])));
+    static const char *model_text[] = {"architecture", "weights_digest"};
+    static const char *model_sizes[] = {"parameters", "n_layers", "n_experts", "top_k", "vocab"};
+    json_t *mm = json_object_get(m, "model");
+    for (size_t i = 0; i < sizeof model_text / sizeof model_text[0]; i++)
+        json_object_set_new(model, model_text[i], string_or_null(json_object_get(mm, model_text[i])));
+    for (size_t i = 0; i < sizeof model_sizes / sizeof model_sizes[0]; i++)
+        json_object_set_new(model, model_sizes[i], integer_or_null(json_object_get(mm, model_sizes[i])));
     e->summary = json_pack("{ss ss so s{so so} so so so so sI sI sI sb}", "name", name, "digest", digest, "model", model,
-                           "device", "kind", copy_or_null(jget(m, "device.kind")), "name", copy_or_null(jget(m, "device.name")),
-                           "numerics", copy_or_null(jget(m, "numerics")), "precision", copy_or_null(jget(m, "precision.name")),
-                           "record", copy_or_null(jget(m, "record")), "created", copy_or_null(jget(m, "created")),
+                           "device", "kind", string_or_null(jget(m, "device.kind")), "name", string_or_null(jget(m, "device.name")),
+                           "numerics", string_or_null(jget(m, "numerics")), "precision", string_or_null(jget(m, "precision.name")),
+                           "record", string_or_null(jget(m, "record")), "created", string_or_null(jget(m, "created")),
                            "sequences", (json_int_t)r->n_seqs, "tokens", (json_int_t)tokens, "bytes", (json_int_t)bytes,
                            "complete", r->complete);
     json_decref(m);

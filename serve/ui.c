@@ -49,7 +49,7 @@ const char mf_serve_ui_html[] =
 "  a.onchange=b.onchange=mark;cell(tr,'').appendChild(a);cell(tr,'').appendChild(b);\n"
 "  cell(tr,r.name);const m=r.model||{};cell(tr,(m.architecture||'?')+(m.parameters?' ('+m.parameters.toLocaleString('en')+' params)':''));\n"
 "  const d=r.device||{};cell(tr,(d.kind||'?')+(d.name?': '+d.name:''));cell(tr,r.numerics).className='num';cell(tr,r.precision);\n"
-"  cell(tr,(r.created||'').replace('T',' ').replace('Z',' UTC'));cell(tr,r.sequences);cell(tr,r.tokens);tb.appendChild(tr);}\n"
+"  cell(tr,String(r.created||'').replace('T',' ').replace('Z',' UTC'));cell(tr,r.sequences);cell(tr,r.tokens);tb.appendChild(tr);}\n"
 " mark();}\n"
 "function mark(){for(const tr of document.querySelectorAll('#runs tbody tr')){\n"
 " tr.className=tr.querySelector('input[type=radio]').checked?'ref':tr.querySelector('.tgt').checked?'tgt':'';}}\n"

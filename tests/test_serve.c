@@ -220,6 +220,48 @@ Test(serve, writes_need_the_token_401_and_reads_token) {
     server_stop(&s, SIGKILL);
 }
 
+/* A manifest whose descriptive fields have other types than moeflip writes (a number for the date, an object for
+ * the numerics) is stored and listed with those fields null, as the API documents its types. */
+Test(serve, odd_manifest_fields_are_listed_as_null) {
+    const char *d = temp_dir();
+    const char *run = make_run(d, "r", "hf/olmoe", "--precision fp64");
+    char odd[700], cmd[1500], path[800];
+    snprintf(odd, sizeof odd, "%s/odd", d);
+    snprintf(cmd, sizeof cmd, "cp -r '%s' '%s'", run, odd);
+    cr_assert_eq(system(cmd), 0);
+    snprintf(path, sizeof path, "%s/manifest.json", odd);
+    json_t *m = json_load_file(path, 0, NULL);
+    cr_assert(m);
+    json_object_set_new(m, "created", json_integer(20261201));
+    json_object_set_new(m, "numerics", json_pack("{si}", "x", 1));
+    json_object_set_new(json_object_get(m, "model"), "n_experts", json_string("many"));
+    cr_assert_eq(json_dump_file(m, path, JSON_INDENT(2)), 0);
+    json_decref(m);
+    char root[600], extra[700];
+    test_server s;
+    server_start_in(&s, d, "", root, extra);
+    http_resp r;
+    put_run(s.port, "odd", odd, AUTH, &r);
+    cr_assert_eq(r.status, 201, "%d %s", r.status, r.body);
+    http_free(&r);
+    put_run(s.port, "r", run, AUTH, &r);
+    cr_assert_eq(r.status, 201, "%d %s", r.status, r.body);
+    http_free(&r);
+    http_request(s.port, "GET", "/api/runs", NULL, NULL, 0, &r);
+    cr_assert_eq(r.status, 200);
+    json_t *l = json_loads(r.body, 0, NULL);
+    http_free(&r);
+    json_t *o = json_array_get(json_object_get(l, "runs"), 0), *n = json_array_get(json_object_get(l, "runs"), 1);
+    cr_assert_str_eq(json_string_value(json_object_get(o, "name")), "odd");
+    cr_assert(json_is_null(json_object_get(o, "created")) && json_is_null(json_object_get(o, "numerics")));
+    cr_assert(json_is_null(json_object_get(json_object_get(o, "model"), "n_experts")));
+    cr_assert_eq(json_integer_value(json_object_get(json_object_get(o, "model"), "top_k")), 4);
+    cr_assert_str_eq(json_string_value(json_object_get(n, "numerics")), "fp64");
+    cr_assert(json_is_string(json_object_get(n, "created")));
+    json_decref(l);
+    server_stop(&s, SIGKILL);
+}
+
 Test(serve, hostile_names_400) {
     const char *d = temp_dir();
     const char *run = make_run(d, "r", "hf/olmoe", "--precision fp64");
