@@ -63,6 +63,7 @@ struct upload {
     char name[MF_SERVE_NAME_MAX + 1];
     char tmp[4200];
     char final[4200];
+    bool listed;              /* the store listed a run of this name when the upload began */
     /* framing (loop thread) */
     int fstate;
     char line[320];
@@ -173,6 +174,7 @@ upload *upload_begin(conn *c, const char *name) {
     snprintf(u->name, sizeof u->name, "%s", name);
     snprintf(u->tmp, sizeof u->tmp, "%s/.tmp/up-%ld-%llu", s->root, (long)getpid(), (unsigned long long)++s->seq);
     store_dir_of(s, name, u->final, sizeof u->final);
+    u->listed = store_find(s, name) != NULL;
     s->n_uploads++;
     return u;
 }
@@ -415,6 +417,41 @@ static const char *written_digest(void *ud, const char *file) {
     return NULL;
 }
 
+/* The name is taken by a directory the store did not list when the upload began: one left out as damaged when the
+ * server started (or one another upload has just stored). It is verified in full; a damaged one is swapped for the
+ * upload's verified directory, in one step where the file system can (RENAME_EXCHANGE), and removed. false when
+ * the copy there verifies, or when it could not be replaced (then werr says why). */
+static bool replace_damaged(upload *u) {
+    run_entry *old = NULL;
+    mf_error err = {0};
+    if (store_load_run(u->final, u->name, NULL, NULL, &old, &err) == MF_OK) {
+        json_decref(old->summary);
+        free(old->manifest);
+        free(old);
+        return false;
+    }
+    bool swapped = renameat2(AT_FDCWD, u->tmp, AT_FDCWD, u->final, RENAME_EXCHANGE) == 0;
+    if (!swapped) {   /* no exchange here: the damaged copy goes aside first */
+        char aside[4300];
+        snprintf(aside, sizeof aside, "%s-damaged", u->tmp);
+        if (rename(u->final, aside) != 0) {
+            werr(u, 500, "run %s: the stored copy is damaged and could not be replaced: %s", u->name, strerror(errno));
+            return false;
+        }
+        if (rename(u->tmp, u->final) != 0) {
+            werr(u, 500, "run %s: the stored copy is damaged and could not be replaced: %s", u->name, strerror(errno));
+            (void)rename(aside, u->final);   /* as it was */
+            return false;
+        }
+        (void)rename(aside, u->tmp);   /* removed with the upload's directory below (else at the next start) */
+    }
+    char runs[4300];
+    snprintf(runs, sizeof runs, "%s/runs", u->s->root);
+    fsync_dir(runs);
+    store_remove_tree(u->tmp);   /* the damaged copy, now under the upload's temporary name */
+    return true;
+}
+
 static void finalize(upload *u) {
     if (u->werr) return;
     if (atomic_load(&u->aborted)) return;
@@ -469,7 +506,12 @@ static void finalize(upload *u) {
     }
     if (errno != EEXIST && errno != ENOTEMPTY) {
         werr(u, 500, "storing run %s failed: %s", u->name, strerror(errno));
-    } else {
+    } else if (!u->listed && replace_damaged(u)) {
+        u->status = 201;
+        u->reply = json_pack("{sssbsssssO}", "name", u->name, "verified", 1, "stored", "replaced", "digest", digest, "run", e->summary);
+        u->entry = e;
+        return;
+    } else if (!u->werr) {
         /* the name is taken: the same run again is harmless, another one is a conflict */
         char mp[4300], *text = NULL, have[33] = "";
         size_t len;

@@ -262,6 +262,54 @@ Test(serve, odd_manifest_fields_are_listed_as_null) {
     server_stop(&s, SIGKILL);
 }
 
+/* A stored run found damaged when the server starts is left out of the list; pushing the run again replaces the
+ * damaged copy (201, "replaced"), not "it is already here" over the damaged bytes. */
+Test(serve, damaged_stored_run_is_replaced_by_a_new_push) {
+    const char *d = temp_dir();
+    const char *run = make_run(d, "r", "hf/olmoe", "--precision fp64");
+    char root[600], extra[700], hex[200], shard[1200];
+    test_server s;
+    server_start_in(&s, d, "", root, extra);
+    http_resp r;
+    put_run(s.port, "r", run, AUTH, &r);
+    cr_assert_eq(r.status, 201, "%d %s", r.status, r.body);
+    http_free(&r);
+    server_stop(&s, SIGKILL);
+    /* one byte of the stored shard's data flipped */
+    name_hex("r", hex);
+    snprintf(shard, sizeof shard, "%s/runs/%s/part-00000.safetensors", root, hex);
+    FILE *f = fopen(shard, "r+b");
+    cr_assert(f);
+    fseek(f, -3, SEEK_END);
+    const int ch = fgetc(f);
+    fseek(f, -3, SEEK_END);
+    fputc(ch ^ 0x40, f);
+    fclose(f);
+    server_start(&s, root, extra);
+    char *names = list_names(s.port, NULL);
+    cr_assert_str_eq(names, "", "the damaged run is listed");
+    free(names);
+    put_run(s.port, "r", run, AUTH, &r);
+    cr_assert_eq(r.status, 201, "pushing over a damaged copy: %d %s", r.status, r.body);
+    cr_assert(strstr(r.body, "\"stored\":\"replaced\""), "%s", r.body);
+    http_free(&r);
+    names = list_names(s.port, NULL);
+    cr_assert_str_eq(names, "r");
+    free(names);
+    assert_stored_verifies(root, "r", run);
+    put_run(s.port, "r", run, AUTH, &r);
+    cr_assert_eq(r.status, 200, "the same run again: %d %s", r.status, r.body);
+    cr_assert(strstr(r.body, "\"stored\":\"existing\""), "%s", r.body);
+    http_free(&r);
+    /* and after a restart it is there, whole */
+    server_stop(&s, SIGKILL);
+    server_start(&s, root, extra);
+    names = list_names(s.port, NULL);
+    cr_assert_str_eq(names, "r");
+    free(names);
+    server_stop(&s, SIGKILL);
+}
+
 Test(serve, hostile_names_400) {
     const char *d = temp_dir();
     const char *run = make_run(d, "r", "hf/olmoe", "--precision fp64");
