@@ -7,11 +7,13 @@
 #include <unistd.h>
 
 static const char *help =
-    "usage: moeflip push RUN --to URL [--token-file F] [--name NAME] [--retries N] [-q]\n"
+    "usage: moeflip push RUN --to URL [--token-file F] [--name NAME] [--retries N] [--stall-timeout S] [-q]\n"
     "\n"
     "Streams the run directory RUN (verified here first) to the moeflip serve at URL (http://HOST:PORT)\n"
     "as NAME (default: RUN's base name). Connection failures, timeouts and busy or failing servers\n"
-    "(408, 429, 5xx) are retried up to --retries [5] times with backoff. Exits 0 only when the server\n"
+    "(408, 429, 5xx) are retried up to --retries [5] times with backoff, and so is an attempt whose body\n"
+    "moves no byte for --stall-timeout [60] s; once the whole run is sent, the server's answer is awaited\n"
+    "up to 10 minutes (it verifies and fsyncs the run first). Exits 0 only when the server\n"
     "has verified the run's manifest and every shard digest and stored it (pushing the same run again is\n"
     "harmless). --token-file holds the server's bearer token (a file only its owner may read). A progress\n"
     "bar is drawn on a terminal.\n";
@@ -19,7 +21,7 @@ static const char *help =
 int cmd_push(int argc, char **argv) {
     mf_push_opts o = {.retries = 5, .progress = true};
     static const struct option opts[] = {{"to", required_argument, 0, 't'},      {"token-file", required_argument, 0, 'k'},
-                                         {"name", required_argument, 0, 'n'},    {"retries", required_argument, 0, 'r'},
+                                         {"name", required_argument, 0, 'n'},    {"retries", required_argument, 0, 'r'},    {"stall-timeout", required_argument, 0, 's'},
                                          {"quiet", no_argument, 0, 'q'},         {"help", no_argument, 0, 'h'},
                                          {0, 0, 0, 0}};
     int c;
@@ -35,6 +37,10 @@ int cmd_push(int argc, char **argv) {
         case 'r':
             if (!cli_parse_int(optarg, 0, 100, &v)) return cli_usage_error("push", "--retries takes 0 to 100");
             o.retries = (int)v;
+            break;
+        case 's':
+            if (!cli_parse_int(optarg, 1, 3600, &v)) return cli_usage_error("push", "--stall-timeout takes 1 to 3600 seconds");
+            o.stall_s = (int)v;
             break;
         case 'q': quiet = true; break;
         case 'h': fputs(help, stdout); return 0;

@@ -9,9 +9,9 @@
  * before anything is sent; the shards' bytes are not hashed here: the server
  * hashes every shard as it stores it and compares it with the manifest, and
  * refuses a damaged one (422, naming it; nothing is stored), which push
- * reports and does not retry. Connection failures, timeouts, 408, 429 and 5xx
- * are retried with backoff; success is only the server's answer that it
- * verified and stored the run. */
+ * reports and does not retry. Connection failures, timeouts, a body that
+ * stalls, 408, 429 and 5xx are retried with backoff; success is only the
+ * server's answer that it verified and stored the run. */
 #include "serve_int.h"
 #include "mf_trace.h"
 
@@ -47,6 +47,12 @@ typedef struct body {
     char msg[600];
     mf_progress prog;
     bool progress;
+    /* stalls: the body's bytes must keep moving; once all are sent, the server has its time to verify and fsync */
+    double stall_s, answer_s;
+    double moved_at;        /* when ulnow last changed (or the attempt began) */
+    curl_off_t moved;       /* ulnow then */
+    const char *gave_up;    /* why xfer_cb ended the attempt, NULL if it did not */
+    double gave_up_s;       /* after how long */
     char reply[65536];
     size_t reply_len;
 } body;
@@ -105,11 +111,29 @@ static size_t write_cb(char *ptr, size_t size, size_t nmemb, void *ud) {
     return n;
 }
 
+/* libcurl calls this at least once a second. Its own low-speed limit cannot tell a stalled body from a server
+ * that has all of it and is verifying and fsyncing it (minutes for a large run on a slow disk), so the two are
+ * timed here: no byte of the body taken for stall_s, or no answer answer_s after the last one, ends the attempt. */
 static int xfer_cb(void *ud, curl_off_t dltotal, curl_off_t dlnow, curl_off_t ultotal, curl_off_t ulnow) {
     (void)dltotal;
     (void)dlnow;
-    (void)ultotal;
     body *b = ud;
+    const double now = mf_now();
+    if (ulnow != b->moved) {
+        b->moved = ulnow;
+        b->moved_at = now;
+    }
+    const bool all_sent = ultotal > 0 && ulnow >= ultotal;
+    if (!all_sent && now - b->moved_at > b->stall_s) {
+        b->gave_up = "the upload stalled: the server took no byte";
+        b->gave_up_s = b->stall_s;
+        return 1;
+    }
+    if (all_sent && now - b->moved_at > b->answer_s) {
+        b->gave_up = "no answer after the whole run was sent";
+        b->gave_up_s = b->answer_s;
+        return 1;
+    }
     if (b->progress) mf_progress_update(&b->prog, (uint64_t)ulnow, NULL);
     return 0;
 }
@@ -123,6 +147,9 @@ static void rewind_body(body *b) {
     b->reply_len = 0;
     b->reply[0] = 0;
     b->ramp = 0;
+    b->moved = -1;
+    b->moved_at = mf_now();
+    b->gave_up = NULL;
 }
 
 static bool transient_curl(CURLcode c) {
@@ -164,6 +191,8 @@ int mf_push(const mf_push_opts *o, mf_push_result *res, mf_error *err) {
 
     body b = {0};
     b.fd = -1;
+    b.stall_s = o->stall_s > 0 ? o->stall_s : 60;
+    b.answer_s = o->answer_s > 0 ? o->answer_s : 600;
     b.n = 2 + r->n_shards;
     b.seg = mf_xcalloc(2 * b.n + 2, sizeof *b.seg);
     size_t k = 0;
@@ -213,8 +242,6 @@ int mf_push(const mf_push_opts *o, mf_push_result *res, mf_error *err) {
     char why[CURL_ERROR_SIZE];   /* libcurl's own account of a failure: more than curl_easy_strerror's */
     curl_easy_setopt(cu, CURLOPT_ERRORBUFFER, why);
     curl_easy_setopt(cu, CURLOPT_CONNECTTIMEOUT, 10L);
-    curl_easy_setopt(cu, CURLOPT_LOW_SPEED_LIMIT, 1L);
-    curl_easy_setopt(cu, CURLOPT_LOW_SPEED_TIME, 60L);
     curl_easy_setopt(cu, CURLOPT_UPLOAD_BUFFERSIZE, UPLOAD_BUFFER);
     curl_easy_setopt(cu, CURLOPT_NOPROGRESS, 0L);
     curl_easy_setopt(cu, CURLOPT_XFERINFOFUNCTION, xfer_cb);
@@ -239,6 +266,9 @@ int mf_push(const mf_push_opts *o, mf_push_result *res, mf_error *err) {
         if (b.failed) {
             rc = mf_fail(err, MF_EIO, "push %s: %s", nm, b.msg);
             break;
+        } else if (cc == CURLE_ABORTED_BY_CALLBACK && b.gave_up) {
+            rc = mf_fail(err, MF_EIO, "push %s to %s: %s for %.0f s", nm, o->url, b.gave_up, b.gave_up_s);
+            again = true;
         } else if (cc != CURLE_OK) {
             const char *detail = why[0] ? why : curl_easy_strerror(cc);
             if (cc == CURLE_UNSUPPORTED_PROTOCOL || cc == CURLE_WEIRD_SERVER_REPLY)   /* the URL was checked: the answer is at fault */

@@ -2,8 +2,8 @@
  * checked byte for byte against a body built here from the run's files (a
  * wrongly assembled body, e.g. from the read callback's ramp, fails it), and
  * what push does when the server does not say 100 Continue, resets the
- * connection mid-body, refuses before the body, or answers with something that
- * is not HTTP. */
+ * connection mid-body, refuses before the body, answers with something that
+ * is not HTTP, stops taking the body, or takes long to answer a whole one. */
 #include "test_serve_util.h"
 
 #include <arpa/inet.h>
@@ -23,6 +23,8 @@ typedef enum fake_act {
     FAKE_HANG_UP,           /* 100 Continue, 64 KiB of the body, then a reset */
     FAKE_REFUSE,            /* 413 at once; what comes in the next 300 ms is counted as body */
     FAKE_NOT_HTTP,          /* the whole body, then an answer that is not HTTP */
+    FAKE_SLOW_ANSWER,       /* the whole body, then 12 s of silence (verifying, fsyncing), then 201 verified */
+    FAKE_STALL,             /* 100 Continue, 64 KiB of the body, then nothing: the connection held open, unread */
 } fake_act;
 
 typedef struct fake_server {
@@ -34,6 +36,8 @@ typedef struct fake_server {
     char head[8192];        /* the last request's head */
     char *body;             /* the last request's body bytes read */
     size_t body_len;
+    int held[4];            /* connections of FAKE_STALL, open until fake_stop */
+    int n_held;
     bool stop;
     pthread_t thread;
 } fake_server;
@@ -57,13 +61,14 @@ static bool read_body(fake_server *f, int fd, size_t want) {
     return true;
 }
 
-static void serve_one(fake_server *f, int fd, fake_act act) {
+/* false when the connection is to be held open */
+static bool serve_one(fake_server *f, int fd, fake_act act) {
     struct timeval tv = {20, 0};
     setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
     /* the head, byte by byte up to the blank line, so no body byte is taken with it */
     size_t h = 0;
     while (h + 1 < sizeof f->head && !(h >= 4 && !memcmp(f->head + h - 4, "\r\n\r\n", 4))) {
-        if (recv(fd, f->head + h, 1, 0) != 1) return;
+        if (recv(fd, f->head + h, 1, 0) != 1) return true;
         h++;
     }
     f->head[h] = 0;
@@ -98,7 +103,20 @@ static void serve_one(fake_server *f, int fd, fake_act act) {
         if (expect) send_all(fd, cont, sizeof cont - 1);
         if (read_body(f, fd, length)) send_all(fd, "SURPRISE 42\r\n\r\n", 15);
         break;
+    case FAKE_SLOW_ANSWER: {
+        if (expect) send_all(fd, cont, sizeof cont - 1);
+        if (!read_body(f, fd, length)) break;
+        struct timespec ts = {12, 0};   /* longer than libcurl's low-speed check averages over, plus the stall time */
+        nanosleep(&ts, NULL);
+        answer(fd, "201 Created", ok_answer_body);
+        break;
     }
+    case FAKE_STALL:
+        if (expect) send_all(fd, cont, sizeof cont - 1);
+        read_body(f, fd, length < 65536 ? length : 65536);
+        return false;
+    }
+    return true;
 }
 
 static void *fake_main(void *arg) {
@@ -109,9 +127,10 @@ static void *fake_main(void *arg) {
         int fd = accept(f->listener, NULL, NULL);
         if (fd < 0) continue;
         int k = f->conns < f->n_acts ? f->conns : f->n_acts - 1;
-        serve_one(f, fd, f->acts[k]);
+        const bool done = serve_one(f, fd, f->acts[k]);
         __atomic_add_fetch(&f->conns, 1, __ATOMIC_RELEASE);
-        close(fd);
+        if (!done && f->n_held < 4) f->held[f->n_held++] = fd;
+        else close(fd);
     }
     return NULL;
 }
@@ -136,6 +155,7 @@ static void fake_stop(fake_server *f) {
     __atomic_store_n(&f->stop, true, __ATOMIC_RELEASE);
     pthread_join(f->thread, NULL);
     close(f->listener);
+    for (int i = 0; i < f->n_held; i++) close(f->held[i]);
 }
 
 /* A run of about 12 MB (3 prompts of 512 tokens with full logits, from a synthetic small OLMoE): larger than
@@ -246,5 +266,39 @@ Test(push, answer_that_is_not_http) {
     cr_assert(strstr(out, "push r to http://127.0.0.1:") && strstr(out, ": the answer is not HTTP ("), "%s", out);
     cr_assert_eq(strchr(out, '\n'), out + strlen(out) - 1, "one line: %s", out);
     cr_assert_eq(f.conns, 1);
+    free(f.body);
+}
+
+/* A server that has the whole body and takes its time to verify and store it (12 s here, minutes for a large run
+ * on a slow disk) is waited for: the stall timeout is for a body that stops moving, not for the answer. */
+Test(push, a_slow_answer_is_waited_for, .timeout = 60) {
+    const char *run = make_run(temp_dir(), "r", "hf/olmoe", "--precision fp64");
+    fake_server f;
+    char out[2048];
+    const fake_act acts[] = {FAKE_SLOW_ANSWER};
+    const double t0 = mf_now();
+    int rc = push_to_fake(&f, acts, 1, run, " --stall-timeout 1", out, sizeof out);
+    cr_assert_eq(rc, 0, "push failed: %s", out);
+    cr_assert_eq(f.conns, 1, "the run was sent %d times", f.conns);
+    cr_assert_geq(mf_now() - t0, 11.9);
+    assert_body_is_run(&f, run);
+    free(f.body);
+}
+
+/* A server that stops taking the body, keeping the connection open: after --stall-timeout the attempt is given up
+ * and the run sent again, whole, on a new connection. */
+Test(push, a_stalled_body_is_sent_again, .timeout = 60) {
+    const char *d = temp_dir();
+    const char *run = big_run(d);
+    fake_server f;
+    char out[2048];
+    const fake_act acts[] = {FAKE_STALL, FAKE_OK};
+    const double t0 = mf_now();
+    int rc = push_to_fake(&f, acts, 2, run, " --stall-timeout 1", out, sizeof out);
+    const double dt = mf_now() - t0;
+    cr_assert_eq(rc, 0, "push failed: %s", out);
+    cr_assert_eq(f.conns, 2, "%d connections", f.conns);
+    cr_assert_lt(dt, 20, "the stall was noticed only after %.1f s", dt);
+    assert_body_is_run(&f, run);
     free(f.body);
 }
