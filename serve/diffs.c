@@ -10,7 +10,8 @@
  * on the loop, and one diff is computed at a time. The queue is the loop's,
  * not a lock's: a job waiting for its turn holds no pool thread, so uploads
  * and file reads are never stuck behind diffs. A queued job whose clients
- * have all gone is dropped before it starts. */
+ * have all gone (closed, or only closed their side: http.c) is dropped
+ * before it starts. */
 #include "serve_int.h"
 #include "mf_diff.h"
 #include "mf_viz.h"
@@ -40,6 +41,7 @@ struct diff_job {
     int bootstrap;
     conn *waiters;
     bool queued;              /* not in the cache: waits for its turn to be computed */
+    bool computing;           /* its turn has come */
     /* result */
     int status;               /* 200, or an error status */
     char msg[1200];
@@ -243,6 +245,7 @@ static void start_next(server *s) {
             continue;
         }
         s->diff_computing = true;
+        oldest->computing = true;
         if (uv_queue_work(s->loop, &oldest->work, compute_cb, compute_after) != 0) abort();
         return;
     }
@@ -267,6 +270,8 @@ static void lookup_after(uv_work_t *w, int status) {
     j->queued = true;
     start_next(j->s);
 }
+
+bool diffs_waiting_to_start(const conn *c) { return c->waiting && !c->waiting->computing; }
 
 void diffs_free(server *s) {
     while (s->jobs) finish(s->jobs);   /* queued jobs left at the end: nobody waits for them */

@@ -391,6 +391,10 @@ static void on_read(uv_stream_t *st, ssize_t nread, const uv_buf_t *buf) {
             conn_error(c, 400, "malformed HTTP request: the connection ended inside the request");
         } else if (nread != UV_EOF) {
             conn_close(c);   /* reset: nothing can be delivered */
+        } else if (c->state == CS_WAIT && c->writes == 0 && diffs_waiting_to_start(c)) {
+            /* closed while its diff waits for its turn: taken as gone (as proxies take a client's close), so that
+             * diffs asked for and abandoned are not computed one after the other */
+            conn_close(c);
         } else if (c->writes > 0 || c->state == CS_WAIT) {
             c->close_after = true;   /* finish the answer (or wait for the pool's), then close */
         } else {

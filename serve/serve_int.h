@@ -63,6 +63,8 @@ void upload_read_done(upload *u);
 void diffs_post(conn *c, const char *body, size_t len);
 void diffs_get(conn *c, const char *rest);
 void diffs_conn_gone(conn *c);
+/* true while the diff the connection waits for has not begun to be computed */
+bool diffs_waiting_to_start(const conn *c);
 /* Frees the jobs left when the loop has ended (queued ones whose clients were closed). */
 void diffs_free(server *s);
 

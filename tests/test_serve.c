@@ -1178,6 +1178,7 @@ Test(serve, diff_report_and_heatmaps_cached, .timeout = 120) {
     server_stop(&s, SIGKILL);
 }
 
+
 typedef struct diff_poster {
     int port;
     char body[600];
@@ -1191,6 +1192,53 @@ static void *post_diff_thread(void *arg) {
     p->status = r.status;
     http_free(&r);
     return NULL;
+}
+
+/* Diffs asked for and abandoned before their turn (the client closed, as a killed curl or a closed tab does) are
+ * not computed: only the one computing and the one still waited for are stored. */
+Test(serve, abandoned_queued_diffs_are_not_computed, .timeout = 240) {
+    const char *d = temp_dir();
+    const char *ref = make_run(d, "ref", "hf/olmoe", "--precision fp64");
+    const char *hop = make_run(d, "hopper", "hf/olmoe", "--numerics emu:hopper --precision bf16");
+    char root[600], extra[700], diffs[700];
+    test_server s;
+    server_start_in(&s, d, "", root, extra);
+    http_resp r;
+    put_run(s.port, "ref", ref, AUTH, &r);
+    cr_assert_eq(r.status, 201);
+    http_free(&r);
+    put_run(s.port, "hopper", hop, AUTH, &r);
+    cr_assert_eq(r.status, 201);
+    http_free(&r);
+    /* a long diff, computing */
+    diff_poster longd = {.port = s.port};
+    int el = snprintf(longd.body, sizeof longd.body, "{\"reference\": \"ref\", \"targets\": [");
+    for (int i = 0; i < 8; i++) el += snprintf(longd.body + el, sizeof longd.body - (size_t)el, "%s\"hopper\"", i ? ", " : "");
+    snprintf(longd.body + el, sizeof longd.body - (size_t)el, "], \"bootstrap\": 300}");
+    pthread_t th;
+    pthread_create(&th, NULL, post_diff_thread, &longd);
+    sleep_ms(150);
+    /* three more asked for, their clients gone at once */
+    for (int i = 0; i < 3; i++) {
+        char body[200], req[600];
+        const int bl = snprintf(body, sizeof body, "{\"reference\": \"ref\", \"targets\": [\"hopper\"], \"bootstrap\": %d}", 401 + i);
+        const int rl = snprintf(req, sizeof req, "POST /api/diffs HTTP/1.1\r\nHost: x\r\nContent-Length: %d\r\n\r\n%s", bl, body);
+        int fd = http_connect(s.port);
+        cr_assert(send_all(fd, req, (size_t)rl));
+        sleep_ms(20);
+        close(fd);
+    }
+    pthread_join(th, NULL);
+    cr_assert_eq(longd.status, 200);
+    /* one more, waited for: in order it comes after the abandoned ones */
+    static const char small[] = "{\"reference\": \"ref\", \"targets\": [\"hopper\"], \"bootstrap\": 100}";
+    http_request(s.port, "POST", "/api/diffs", NULL, small, strlen(small), &r);
+    cr_assert_eq(r.status, 200, "%d %s", r.status, r.body);
+    http_free(&r);
+    snprintf(diffs, sizeof diffs, "%s/diffs", root);
+    cr_assert_eq(dir_entries(diffs), 2, "%d diffs stored: abandoned ones were computed", dir_entries(diffs));
+    cr_assert(server_alive(&s));
+    server_stop(&s, SIGKILL);
 }
 
 /* Diffs waiting for their turn hold no pool thread: with four long diffs asked at once (as many as the pool has
