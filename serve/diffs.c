@@ -17,13 +17,12 @@
 #include "mf_viz.h"
 
 #include <errno.h>
+#include <fcntl.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
-
-int store_remove_tree(const char *path);
 
 #define MAX_TARGETS 16
 
@@ -173,7 +172,17 @@ static void lookup_cb(uv_work_t *w) {
     if (mf_read_file(mp, &j->meta, &len, &err) == MF_OK) j->status = 200;
 }
 
-/* pool: one diff at a time (diffs_start_next) */
+static void sync_diffs_dir(const server *s) {
+    char p[4300];
+    snprintf(p, sizeof p, "%s/diffs", s->root);
+    const int fd = open(p, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    if (fd >= 0) {
+        (void)fsync(fd);
+        close(fd);
+    }
+}
+
+/* pool: one diff at a time (start_next) */
 static void compute_cb(uv_work_t *w) {
     diff_job *j = w->data;
     server *s = j->s;
@@ -190,15 +199,18 @@ static void compute_cb(uv_work_t *w) {
         j->status = err.code == MF_EMISMATCH || err.code == MF_EFORMAT || err.code == MF_EINVAL ? 422 : 500;
         snprintf(j->msg, sizeof j->msg, "diff of %s failed: %s", j->ref, err.msg);
         store_remove_tree(tmp);
-    } else if (rename(tmp, final) != 0) {
+    } else if (store_sync_dir(tmp) != 0 || rename(tmp, final) != 0) {   /* a cached diff is whole, also after a power cut */
         j->status = 500;
         snprintf(j->msg, sizeof j->msg, "cannot store the diff: %s", strerror(errno));
         store_remove_tree(tmp);
-    } else if (mf_read_file(mp, &j->meta, &len, &err) != MF_OK) {
-        j->status = 500;
-        snprintf(j->msg, sizeof j->msg, "%s", err.msg);
     } else {
-        j->status = 200;
+        sync_diffs_dir(s);
+        if (mf_read_file(mp, &j->meta, &len, &err) == MF_OK) {
+            j->status = 200;
+        } else {
+            j->status = 500;
+            snprintf(j->msg, sizeof j->msg, "%s", err.msg);
+        }
     }
     /* the messages name runs, not directories */
     char *p;

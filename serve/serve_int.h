@@ -44,6 +44,10 @@ int store_open(server *s, mf_error *err);
  * (mf_run_open_given). */
 int store_load_run(const char *dir, const char *name, const char *(*given)(void *ud, const char *file), void *ud,
                    run_entry **out, mf_error *err);
+/* Removes a directory tree (nftw); 0 when done. */
+int store_remove_tree(const char *path);
+/* fsyncs every file in a directory (not below it) and the directory: what is renamed into place is on the disk. */
+int store_sync_dir(const char *path);
 
 /* ---- uploads (upload.c) -------------------------------------------------- */
 

@@ -40,8 +40,6 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-int store_remove_tree(const char *path);
-
 #define ALLOC_AHEAD (32u << 20)
 #define WRITE_BACK (2u << 20)       /* writeback of a file is started each time this much more has been written */
 #define SPLICE_PIPE (1u << 20)      /* the pipe between socket and file (F_SETPIPE_SZ; the kernel's default if refused) */
