@@ -94,6 +94,7 @@ static void conn_free(conn *c) {
     else s->conns = c->next;
     if (c->next) c->next->prev = c->prev;
     s->n_conns--;
+    explicit_bzero(c->auth, sizeof c->auth);
     free(c->body);
     free(c->leftover);
     free(c);
@@ -444,6 +445,7 @@ static void begin_request(conn *c) {
     c->hfield_len = 0;
     c->hfield_overflow = false;
     c->hkind = H_OTHER;
+    explicit_bzero(c->auth, sizeof c->auth);   /* the last request's token, if any */
     c->auth_len = 0;
     c->auth_overflow = false;
     c->expect_continue = false;

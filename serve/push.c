@@ -180,14 +180,17 @@ int mf_push(const mf_push_opts *o, mf_push_result *res, mf_error *err) {
         return mf_fail(err, MF_EINVAL, "\"%s\" is not a valid run name (1 to %d of A-Z a-z 0-9 . _ -, starting with a letter or digit, no \"..\"); give --name",
                        nm, MF_SERVE_NAME_MAX);
     snprintf(res->name, sizeof res->name, "%s", nm);
+    if (strncmp(o->url, "http://", 7) != 0 && strncmp(o->url, "https://", 8) != 0)
+        return mf_fail(err, MF_EINVAL, "--to %s: give the server's URL, http://HOST:PORT", o->url);
     char token[MF_SERVE_TOKEN_MAX + 1] = "";
     int rc;
     if (o->token_file && (rc = mf_serve_read_token(o->token_file, token, sizeof token, err))) return rc;
-    if (strncmp(o->url, "http://", 7) != 0 && strncmp(o->url, "https://", 8) != 0)
-        return mf_fail(err, MF_EINVAL, "--to %s: give the server's URL, http://HOST:PORT", o->url);
     mf_run *r;
     /* the manifest and the shards' headers are checked here; the shards' digests by the server */
-    if ((rc = mf_run_open_unhashed(&r, o->run_dir, err))) return mf_fail_wrap(err, "push %s", nm);
+    if ((rc = mf_run_open_unhashed(&r, o->run_dir, err))) {
+        explicit_bzero(token, sizeof token);
+        return mf_fail_wrap(err, "push %s", nm);
+    }
 
     body b = {0};
     b.fd = -1;
@@ -228,7 +231,8 @@ int mf_push(const mf_push_opts *o, mf_push_result *res, mf_error *err) {
     if (token[0]) {
         snprintf(auth, sizeof auth, "Authorization: Bearer %s", token);
         hdr = curl_slist_append(hdr, auth);
-        memset(auth, 0, sizeof auth);
+        explicit_bzero(auth, sizeof auth);
+        explicit_bzero(token, sizeof token);
     }
     curl_easy_setopt(cu, CURLOPT_URL, url);
     curl_easy_setopt(cu, CURLOPT_UPLOAD, 1L);
@@ -297,9 +301,9 @@ int mf_push(const mf_push_opts *o, mf_push_result *res, mf_error *err) {
     }
     res->seconds = mf_now() - t0;
     rewind_body(&b);
-    curl_slist_free_all(hdr);
     curl_easy_cleanup(cu);
-    memset(token, 0, sizeof token);
+    for (struct curl_slist *l = hdr; l; l = l->next) explicit_bzero(l->data, strlen(l->data));   /* the token's copy */
+    curl_slist_free_all(hdr);
     for (size_t i = 0; i < b.n; i++) free(b.seg[i].path);
     free(b.seg);
     mf_run_close(r);

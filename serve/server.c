@@ -98,8 +98,8 @@ out:
         uv_run(&loop, UV_RUN_DEFAULT);
         uv_loop_close(&loop);
     }
-    memset(s->token, 0, sizeof s->token);
-    memset(s->read_token, 0, sizeof s->read_token);
+    explicit_bzero(s->token, sizeof s->token);
+    explicit_bzero(s->read_token, sizeof s->read_token);
     free(s);
     return rc;
 }

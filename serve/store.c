@@ -45,14 +45,18 @@ int mf_serve_read_token(const char *path, char *token, size_t cap, mf_error *err
     size_t len = (size_t)n;
     if (len && buf[len - 1] == '\n') len--;
     if (len && buf[len - 1] == '\r') len--;
+    int rc = MF_OK;
     if (len < 8 || len > MF_SERVE_TOKEN_MAX || len >= cap)
-        return mf_fail(err, MF_EINVAL, "token file %s: the token must be 8 to %d characters on one line", path, MF_SERVE_TOKEN_MAX);
-    for (size_t i = 0; i < len; i++)
+        rc = mf_fail(err, MF_EINVAL, "token file %s: the token must be 8 to %d characters on one line", path, MF_SERVE_TOKEN_MAX);
+    for (size_t i = 0; i < len && !rc; i++)
         if (buf[i] <= ' ' || buf[i] > '~')
-            return mf_fail(err, MF_EINVAL, "token file %s: the token must be printable ASCII without spaces", path);
-    memcpy(token, buf, len);
-    token[len] = 0;
-    return MF_OK;
+            rc = mf_fail(err, MF_EINVAL, "token file %s: the token must be printable ASCII without spaces", path);
+    if (!rc) {
+        memcpy(token, buf, len);
+        token[len] = 0;
+    }
+    explicit_bzero(buf, sizeof buf);   /* the secret lives in token only */
+    return rc;
 }
 
 void store_dir_of(const server *s, const char *name, char *out, size_t cap) {
