@@ -12,11 +12,15 @@
 #define MAX_URL 2048
 #define MAX_SMALL_BODY (64 * 1024)
 #define MAX_UPLOAD_FILES 4096
-#define STAGE_FLUSH (1u << 20)        /* hand staged upload bytes to the pool at this size */
-#define STAGE_PAUSE (8u << 20)        /* stop reading the socket while this much waits */
+/* Upload sizes. The fuzz target is built with small ones (tests/CMakeLists.txt), so that its inputs, a few KB,
+ * reach every path of a large upload: adopted buffers, batches, the pause, splicing. */
+#ifndef STAGE_FLUSH
+#define STAGE_FLUSH (1u << 20)         /* hand staged upload bytes to the pool at this size */
+#define STAGE_PAUSE (8u << 20)         /* stop reading the socket while this much waits */
 #define UPLOAD_READ (256u << 10)       /* a connection with an upload reads into buffers this large */
 #define UPLOAD_ADOPT (16u << 10)       /* a run of file bytes this long in one such buffer is staged by reference */
 #define UPLOAD_SPLICE_MIN (64u << 10)  /* a file with this much left after a read is spliced from the socket (upload.c) */
+#endif
 
 typedef struct server server;
 typedef struct conn conn;
