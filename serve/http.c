@@ -850,6 +850,7 @@ conn *server_adopt_pipe(server *s, int fd) {
 void server_init(server *s, uv_loop_t *loop, const mf_serve_opts *o) {
     memset(s, 0, sizeof *s);
     s->loop = loop;
+    uv_mutex_init(&s->replace_lock);
     s->o = *o;
     s->lock_fd = -1;
     http_parser_settings_init(&s->settings);

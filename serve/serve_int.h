@@ -158,6 +158,7 @@ struct server {
     /* diffs */
     diff_job *jobs;          /* diffs looked up, queued or being computed, newest first */
     bool diff_computing;     /* one diff is computed at a time (diffs.c) */
+    uv_mutex_t replace_lock; /* one upload at a time replaces a damaged stored copy (upload.c, pool threads) */
     bool stopping;
     int lock_fd;
     /* the buffer on_read is parsing: an upload freed meanwhile leaves it to on_read */

@@ -93,6 +93,7 @@ out:
     diffs_free(s);
     store_free(s);
     server_rbufs_free(s);
+    uv_mutex_destroy(&s->replace_lock);
     if (uv_loop_close(&loop) != 0) {
         uv_walk(&loop, close_walk, NULL);
         uv_run(&loop, UV_RUN_DEFAULT);

@@ -415,17 +415,18 @@ static const char *written_digest(void *ud, const char *file) {
     return NULL;
 }
 
-/* The name is taken by a directory the store did not list when the upload began: one left out as damaged when the
- * server started (or one another upload has just stored). It is verified in full; a damaged one is swapped for the
- * upload's verified directory, in one step where the file system can (RENAME_EXCHANGE), and removed. false when
- * the copy there verifies, or when it could not be replaced (then werr says why). */
-static bool replace_damaged(upload *u) {
+static bool replace_damaged_locked(upload *u) {
     run_entry *old = NULL;
     mf_error err = {0};
-    if (store_load_run(u->final, u->name, NULL, NULL, &old, &err) == MF_OK) {
+    const int rc = store_load_run(u->final, u->name, NULL, NULL, &old, &err);
+    if (rc == MF_OK) {
         json_decref(old->summary);
         free(old->manifest);
         free(old);
+        return false;
+    }
+    if (rc != MF_EDIGEST && rc != MF_EFORMAT) {
+        werr(u, 500, "run %s: the stored copy could not be read: %s", u->name, err.msg);
         return false;
     }
     bool swapped = renameat2(AT_FDCWD, u->tmp, AT_FDCWD, u->final, RENAME_EXCHANGE) == 0;
@@ -448,6 +449,19 @@ static bool replace_damaged(upload *u) {
     fsync_dir(runs);
     store_remove_tree(u->tmp);   /* the damaged copy, now under the upload's temporary name */
     return true;
+}
+
+/* The name is taken by a directory the store did not list when the upload began: one left out as damaged when the
+ * server started (or one another upload has just stored). It is verified in full; a damaged one (its bytes or its
+ * format wrong, not a read that failed) is swapped for the upload's verified directory, in one step where the file
+ * system can (RENAME_EXCHANGE), and removed. Uploads of the name do this one at a time (replace_lock), each
+ * verifying what is there when its turn comes, so a second one finds the first one's run, not the damaged copy.
+ * false when the copy there verifies, or could not be judged or replaced (then werr says why). */
+static bool replace_damaged(upload *u) {
+    uv_mutex_lock(&u->s->replace_lock);
+    const bool done = replace_damaged_locked(u);
+    uv_mutex_unlock(&u->s->replace_lock);
+    return done;
 }
 
 static void finalize(upload *u) {
