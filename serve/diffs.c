@@ -279,11 +279,17 @@ static void lookup_after(uv_work_t *w, int status) {
         finish(j);
         return;
     }
+    /* not cached: it joins the queue, without the clients that closed their side while it was looked up (http.c
+     * drops those that close while it is queued) */
     j->queued = true;
+    for (conn *c = j->waiters, *next; c; c = next) {
+        next = c->wait_next;
+        if (c->eof && c->writes == 0) conn_close(c);   /* takes it off the job (diffs_conn_gone) */
+    }
     start_next(j->s);
 }
 
-bool diffs_waiting_to_start(const conn *c) { return c->waiting && !c->waiting->computing; }
+bool diffs_waiting_to_start(const conn *c) { return c->waiting && c->waiting->queued; }
 
 void diffs_free(server *s) {
     while (s->jobs) finish(s->jobs);   /* queued jobs left at the end: nobody waits for them */

@@ -1237,6 +1237,16 @@ Test(serve, abandoned_queued_diffs_are_not_computed, .timeout = 240) {
     http_free(&r);
     snprintf(diffs, sizeof diffs, "%s/diffs", root);
     cr_assert_eq(dir_entries(diffs), 2, "%d diffs stored: abandoned ones were computed", dir_entries(diffs));
+    /* a client that closes its side after asking for a diff that is cached still gets it */
+    char req[600];
+    const int rl = snprintf(req, sizeof req, "POST /api/diffs HTTP/1.1\r\nHost: x\r\nContent-Length: %zu\r\n\r\n%s", strlen(small), small);
+    int fd = http_connect(s.port);
+    cr_assert(send_all(fd, req, (size_t)rl));
+    shutdown(fd, SHUT_WR);
+    http_read(fd, &r);
+    close(fd);
+    cr_assert_eq(r.status, 200, "a half-closed client of a cached diff: %d", r.status);
+    http_free(&r);
     cr_assert(server_alive(&s));
     server_stop(&s, SIGKILL);
 }
