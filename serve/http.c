@@ -47,6 +47,8 @@ bool ct_token_equal(const char *given, size_t given_len, const char *secret) {
     memcpy(b, secret, slen);
     volatile unsigned char d = (unsigned char)((given_len != slen) | (given_len > MF_SERVE_TOKEN_MAX));
     for (size_t i = 0; i < sizeof a; i++) d |= (unsigned char)(a[i] ^ b[i]);
+    explicit_bzero(a, sizeof a);
+    explicit_bzero(b, sizeof b);
     return d == 0;
 }
 
@@ -96,6 +98,7 @@ static void conn_free(conn *c) {
     s->n_conns--;
     explicit_bzero(c->auth, sizeof c->auth);
     free(c->body);
+    if (c->leftover) explicit_bzero(c->leftover, c->leftover_len);   /* requests, perhaps with a token */
     free(c->leftover);
     free(c);
 }
@@ -402,8 +405,12 @@ static void on_read(uv_stream_t *st, ssize_t nread, const uv_buf_t *buf) {
             conn_close(c);   /* gone mid-request (an upload is dropped), or idle */
         }
     }
-    if (buf->base && buf->len == UPLOAD_READ) server_rbuf_put(c->srv, buf->base);
-    else free(buf->base);
+    if (buf->base && buf->len == UPLOAD_READ) {
+        server_rbuf_put(c->srv, buf->base);   /* body bytes of an upload, kept for the next read */
+    } else {
+        if (buf->base && nread > 0) explicit_bzero(buf->base, (size_t)nread);   /* requests, perhaps with a token */
+        free(buf->base);
+    }
 }
 
 void conn_stop_reading(conn *c) {
@@ -478,6 +485,7 @@ void conn_resume(conn *c) {
         c->leftover = NULL;
         c->leftover_len = 0;
         feed(c, l, n);
+        explicit_bzero(l, n);
         free(l);
     }
 }

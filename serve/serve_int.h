@@ -16,9 +16,17 @@
  * reach every path of a large upload: adopted buffers, batches, the pause, splicing. */
 #ifndef STAGE_FLUSH
 #define STAGE_FLUSH (1u << 20)         /* hand staged upload bytes to the pool at this size */
+#endif
+#ifndef STAGE_PAUSE
 #define STAGE_PAUSE (8u << 20)         /* stop reading the socket while this much waits */
+#endif
+#ifndef UPLOAD_READ
 #define UPLOAD_READ (256u << 10)       /* a connection with an upload reads into buffers this large */
+#endif
+#ifndef UPLOAD_ADOPT
 #define UPLOAD_ADOPT (16u << 10)       /* a run of file bytes this long in one such buffer is staged by reference */
+#endif
+#ifndef UPLOAD_SPLICE_MIN
 #define UPLOAD_SPLICE_MIN (64u << 10)  /* a file with this much left after a read is spliced from the socket (upload.c) */
 #endif
 

@@ -197,19 +197,19 @@ int store_remove_tree(const char *path) { return nftw(path, rm_entry, 16, FTW_DE
 int store_sync_dir(const char *path) {
     DIR *d = opendir(path);
     if (!d) return -1;
-    int rc = 0;
+    int first = 0;   /* the first failure's errno, left in errno for the caller's message */
     struct dirent *de;
     while ((de = readdir(d))) {
         if (de->d_type != DT_REG && de->d_type != DT_UNKNOWN) continue;
         const int fd = openat(dirfd(d), de->d_name, O_RDONLY | O_CLOEXEC | O_NOFOLLOW);
         struct stat st;
-        if (fd < 0 || fstat(fd, &st) != 0) rc = -1;
-        else if (S_ISREG(st.st_mode) && fsync(fd) != 0) rc = -1;
+        if ((fd < 0 || fstat(fd, &st) != 0 || (S_ISREG(st.st_mode) && fsync(fd) != 0)) && !first) first = errno;
         if (fd >= 0) close(fd);
     }
-    if (fsync(dirfd(d)) != 0) rc = -1;
+    if (fsync(dirfd(d)) != 0 && !first) first = errno;
     closedir(d);
-    return rc;
+    errno = first;
+    return first ? -1 : 0;
 }
 
 int store_open(server *s, mf_error *err) {
