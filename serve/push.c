@@ -20,6 +20,8 @@
 #include <fcntl.h>
 #include <stdlib.h>
 #include <string.h>
+#include <linux/sockios.h>
+#include <sys/ioctl.h>
 #include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
@@ -51,6 +53,8 @@ typedef struct body {
     double stall_s, answer_s;
     double moved_at;        /* when ulnow last changed (or the attempt began) */
     curl_off_t moved;       /* ulnow then */
+    int queued;             /* bytes in the socket's send queue once all were handed to it (SIOCOUTQ) */
+    curl_socket_t sock;     /* the attempt's socket (sockopt_cb) */
     const char *gave_up;    /* why xfer_cb ended the attempt, NULL if it did not */
     double gave_up_s;       /* after how long */
     char reply[65536];
@@ -123,7 +127,19 @@ static int xfer_cb(void *ud, curl_off_t dltotal, curl_off_t dlnow, curl_off_t ul
         b->moved = ulnow;
         b->moved_at = now;
     }
-    const bool all_sent = ultotal > 0 && ulnow >= ultotal;
+    bool all_sent = ultotal > 0 && ulnow >= ultotal;
+    if (all_sent) {
+        /* ulnow counts bytes handed to the kernel: while some wait in the socket's send queue (the server's window
+         * is shut), the body is still being sent, or stalled */
+        int queued = 0;
+        if (b->sock != CURL_SOCKET_BAD && ioctl(b->sock, SIOCOUTQ, &queued) == 0 && queued > 0) {
+            all_sent = false;
+            if (queued != b->queued) {
+                b->queued = queued;
+                b->moved_at = now;
+            }
+        }
+    }
     if (!all_sent && now - b->moved_at > b->stall_s) {
         b->gave_up = "the upload stalled: the server took no byte";
         b->gave_up_s = b->stall_s;
@@ -138,6 +154,12 @@ static int xfer_cb(void *ud, curl_off_t dltotal, curl_off_t dlnow, curl_off_t ul
     return 0;
 }
 
+/* libcurl made the attempt's socket: kept for xfer_cb's look at its send queue */
+static int sockopt_cb(void *ud, curl_socket_t fd, curlsocktype purpose) {
+    if (purpose == CURLSOCKTYPE_IPCXN) ((body *)ud)->sock = fd;
+    return CURL_SOCKOPT_OK;
+}
+
 static void rewind_body(body *b) {
     if (b->fd >= 0) close(b->fd);
     b->fd = -1;
@@ -148,6 +170,8 @@ static void rewind_body(body *b) {
     b->reply[0] = 0;
     b->ramp = 0;
     b->moved = -1;
+    b->queued = 0;
+    b->sock = CURL_SOCKET_BAD;
     b->moved_at = mf_now();
     b->gave_up = NULL;
 }
@@ -250,6 +274,8 @@ int mf_push(const mf_push_opts *o, mf_push_result *res, mf_error *err) {
     curl_easy_setopt(cu, CURLOPT_NOPROGRESS, 0L);
     curl_easy_setopt(cu, CURLOPT_XFERINFOFUNCTION, xfer_cb);
     curl_easy_setopt(cu, CURLOPT_XFERINFODATA, &b);
+    curl_easy_setopt(cu, CURLOPT_SOCKOPTFUNCTION, sockopt_cb);
+    curl_easy_setopt(cu, CURLOPT_SOCKOPTDATA, &b);
 
     double t0 = mf_now();
     int retries = o->retries < 0 ? 0 : o->retries;

@@ -25,6 +25,8 @@ typedef enum fake_act {
     FAKE_NOT_HTTP,          /* the whole body, then an answer that is not HTTP */
     FAKE_SLOW_ANSWER,       /* the whole body, then 12 s of silence (verifying, fsyncing), then 201 verified */
     FAKE_STALL,             /* 100 Continue, 64 KiB of the body, then nothing: the connection held open, unread */
+    FAKE_STALL_AT_END,      /* 100 Continue, all but the last 3 MB, then nothing (small receive buffer: the rest
+                             * waits in push's send queue, all of it handed to the kernel) */
 } fake_act;
 
 typedef struct fake_server {
@@ -115,6 +117,10 @@ static bool serve_one(fake_server *f, int fd, fake_act act) {
         if (expect) send_all(fd, cont, sizeof cont - 1);
         read_body(f, fd, length < 65536 ? length : 65536);
         return false;
+    case FAKE_STALL_AT_END:
+        if (expect) send_all(fd, cont, sizeof cont - 1);
+        read_body(f, fd, length > 3000000 ? length - 3000000 : 0);
+        return false;
     }
     return true;
 }
@@ -140,6 +146,9 @@ static void fake_start(fake_server *f, const fake_act *acts, int n) {
     memcpy(f->acts, acts, (size_t)n * sizeof *acts);
     f->n_acts = n;
     f->listener = socket(AF_INET, SOCK_STREAM, 0);
+    const int small = 65536;   /* taken by accepted connections: a window that shuts soon when not read */
+    for (int i = 0; i < n; i++)
+        if (acts[i] == FAKE_STALL_AT_END) setsockopt(f->listener, SOL_SOCKET, SO_RCVBUF, &small, sizeof small);
     struct sockaddr_in a = {0};
     a.sin_family = AF_INET;
     a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
@@ -293,6 +302,24 @@ Test(push, a_stalled_body_is_sent_again, .timeout = 60) {
     fake_server f;
     char out[2048];
     const fake_act acts[] = {FAKE_STALL, FAKE_OK};
+    const double t0 = mf_now();
+    int rc = push_to_fake(&f, acts, 2, run, " --stall-timeout 1", out, sizeof out);
+    const double dt = mf_now() - t0;
+    cr_assert_eq(rc, 0, "push failed: %s", out);
+    cr_assert_eq(f.conns, 2, "%d connections", f.conns);
+    cr_assert_lt(dt, 20, "the stall was noticed only after %.1f s", dt);
+    assert_body_is_run(&f, run);
+    free(f.body);
+}
+
+/* The same when the server stops with the last 3 MB unread: push has handed every byte to the kernel, so only the
+ * socket's send queue shows that the body is not through; still a stall, not a wait for the answer. */
+Test(push, a_body_stalled_at_its_end_is_sent_again, .timeout = 60) {
+    const char *d = temp_dir();
+    const char *run = big_run(d);
+    fake_server f;
+    char out[2048];
+    const fake_act acts[] = {FAKE_STALL_AT_END, FAKE_OK};
     const double t0 = mf_now();
     int rc = push_to_fake(&f, acts, 2, run, " --stall-timeout 1", out, sizeof out);
     const double dt = mf_now() - t0;
