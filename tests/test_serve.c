@@ -1194,27 +1194,38 @@ static void *post_diff_thread(void *arg) {
     return NULL;
 }
 
+/* A long diff's request: ref against hopper eight times (each target draws its four heatmaps). */
+static void long_diff(diff_poster *p, int port, int bootstrap) {
+    *p = (diff_poster){.port = port};
+    int n = snprintf(p->body, sizeof p->body, "{\"reference\": \"ref\", \"targets\": [");
+    for (int i = 0; i < 8; i++) n += snprintf(p->body + n, sizeof p->body - (size_t)n, "%s\"hopper\"", i ? ", " : "");
+    snprintf(p->body + n, sizeof p->body - (size_t)n, "], \"bootstrap\": %d}", bootstrap);
+}
+
+/* A server in DIR holding the runs "ref" and "hopper" (an fp64 trace of the OLMoE fixture and an emu:hopper bf16 one). */
+static void serve_ref_and_hopper(test_server *s, const char *d, char root[600], char extra[700]) {
+    const char *ref = make_run(d, "ref", "hf/olmoe", "--precision fp64");
+    const char *hop = make_run(d, "hopper", "hf/olmoe", "--numerics emu:hopper --precision bf16");
+    server_start_in(s, d, "", root, extra);
+    http_resp r;
+    put_run(s->port, "ref", ref, AUTH, &r);
+    cr_assert_eq(r.status, 201);
+    http_free(&r);
+    put_run(s->port, "hopper", hop, AUTH, &r);
+    cr_assert_eq(r.status, 201);
+    http_free(&r);
+}
+
 /* Diffs asked for and abandoned before their turn (the client closed, as a killed curl or a closed tab does) are
  * not computed: only the one computing and the one still waited for are stored. */
 Test(serve, abandoned_queued_diffs_are_not_computed, .timeout = 240) {
-    const char *d = temp_dir();
-    const char *ref = make_run(d, "ref", "hf/olmoe", "--precision fp64");
-    const char *hop = make_run(d, "hopper", "hf/olmoe", "--numerics emu:hopper --precision bf16");
     char root[600], extra[700], diffs[700];
     test_server s;
-    server_start_in(&s, d, "", root, extra);
+    serve_ref_and_hopper(&s, temp_dir(), root, extra);
     http_resp r;
-    put_run(s.port, "ref", ref, AUTH, &r);
-    cr_assert_eq(r.status, 201);
-    http_free(&r);
-    put_run(s.port, "hopper", hop, AUTH, &r);
-    cr_assert_eq(r.status, 201);
-    http_free(&r);
     /* a long diff, computing */
-    diff_poster longd = {.port = s.port};
-    int el = snprintf(longd.body, sizeof longd.body, "{\"reference\": \"ref\", \"targets\": [");
-    for (int i = 0; i < 8; i++) el += snprintf(longd.body + el, sizeof longd.body - (size_t)el, "%s\"hopper\"", i ? ", " : "");
-    snprintf(longd.body + el, sizeof longd.body - (size_t)el, "], \"bootstrap\": 300}");
+    diff_poster longd;
+    long_diff(&longd, s.port, 300);
     pthread_t th;
     pthread_create(&th, NULL, post_diff_thread, &longd);
     sleep_ms(150);
@@ -1255,30 +1266,18 @@ Test(serve, abandoned_queued_diffs_are_not_computed, .timeout = 240) {
  * threads), a diff made before is answered from the cache and an upload is stored at once, not after them. */
 Test(serve, queued_diffs_leave_the_pool_to_cached_diffs_and_uploads, .timeout = 240) {
     const char *d = temp_dir();
-    const char *ref = make_run(d, "ref", "hf/olmoe", "--precision fp64");
-    const char *hop = make_run(d, "hopper", "hf/olmoe", "--numerics emu:hopper --precision bf16");
     const char *late = make_run(d, "late", "hf/olmoe", "--precision fp32");
     char root[600], extra[700];
     test_server s;
-    server_start_in(&s, d, "", root, extra);
+    serve_ref_and_hopper(&s, d, root, extra);
     http_resp r;
-    put_run(s.port, "ref", ref, AUTH, &r);
-    cr_assert_eq(r.status, 201);
-    http_free(&r);
-    put_run(s.port, "hopper", hop, AUTH, &r);
-    cr_assert_eq(r.status, 201);
-    http_free(&r);
     static const char small[] = "{\"reference\": \"ref\", \"targets\": [\"hopper\"], \"bootstrap\": 100}";
     http_request(s.port, "POST", "/api/diffs", NULL, small, strlen(small), &r);
     cr_assert_eq(r.status, 200, "%d %s", r.status, r.body);
     http_free(&r);
-    /* a long diff: eight targets, each with its four heatmaps; how long one takes alone here */
-    char eight[600];
-    int el = snprintf(eight, sizeof eight, "{\"reference\": \"ref\", \"targets\": [");
-    for (int i = 0; i < 8; i++) el += snprintf(eight + el, sizeof eight - (size_t)el, "%s\"hopper\"", i ? ", " : "");
-    snprintf(eight + el, sizeof eight - (size_t)el, "], \"bootstrap\": %%d}");
-    diff_poster alone = {.port = s.port};
-    snprintf(alone.body, sizeof alone.body, eight, 300);
+    /* how long a long diff takes alone here */
+    diff_poster alone;
+    long_diff(&alone, s.port, 300);
     double t0 = mf_now();
     post_diff_thread(&alone);
     const double one = mf_now() - t0;
@@ -1287,8 +1286,7 @@ Test(serve, queued_diffs_leave_the_pool_to_cached_diffs_and_uploads, .timeout = 
     diff_poster ps[4];
     pthread_t th[4];
     for (int i = 0; i < 4; i++) {
-        ps[i] = (diff_poster){.port = s.port};
-        snprintf(ps[i].body, sizeof ps[i].body, eight, 301 + i);
+        long_diff(&ps[i], s.port, 301 + i);
         pthread_create(&th[i], NULL, post_diff_thread, &ps[i]);
     }
     sleep_ms(100);
