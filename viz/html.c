@@ -117,6 +117,13 @@ static void figure(out *o, const char *diff_text, int target, mf_heat_kind kind,
     mf_figure_free(&fig);
 }
 
+/* A run's setting, "numerics × precision", as text. */
+static void setting(out *o, json_t *run) {
+    esc(o, str(run, "numerics"));
+    puts_(o, " &times; ");
+    esc(o, str(run, "precision"));
+}
+
 /* A run's row in the metadata table: every string in it comes from a manifest, which whoever made the run wrote,
  * and is escaped like all such text in the report. */
 static void run_cells(out *o, json_t *run) {
@@ -133,9 +140,7 @@ static void section(out *o, const char *path, const char *text, json_t *d, int *
     json_t *ref = json_object_get(d, "reference"), *targets = json_object_get(d, "targets");
     json_t *model = json_object_get(ref, "model");
     puts_(o, "<section><h2>Reference ");
-    esc(o, str(ref, "numerics"));
-    puts_(o, " &times; ");
-    esc(o, str(ref, "precision"));
+    setting(o, ref);
     puts_(o, "</h2>\n<p class=meta>");
     esc(o, str(model, "architecture"));
     printf_(o, ", %lld sequences; diff <code>", (long long)json_integer_value(json_object_get(d, "sequences")));
@@ -149,9 +154,7 @@ static void section(out *o, const char *path, const char *text, json_t *d, int *
     json_t *t;
     json_array_foreach(targets, i, t) {
         puts_(o, "<th>");
-        esc(o, str(t, "numerics"));
-        puts_(o, " &times; ");
-        esc(o, str(t, "precision"));
+        setting(o, t);
         puts_(o, "</th>");
     }
     puts_(o, "</tr></thead><tbody>\n");
@@ -166,9 +169,7 @@ static void section(out *o, const char *path, const char *text, json_t *d, int *
     puts_(o, "</tbody></table>\n");
     json_array_foreach(targets, i, t) {
         printf_(o, "<h3>Target %zu: ", i + 1);
-        esc(o, str(t, "numerics"));
-        puts_(o, " &times; ");
-        esc(o, str(t, "precision"));
+        setting(o, t);
         puts_(o, "</h3>\n<table class=layers><thead><tr><th>layer</th><th>slots</th><th>same expert set, %</th>"
                  "<th>same order, %</th><th>flips</th><th>primary</th><th>inherited</th><th>ties</th><th>sigma</th></tr></thead><tbody>");
         size_t l;
