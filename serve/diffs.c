@@ -17,7 +17,6 @@
 #include "mf_viz.h"
 
 #include <errno.h>
-#include <fcntl.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
@@ -40,7 +39,6 @@ struct diff_job {
     int bootstrap;
     conn *waiters;
     bool queued;              /* not in the cache: waits for its turn to be computed */
-    bool computing;           /* its turn has come */
     /* result */
     int status;               /* 200, or an error status */
     char msg[1200];
@@ -172,16 +170,6 @@ static void lookup_cb(uv_work_t *w) {
     if (mf_read_file(mp, &j->meta, &len, &err) == MF_OK) j->status = 200;
 }
 
-static void sync_diffs_dir(const server *s) {
-    char p[4300];
-    snprintf(p, sizeof p, "%s/diffs", s->root);
-    const int fd = open(p, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-    if (fd >= 0) {
-        (void)fsync(fd);
-        close(fd);
-    }
-}
-
 /* pool: one diff at a time (start_next) */
 static void compute_cb(uv_work_t *w) {
     diff_job *j = w->data;
@@ -204,7 +192,9 @@ static void compute_cb(uv_work_t *w) {
         snprintf(j->msg, sizeof j->msg, "cannot store the diff: %s", strerror(errno));
         store_remove_tree(tmp);
     } else {
-        sync_diffs_dir(s);
+        char diffs[4300];
+        snprintf(diffs, sizeof diffs, "%s/diffs", s->root);
+        store_fsync_dir(diffs);
         if (mf_read_file(mp, &j->meta, &len, &err) == MF_OK) {
             j->status = 200;
         } else {
@@ -257,7 +247,6 @@ static void start_next(server *s) {
             continue;
         }
         s->diff_computing = true;
-        oldest->computing = true;
         if (uv_queue_work(s->loop, &oldest->work, compute_cb, compute_after) != 0) abort();
         return;
     }

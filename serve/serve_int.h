@@ -60,6 +60,9 @@ int store_load_run(const char *dir, const char *name, const char *(*given)(void 
 int store_remove_tree(const char *path);
 /* fsyncs every file in a directory (not below it) and the directory: what is renamed into place is on the disk. */
 int store_sync_dir(const char *path);
+/* fsyncs a directory alone: an entry just renamed into it is on the disk (best effort). */
+void store_fsync_dir(const char *path);
+void store_entry_free(run_entry *e);
 
 /* ---- uploads (upload.c) -------------------------------------------------- */
 

@@ -87,7 +87,7 @@ run_entry *store_find(server *s, const char *name) {
     return NULL;
 }
 
-static void entry_free(run_entry *e) {
+void store_entry_free(run_entry *e) {
     if (!e) return;
     free(e->manifest);
     json_decref(e->summary);
@@ -96,7 +96,7 @@ static void entry_free(run_entry *e) {
 
 void store_add(server *s, run_entry *e) {
     if (store_find(s, e->name)) {
-        entry_free(e);
+        store_entry_free(e);
         return;
     }
     if (s->n_runs == s->cap_runs) {
@@ -194,6 +194,14 @@ static int rm_entry(const char *path, const struct stat *sb, int flag, struct FT
 
 int store_remove_tree(const char *path) { return nftw(path, rm_entry, 16, FTW_DEPTH | FTW_PHYS); }
 
+void store_fsync_dir(const char *path) {
+    const int fd = open(path, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    if (fd >= 0) {
+        (void)fsync(fd);
+        close(fd);
+    }
+}
+
 int store_sync_dir(const char *path) {
     DIR *d = opendir(path);
     if (!d) return -1;
@@ -255,7 +263,7 @@ int store_open(server *s, mf_error *err) {
 
 void store_free(server *s);
 void store_free(server *s) {
-    for (size_t i = 0; i < s->n_runs; i++) entry_free(s->runs[i]);
+    for (size_t i = 0; i < s->n_runs; i++) store_entry_free(s->runs[i]);
     free(s->runs);
     s->runs = NULL;
     s->n_runs = s->cap_runs = 0;

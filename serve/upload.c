@@ -388,13 +388,6 @@ static void sync_files(upload *u) {
     }
 }
 
-static void fsync_dir(const char *path) {
-    int fd = open(path, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-    if (fd >= 0) {
-        (void)fsync(fd);
-        close(fd);
-    }
-}
 
 /* The message names the run, never the server's directories. */
 static void scrub(char *msg, const char *tmp, const char *name) {
@@ -420,9 +413,7 @@ static bool replace_damaged_locked(upload *u) {
     mf_error err = {0};
     const int rc = store_load_run(u->final, u->name, NULL, NULL, &old, &err);
     if (rc == MF_OK) {
-        json_decref(old->summary);
-        free(old->manifest);
-        free(old);
+        store_entry_free(old);
         return false;
     }
     if (rc != MF_EDIGEST && rc != MF_EFORMAT) {
@@ -446,7 +437,7 @@ static bool replace_damaged_locked(upload *u) {
     }
     char runs[4300];
     snprintf(runs, sizeof runs, "%s/runs", u->s->root);
-    fsync_dir(runs);
+    store_fsync_dir(runs);
     store_remove_tree(u->tmp);   /* the damaged copy, now under the upload's temporary name */
     return true;
 }
@@ -500,17 +491,15 @@ static void finalize(upload *u) {
     json_decref(m);
     sync_files(u);   /* a run that verifies is made durable before it is renamed into place */
     if (u->werr) {
-        json_decref(e->summary);
-        free(e->manifest);
-        free(e);
+        store_entry_free(e);
         return;
     }
-    fsync_dir(u->tmp);
+    store_fsync_dir(u->tmp);
     const char *digest = json_string_value(json_object_get(e->summary, "digest"));
     if (rename(u->tmp, u->final) == 0) {
         char runs[4300];
         snprintf(runs, sizeof runs, "%s/runs", u->s->root);
-        fsync_dir(runs);
+        store_fsync_dir(runs);
         u->status = 201;
         u->reply = json_pack("{sssbsssssO}", "name", u->name, "verified", 1, "stored", "new", "digest", digest, "run", e->summary);
         u->entry = e;
@@ -541,9 +530,7 @@ static void finalize(upload *u) {
     }
     store_remove_tree(u->tmp);
     if (!u->entry) {
-        json_decref(e->summary);
-        free(e->manifest);
-        free(e);
+        store_entry_free(e);
     }
 }
 
