@@ -21,7 +21,8 @@ static const char *help =
 int cmd_push(int argc, char **argv) {
     mf_push_opts o = {.retries = 5, .progress = true};
     static const struct option opts[] = {{"to", required_argument, 0, 't'},      {"token-file", required_argument, 0, 'k'},
-                                         {"name", required_argument, 0, 'n'},    {"retries", required_argument, 0, 'r'},    {"stall-timeout", required_argument, 0, 's'},
+                                         {"name", required_argument, 0, 'n'},    {"retries", required_argument, 0, 'r'},
+                                         {"stall-timeout", required_argument, 0, 's'},
                                          {"quiet", no_argument, 0, 'q'},         {"help", no_argument, 0, 'h'},
                                          {0, 0, 0, 0}};
     int c;

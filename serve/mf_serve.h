@@ -60,7 +60,6 @@ typedef struct mf_push_opts {
     const char *token_file;        /* NULL: no Authorization header */
     int retries;                   /* transient failures retried this often [5] */
     int stall_s;                   /* an attempt whose body moves no byte this long is retried [60]; 0: the default */
-    int answer_s;                  /* the answer to a whole body is awaited this long [600]; 0: the default */
     bool progress;                 /* a progress bar on a terminal */
 } mf_push_opts;
 

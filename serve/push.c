@@ -28,6 +28,7 @@
 
 #define UPLOAD_BUFFER (2L << 20)   /* curl's upload buffer: the most curl takes, for fewer and larger sends */
 #define FIRST_READ (256u << 10)     /* the first read callback's bytes, doubled on each call up to UPLOAD_BUFFER */
+#define ANSWER_WAIT 600.0           /* seconds the answer to a whole body is awaited (the server verifies and fsyncs) */
 
 typedef struct segment {
     const char *mem;       /* bytes in memory, or */
@@ -50,7 +51,7 @@ typedef struct body {
     mf_progress prog;
     bool progress;
     /* stalls: the body's bytes must keep moving; once all are sent, the server has its time to verify and fsync */
-    double stall_s, answer_s;
+    double stall_s;
     double moved_at;        /* when ulnow last changed (or the attempt began) */
     curl_off_t moved;       /* ulnow then */
     int queued;             /* bytes in the socket's send queue once all were handed to it (SIOCOUTQ) */
@@ -117,7 +118,7 @@ static size_t write_cb(char *ptr, size_t size, size_t nmemb, void *ud) {
 
 /* libcurl calls this at least once a second. Its own low-speed limit cannot tell a stalled body from a server
  * that has all of it and is verifying and fsyncing it (minutes for a large run on a slow disk), so the two are
- * timed here: no byte of the body taken for stall_s, or no answer answer_s after the last one, ends the attempt. */
+ * timed here: no byte of the body taken for stall_s, or no answer ANSWER_WAIT after the last one, ends the attempt. */
 static int xfer_cb(void *ud, curl_off_t dltotal, curl_off_t dlnow, curl_off_t ultotal, curl_off_t ulnow) {
     (void)dltotal;
     (void)dlnow;
@@ -145,9 +146,9 @@ static int xfer_cb(void *ud, curl_off_t dltotal, curl_off_t dlnow, curl_off_t ul
         b->gave_up_s = b->stall_s;
         return 1;
     }
-    if (all_sent && now - b->moved_at > b->answer_s) {
+    if (all_sent && now - b->moved_at > ANSWER_WAIT) {
         b->gave_up = "no answer after the whole run was sent";
-        b->gave_up_s = b->answer_s;
+        b->gave_up_s = ANSWER_WAIT;
         return 1;
     }
     if (b->progress) mf_progress_update(&b->prog, (uint64_t)ulnow, NULL);
@@ -219,7 +220,6 @@ int mf_push(const mf_push_opts *o, mf_push_result *res, mf_error *err) {
     body b = {0};
     b.fd = -1;
     b.stall_s = o->stall_s > 0 ? o->stall_s : 60;
-    b.answer_s = o->answer_s > 0 ? o->answer_s : 600;
     b.n = 2 + r->n_shards;
     b.seg = mf_xcalloc(2 * b.n + 2, sizeof *b.seg);
     size_t k = 0;
