@@ -88,9 +88,9 @@ void mf_emu_gemm_reference(const mf_kschedule *s, int M, int N, int K, const uin
 
 /* CDNA1/CDNA2 f16/bf16 (pairwise fp32 trees, CDNA2 flushing subnormals): plain
  * fp32 arithmetic, so a loop over the columns that the compiler vectorises.
- * Same operations in the same order as mma.c's pairwise(); a plain chain. */
-
-/* One row of C: acc[N] += the pairwise group sums of a_i[k] b[k][:], group after
+ * Same operations in the same order as mma.c's pairwise(); a plain chain.
+ *
+ * One row of C: acc[N] += the pairwise group sums of a_i[k] b[k][:], group after
  * group. Built for AVX-512, AVX2 and the baseline (the loader picks at run time):
  * plain fp32 multiplies, adds and compares, never contracted (-ffp-contract=off),
  * give the same bits in every build. flush_sel: CDNA2's flushing of a subnormal
