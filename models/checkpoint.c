@@ -2,9 +2,12 @@
  * model.safetensors.index.json ("weight_map": tensor name -> file name). */
 #include "mf_models.h"
 
+#include <errno.h>
+#include <fcntl.h>
 #include <jansson.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 void mf_checkpoint_close(mf_checkpoint *c) {
     if (!c) return;
@@ -20,7 +23,72 @@ static bool valid_shard_name(const char *s) {
     return s[0] && !strchr(s, '/') && strcmp(s, "..") != 0 && strcmp(s, ".") != 0;
 }
 
+/* XXH3-128 of a whole file, read with pread: the bytes pass through a buffer
+ * instead of being faulted into the mapping, so hashing a checkpoint adds
+ * nothing to the process's resident memory. */
+static int digest_file(const mf_st_file *f, char hex[33], mf_error *err) {
+    int fd = open(f->path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0) return mf_fail(err, MF_EIO, "%s: cannot open: %s", f->path, strerror(errno));
+    posix_fadvise(fd, 0, 0, POSIX_FADV_SEQUENTIAL);
+    enum { CHUNK = 8 << 20 };
+    uint8_t *buf = mf_xmalloc(CHUNK);
+    mf_digest_state *d = mf_digest_new();
+    size_t off = 0;
+    int rc = MF_OK;
+    while (off < f->map.size) {
+        const size_t want = f->map.size - off < CHUNK ? f->map.size - off : CHUNK;
+        const ssize_t got = pread(fd, buf, want, (off_t)off);
+        if (got <= 0) {
+            rc = mf_fail(err, MF_EIO, "%s: read failed at byte %zu: %s", f->path, off,
+                         got < 0 ? strerror(errno) : "the file is shorter than when it was opened");
+            break;
+        }
+        mf_digest_update(d, buf, (size_t)got);
+        off += (size_t)got;
+    }
+    mf_digest_final(d, hex);
+    free(buf);
+    close(fd);
+    return rc;
+}
+
+void mf_checkpoint_digest_finish(mf_checkpoint *c, char (*file_hex)[33]) {
+    mf_digest_state *ds = mf_digest_new();
+    for (size_t i = 0; i < c->nfiles; i++) {
+        const char *slash = strrchr(c->files[i]->path, '/');
+        const char *name = slash ? slash + 1 : c->files[i]->path;
+        mf_digest_update(ds, name, strlen(name) + 1);
+        mf_digest_update(ds, file_hex[i], 32);
+    }
+    mf_digest_final(ds, c->weights_digest);
+}
+
+int mf_checkpoint_digest(mf_checkpoint *c, mf_error *err) {
+    if (c->weights_digest[0]) return MF_OK;
+    char(*hex)[33] = mf_xcalloc(c->nfiles ? c->nfiles : 1, sizeof *hex);
+    int rc = MF_OK;
+    for (size_t i = 0; i < c->nfiles && !rc; i++) rc = digest_file(c->files[i], hex[i], err);
+    if (!rc) mf_checkpoint_digest_finish(c, hex);
+    free(hex);
+    return rc;
+}
+
+uint64_t mf_checkpoint_bytes(const mf_checkpoint *c) {
+    uint64_t n = 0;
+    for (size_t i = 0; i < c->nfiles; i++) n += c->files[i]->map.size;
+    return n;
+}
+
 int mf_checkpoint_open(mf_checkpoint **out, const char *dir, mf_error *err) {
+    int rc = mf_checkpoint_open_deferred(out, dir, err);
+    if (!rc && (rc = mf_checkpoint_digest(*out, err))) {
+        mf_checkpoint_close(*out);
+        *out = NULL;
+    }
+    return rc;
+}
+
+int mf_checkpoint_open_deferred(mf_checkpoint **out, const char *dir, mf_error *err) {
     *out = NULL;
     char path[4096];
     mf_checkpoint *c = mf_xcalloc(1, sizeof *c);
@@ -68,17 +136,11 @@ int mf_checkpoint_open(mf_checkpoint **out, const char *dir, mf_error *err) {
     }
     qsort(names, nnames, sizeof *names, cmp_str);
     c->files = mf_xcalloc(nnames, sizeof *c->files);
-    mf_digest_state *ds = mf_digest_new();
     for (size_t i = 0; i < nnames; i++) {
         mf_path_join(path, sizeof path, dir, names[i]);
         if ((rc = mf_st_open(&c->files[c->nfiles], path, err))) break;
-        mf_st_file *f = c->files[c->nfiles++];
-        char h[33];
-        mf_digest_buffer(f->map.data, f->map.size, h);
-        mf_digest_update(ds, names[i], strlen(names[i]) + 1);
-        mf_digest_update(ds, h, 32);
+        c->nfiles++;
     }
-    mf_digest_final(ds, c->weights_digest);
     if (rc) goto done;
     if (root) {   /* every tensor the index names must be in the file it names */
         json_t *map = json_object_get(root, "weight_map");

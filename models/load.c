@@ -1,6 +1,12 @@
-/* Loading a model: every tensor the config implies is looked up, its shape
- * and dtype checked (all of them, before any conversion), then packed for the
- * matrix kernels. Hub names: per-expert mlp.experts.E.{gate,up,down}_proj,
+/* Loading a model: every tensor the config implies is looked up and its
+ * shape and dtype checked (all of them, before anything else), then the
+ * model's linear layers become views of the mapped tensors, in the
+ * checkpoint's dtype: the kernels widen values as they load them. Only where
+ * the policy's weight dtype cannot hold the stored values (an fp32
+ * checkpoint under bf16, bf16 under fp16) is a tensor converted, once, into
+ * a copy of that (never wider) dtype, and the mapped pages it came from are
+ * given back. Norm weights and biases (O(hidden) values) are kept as
+ * doubles. Hub names: per-expert mlp.experts.E.{gate,up,down}_proj,
  * Mixtral block_sparse_moe.{gate, experts.E.w1/w3/w2}, or the fused
  * mlp.experts.gate_up_proj [E, 2I, H] / down_proj [E, H, I]. */
 #include "archs.h"
@@ -9,10 +15,13 @@
 #include <stdarg.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
+#include <unistd.h>
 
 typedef struct loader {
     mf_model *m;
     bool validate_only;
+    bool no_convert;       /* MF_LOAD_NO_CONVERT: views keep the stored dtype */
     mf_dtype ckpt_dtype;   /* every float tensor must have it */
     const char *dir;
     mf_error *err;
@@ -48,7 +57,45 @@ static int need(loader *ld, const mf_st_tensor **out, const char *name, int ndim
     return MF_OK;
 }
 
-static size_t esz_of(const mf_st_tensor *t) { return mf_dtype_size(t->dtype); }
+mf_dtype mf_weight_storage(mf_dtype stored, mf_dtype policy) {
+    switch (policy) {
+    case MF_F64: return stored;
+    case MF_F32: return stored == MF_F64 ? MF_F32 : stored;
+    default: return policy;   /* bf16 and f16 hold only themselves exactly */
+    }
+}
+
+/* Gives the mapped pages of [p, p + n) back (a converted tensor's source):
+ * they are clean file pages, read again from the file if ever touched. */
+static void release_pages(const void *p, size_t n) {
+    const size_t page = (size_t)sysconf(_SC_PAGESIZE);
+    uintptr_t a = ((uintptr_t)p + page - 1) & ~(uintptr_t)(page - 1), b = ((uintptr_t)p + n) & ~(uintptr_t)(page - 1);
+    if (b > a) madvise((void *)a, b - a, MADV_DONTNEED);
+}
+
+/* The base of tensor t in the dtype the model keeps it in: the mapping, or
+ * the tensor's one converted copy (made on first use). */
+static const void *tensor_data(loader *ld, const mf_st_tensor *t, mf_dtype *dt) {
+    mf_model *m = ld->m;
+    *dt = mf_weight_storage(t->dtype, m->weight_round);
+    if (*dt == t->dtype || ld->no_convert) {
+        *dt = t->dtype;
+        return t->data;
+    }
+    for (size_t i = 0; i < m->n_owned; i++)
+        if (m->owned[i].src == t) return m->owned[i].data;
+    const size_t n = (size_t)mf_st_numel(t);
+    void *copy = mf_xmalloc(n * mf_dtype_size(*dt));
+#pragma omp parallel for if (n >= (1u << 20))
+    for (size_t i = 0; i < n; i++) mf_store_from_f64(copy, *dt, i, mf_load_as_f64(t->data, t->dtype, i));
+    release_pages(t->data, t->nbytes);
+    m->owned = mf_xrealloc(m->owned, (m->n_owned + 1) * sizeof *m->owned);
+    m->owned[m->n_owned].src = t;
+    m->owned[m->n_owned].data = copy;
+    m->owned[m->n_owned].bytes = n * mf_dtype_size(*dt);
+    m->n_owned++;
+    return copy;
+}
 
 /* A linear layer [out, in] (+ bias [out]) from one tensor (offset rows in). */
 static int linear_from(loader *ld, mf_linear *L, const mf_st_tensor *t, size_t elem_offset, int out, int in,
@@ -58,9 +105,11 @@ static int linear_from(loader *ld, mf_linear *L, const mf_st_tensor *t, size_t e
     if (bias_name && (rc = need(ld, &b, bias_name, 1, (int64_t)out))) return rc;
     if (ld->validate_only) return MF_OK;
     mf_model *m = ld->m;
+    mf_dtype dt;
+    const uint8_t *base = tensor_data(ld, t, &dt);
     L->out = out;
     L->in = in;
-    mf_pack(&L->w, m->compute, m->weight_round, out, in, t->data + elem_offset * esz_of(t), t->dtype, (size_t)in, 1);
+    L->w = mf_mat_rows(base + elem_offset * mf_dtype_size(dt), dt, out, in);
     if (b) {
         L->bias = mf_xmalloc((size_t)out * sizeof(double));
         for (int i = 0; i < out; i++) L->bias[i] = mf_round_to(m->weight_round, mf_load_as_f64(b->data, b->dtype, (size_t)i));
@@ -197,10 +246,12 @@ static int load_all(loader *ld) {
         if ((rc = load_layer(ld, &m->layers[l], l))) return rc;
     if ((rc = vector(ld, &m->final_norm, "model.norm.weight", c->hidden))) return rc;
     if (c->tie_embeddings) {
-        if (!ld->validate_only) {
+        if (!ld->validate_only) {   /* the head is a view of the embedding (its copy, if one was made) */
+            mf_dtype dt;
+            const void *base = tensor_data(ld, emb, &dt);
             m->head.out = c->vocab;
             m->head.in = c->hidden;
-            mf_pack(&m->head.w, m->compute, m->weight_round, c->vocab, c->hidden, emb->data, emb->dtype, (size_t)c->hidden, 1);
+            m->head.w = mf_mat_rows(base, dt, c->vocab, c->hidden);
         }
         return MF_OK;
     }
@@ -224,23 +275,23 @@ static mf_dtype declared_dtype(const char *config_path) {
     return t;
 }
 
-int mf_model_load(mf_model **out, const char *dir, mf_dtype compute, mf_dtype weight_round, mf_error *err) {
+int mf_model_load(mf_model **out, const char *dir, mf_dtype weights, unsigned flags, mf_error *err) {
     *out = NULL;
     char path[4096];
     if (!mf_is_dir(dir)) return mf_fail(err, MF_EIO, "%s: not a checkpoint directory", dir);
     if (!mf_path_join(path, sizeof path, dir, "config.json")) return mf_fail(err, MF_EINVAL, "%s: path too long", dir);
     mf_model *m = mf_xcalloc(1, sizeof *m);
     int rc = mf_config_load(&m->cfg, path, err);
-    if (!rc) rc = mf_checkpoint_open(&m->ckpt, dir, err);
+    if (!rc) rc = (flags & MF_LOAD_DEFER_DIGEST) ? mf_checkpoint_open_deferred(&m->ckpt, dir, err)
+                                                 : mf_checkpoint_open(&m->ckpt, dir, err);
     if (rc) {
         free(m);
         return rc;
     }
-    m->compute = compute;
-    m->weight_round = weight_round;
+    m->weight_round = weights;
     m->layers = mf_xcalloc((size_t)m->cfg.n_layers, sizeof(mf_layer));
     const mf_st_tensor *emb = mf_checkpoint_find(m->ckpt, "model.embed_tokens.weight");
-    loader ld = {m, true, emb ? emb->dtype : MF_BF16, dir, err};
+    loader ld = {m, true, (flags & MF_LOAD_NO_CONVERT) != 0, emb ? emb->dtype : MF_BF16, dir, err};
     rc = load_all(&ld);   /* pass 1: presence, shapes, dtypes of everything */
     if (!rc) {
         mf_dtype decl = declared_dtype(path);
@@ -248,7 +299,7 @@ int mf_model_load(mf_model **out, const char *dir, mf_dtype compute, mf_dtype we
             mf_log("moeflip: note: %s declares dtype %s but its weights are %s; using the weights as stored", path,
                    mf_dtype_name(decl), mf_dtype_name(ld.ckpt_dtype));
         ld.validate_only = false;
-        rc = load_all(&ld);   /* pass 2: convert and pack */
+        rc = load_all(&ld);   /* pass 2: views (and the copies a narrower policy needs) */
     }
     if (rc) {
         mf_model_free(m);
@@ -281,6 +332,8 @@ void mf_model_free(mf_model *m) {
     free(m->layers);
     free(m->final_norm);
     mf_linear_free(&m->head);
+    for (size_t i = 0; i < m->n_owned; i++) free(m->owned[i].data);
+    free(m->owned);
     mf_checkpoint_close(m->ckpt);
     free(m);
 }

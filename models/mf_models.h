@@ -59,7 +59,19 @@ typedef struct mf_checkpoint {
     char weights_digest[33];   /* over the files' bytes, in file-name order */
 } mf_checkpoint;
 
+/* Maps the files, validates their headers and computes the weights digest
+ * (reading the files, not faulting in the mapping). */
 int mf_checkpoint_open(mf_checkpoint **out, const char *dir, mf_error *err);
+/* The same without the digest (weights_digest is "" until mf_checkpoint_digest
+ * or mf_checkpoint_digest_finish). */
+int mf_checkpoint_open_deferred(mf_checkpoint **out, const char *dir, mf_error *err);
+/* Computes the weights digest now (a no-op when it is known). */
+int mf_checkpoint_digest(mf_checkpoint *c, mf_error *err);
+/* Sets the weights digest from each file's XXH3-128 (hex, c->files order),
+ * for a caller that hashed the files as it read them. */
+void mf_checkpoint_digest_finish(mf_checkpoint *c, char (*file_hex)[33]);
+/* The bytes of all the checkpoint's files. */
+uint64_t mf_checkpoint_bytes(const mf_checkpoint *c);
 void mf_checkpoint_close(mf_checkpoint *c);
 /* The tensor, or NULL when absent. */
 const mf_st_tensor *mf_checkpoint_find(const mf_checkpoint *c, const char *name);
@@ -145,22 +157,44 @@ typedef struct mf_layer {
     mf_linear sh_gate, sh_up, sh_down, sh_router;   /* shared expert and its [1, H] gate */
 } mf_layer;
 
+/* A tensor the model holds converted (its checkpoint values rounded to the
+ * policy's weight dtype, which cannot hold them as stored). */
+typedef struct mf_owned_tensor {
+    const mf_st_tensor *src;
+    void *data;
+    size_t bytes;
+} mf_owned_tensor;
+
 typedef struct mf_model {
     mf_config cfg;
     mf_checkpoint *ckpt;
-    mf_dtype compute;        /* MF_F32 or MF_F64: what packed weights hold */
-    mf_dtype weight_round;   /* weights rounded to this dtype when loaded (BF16 in a bf16 run) */
+    mf_dtype weight_round;   /* the policy's weight dtype: values are rounded to it (BF16 in a bf16 run) */
     const mf_st_tensor *embed;   /* [V, H], read straight from the mapping */
     mf_layer *layers;
     double *final_norm;
     mf_linear head;
     size_t n_params;
+    mf_owned_tensor *owned;  /* the converted copies the views point into */
+    size_t n_owned;
 } mf_model;
 
+/* The dtype a weight stored as `stored` is kept in under a policy whose
+ * weights are `policy`: the stored dtype where the policy's holds its values
+ * exactly (bf16 under fp32 or fp64), else the policy's (fp32 under bf16). */
+mf_dtype mf_weight_storage(mf_dtype stored, mf_dtype policy);
+
+/* mf_model_load flags: MF_LOAD_DEFER_DIGEST leaves the weights digest to a
+ * caller that reads every byte anyway (the GPU upload: mf_checkpoint_open_deferred);
+ * MF_LOAD_NO_CONVERT keeps every view in the checkpoint's files and dtype,
+ * for a caller that converts where it puts them (a GPU); the CPU executor
+ * needs the conversions. */
+enum { MF_LOAD_DEFER_DIGEST = 1u, MF_LOAD_NO_CONVERT = 2u };
+
 /* Loads config + weights from a Hub checkpoint directory. Every tensor's
- * presence, shape and dtype is checked against the config first; weights
- * are converted to `compute` after rounding them to `weight_round`. */
-int mf_model_load(mf_model **out, const char *dir, mf_dtype compute, mf_dtype weight_round, mf_error *err);
+ * presence, shape and dtype is checked against the config first; the linear
+ * layers are then views of the mapped tensors (see mf_weight_storage), norm
+ * weights and biases doubles rounded to `weights`. */
+int mf_model_load(mf_model **out, const char *dir, mf_dtype weights, unsigned flags, mf_error *err);
 void mf_model_free(mf_model *m);
 
 /* ---- tokenizer (decoding only) ---------------------------------------- */

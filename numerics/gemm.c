@@ -1,5 +1,26 @@
-/* Native CPU matrix products: packed panels, register-blocked kernels,
- * OpenMP over output tiles. One fma chain per output element, k ascending. */
+/* Native CPU matrix products C[m, n] = A[m, k] . W^T with W read where it
+ * lies: a weight in the mapped checkpoint (bf16, f16, f32 or f64, rows of k
+ * values), or an activation with any strides. Nothing is converted ahead of
+ * the product: each worker copies a panel of NR columns of W by KC values of
+ * k into a small buffer in the kernel's layout (widening bf16 and f16 is
+ * exact), runs every row of A against it, and moves on. The panel is a few
+ * dozen kilobytes, reused by all m rows, so its cost is 1/m of the product's.
+ *
+ * Every output is one fused multiply-add chain over k in ascending order,
+ * starting from zero (MF_NUMERICS's definition of native): the portable,
+ * AVX2, AVX-512 and AVX-512 BF16 kernels give the same bits, and splitting k
+ * into blocks only stores and reloads the running fp32 (fp64) sum exactly.
+ *
+ * The AVX-512 BF16 kernel (vdpbf16ps) adds two bf16 products per lane and
+ * instruction: the odd element's, rounded to fp32, then the even element's,
+ * rounded again; the products are exact in fp32. With each pair stored
+ * swapped (element k in the odd slot) that is the chain's two fma steps in
+ * k order. The instruction treats subnormal inputs and results as zero, so
+ * it runs only where none can occur: every nonzero operand of magnitude at
+ * least 2^-55 (then every product, and every partial sum, is a multiple of
+ * 2^-124, which is zero or normal) and none infinite or NaN; A must hold
+ * bf16 values. Anything else takes the fp32 kernel, which gives the same
+ * bits. A self-check against the scalar chain runs once before first use. */
 #include "mf_numerics.h"
 
 #include <math.h>
@@ -11,112 +32,222 @@
 #define MF_HAVE_X86 1
 #endif
 
-#define MR 6   /* rows of A per kernel call */
+/* ---- which kernel ---------------------------------------------------------- */
 
-static bool force_portable;
+static const char *const path_names[] = {[MF_GEMM_PATH_AUTO] = "auto",     [MF_GEMM_PATH_PORTABLE] = "portable",
+                                         [MF_GEMM_PATH_AVX2] = "avx2+fma", [MF_GEMM_PATH_AVX512] = "avx512",
+                                         [MF_GEMM_PATH_AVX512BF16] = "avx512bf16"};
 
-void mf_gemm_force_portable(bool on) { force_portable = on; }
+static bool dp_self_check(void);
 
-static bool cpu_has_avx2_fma(void) {
-#ifdef MF_HAVE_X86
+static mf_gemm_path cpu_best(void) {
     static int cached = -1;
     if (cached < 0) {
+        int best = MF_GEMM_PATH_PORTABLE;
+#ifdef MF_HAVE_X86
         __builtin_cpu_init();
-        cached = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
-    }
-    return cached && !force_portable;
-#else
-    return false;
+        if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) best = MF_GEMM_PATH_AVX2;
+        if (best == MF_GEMM_PATH_AVX2 && __builtin_cpu_supports("avx512f")) best = MF_GEMM_PATH_AVX512;
+        if (best == MF_GEMM_PATH_AVX512 && __builtin_cpu_supports("avx512bf16") && dp_self_check())
+            best = MF_GEMM_PATH_AVX512BF16;
 #endif
+        cached = best;
+    }
+    return (mf_gemm_path)cached;
 }
 
-const char *mf_gemm_kernel_name(void) { return cpu_has_avx2_fma() ? "avx2+fma" : "portable"; }
+static mf_gemm_path forced = MF_GEMM_PATH_AUTO;
 
-static int nr_of(mf_dtype t) { return t == MF_F64 ? MF_NR_F64 : MF_NR_F32; }
+static mf_gemm_path current_path(void) {
+    static int env = -1;
+    if (env < 0) {
+        const char *v = getenv("MOEFLIP_GEMM_PATH");
+        int p = MF_GEMM_PATH_AUTO;
+        for (int i = MF_GEMM_PATH_PORTABLE; v && i <= MF_GEMM_PATH_AVX512BF16; i++)
+            if (!strcmp(v, path_names[i]) || (i == MF_GEMM_PATH_AVX2 && !strcmp(v, "avx2"))) p = i;
+        env = p;
+    }
+    const mf_gemm_path want = forced != MF_GEMM_PATH_AUTO ? forced : (mf_gemm_path)env, best = cpu_best();
+    return want == MF_GEMM_PATH_AUTO || want > best ? best : want;
+}
 
-void mf_pack(mf_packed *p, mf_dtype type, mf_dtype round, int n, int k, const void *src, mf_dtype src_type,
-             size_t row_stride, size_t col_stride) {
-    int nr = nr_of(type);
-    int panels = (n + nr - 1) / nr;
-    size_t count = (size_t)panels * (size_t)k * (size_t)nr;
-    size_t esz = mf_dtype_size(type);
-    p->n = n;
-    p->k = k;
-    p->type = type;
-    p->data = mf_xcalloc(count ? count : 1, esz);
-    for (int pi = 0; pi < panels; pi++) {
-        for (int jj = 0; jj < nr; jj++) {
-            int j = pi * nr + jj;
-            if (j >= n) break;
-            if (src_type == MF_F64 && type == MF_F32 && round == MF_F64) {   /* activations: the hot case */
-                const double *sd = (const double *)src + (size_t)j * row_stride;
-                float *dst = (float *)p->data + (size_t)pi * (size_t)k * (size_t)nr + (size_t)jj;
-                for (int kk = 0; kk < k; kk++) dst[(size_t)kk * nr] = (float)sd[(size_t)kk * col_stride];
-                continue;
-            }
-            for (int kk = 0; kk < k; kk++) {
-                double v = mf_round_to(round, mf_load_as_f64(src, src_type, (size_t)j * row_stride + (size_t)kk * col_stride));
-                size_t at = ((size_t)pi * (size_t)k + (size_t)kk) * (size_t)nr + (size_t)jj;
-                if (type == MF_F64) ((double *)p->data)[at] = v;
-                else ((float *)p->data)[at] = (float)v;
-            }
+bool mf_gemm_force_path(mf_gemm_path p) {
+    forced = p;
+    return p <= cpu_best();
+}
+
+void mf_gemm_force_portable(bool on) { forced = on ? MF_GEMM_PATH_PORTABLE : MF_GEMM_PATH_AUTO; }
+
+const char *mf_gemm_kernel_name(void) { return path_names[current_path()]; }
+
+/* ---- matrices ---------------------------------------------------------------- */
+
+mf_mat mf_mat_rows(const void *data, mf_dtype dtype, int n, int k) {
+    mf_mat w = {data, dtype, n, k, (size_t)k, 1};
+    return w;
+}
+
+double mf_mat_get(const mf_mat *w, int j, int kk) {
+    return mf_load_as_f64(w->data, w->dtype, (size_t)j * w->rs + (size_t)kk * w->cs);
+}
+
+/* ---- panels ------------------------------------------------------------------ */
+
+/* dst[kk * nr + jj] = W(j0 + jj, k0 + kk) for jj < nc, kk < kc; zero for jj >= nc. */
+static void panel_f32(const mf_mat *w, int j0, int nc, int k0, int kc, int nr, float *dst) {
+    if (nc < nr)
+        for (int kk = 0; kk < kc; kk++) memset(dst + (size_t)kk * nr + nc, 0, (size_t)(nr - nc) * sizeof(float));
+    for (int jj = 0; jj < nc; jj++) {
+        const size_t base = (size_t)(j0 + jj) * w->rs + (size_t)k0 * w->cs, cs = w->cs;
+        float *d = dst + jj;
+        switch (w->dtype) {
+        case MF_BF16: {
+            const uint16_t *s = (const uint16_t *)w->data + base;
+            for (int kk = 0; kk < kc; kk++) d[(size_t)kk * nr] = mf_bf16_to_f32(s[(size_t)kk * cs]);
+            break;
+        }
+        case MF_F16: {
+            const uint16_t *s = (const uint16_t *)w->data + base;
+            for (int kk = 0; kk < kc; kk++) d[(size_t)kk * nr] = mf_f16_to_f32(s[(size_t)kk * cs]);
+            break;
+        }
+        case MF_F32: {
+            const float *s = (const float *)w->data + base;
+            for (int kk = 0; kk < kc; kk++) d[(size_t)kk * nr] = s[(size_t)kk * cs];
+            break;
+        }
+        default: {   /* F64 holding fp32 values (activations) */
+            const double *s = (const double *)w->data + base;
+            for (int kk = 0; kk < kc; kk++) d[(size_t)kk * nr] = (float)s[(size_t)kk * cs];
+            break;
+        }
         }
     }
 }
 
-void mf_pack_free(mf_packed *p) {
-    free(p->data);
-    p->data = NULL;
+static void panel_f64(const mf_mat *w, int j0, int nc, int k0, int kc, int nr, double *dst) {
+    if (nc < nr)
+        for (int kk = 0; kk < kc; kk++) memset(dst + (size_t)kk * nr + nc, 0, (size_t)(nr - nc) * sizeof(double));
+    for (int jj = 0; jj < nc; jj++) {
+        const size_t base = (size_t)(j0 + jj) * w->rs + (size_t)k0 * w->cs, cs = w->cs;
+        double *d = dst + jj;
+        switch (w->dtype) {
+        case MF_BF16: {
+            const uint16_t *s = (const uint16_t *)w->data + base;
+            for (int kk = 0; kk < kc; kk++) d[(size_t)kk * nr] = mf_bf16_to_f32(s[(size_t)kk * cs]);
+            break;
+        }
+        case MF_F16: {
+            const uint16_t *s = (const uint16_t *)w->data + base;
+            for (int kk = 0; kk < kc; kk++) d[(size_t)kk * nr] = mf_f16_to_f32(s[(size_t)kk * cs]);
+            break;
+        }
+        case MF_F32: {
+            const float *s = (const float *)w->data + base;
+            for (int kk = 0; kk < kc; kk++) d[(size_t)kk * nr] = s[(size_t)kk * cs];
+            break;
+        }
+        default: {
+            const double *s = (const double *)w->data + base;
+            for (int kk = 0; kk < kc; kk++) d[(size_t)kk * nr] = s[(size_t)kk * cs];
+            break;
+        }
+        }
+    }
 }
 
-size_t mf_packed_bytes(const mf_packed *p) {
-    int nr = nr_of(p->type);
-    return (size_t)((p->n + nr - 1) / nr) * (size_t)p->k * (size_t)nr * mf_dtype_size(p->type);
+/* Whether the bf16 bits b may enter vdpbf16ps: zero, or finite with a biased
+ * exponent of at least 127 - 55. */
+static inline bool dp_safe(uint16_t b) {
+    const unsigned e = (b >> 7) & 0xffu;
+    return (b & 0x7fffu) == 0 || (e >= 72 && e < 255);
 }
 
-double mf_packed_get(const mf_packed *p, int j, int kk) {
-    int nr = nr_of(p->type);
-    size_t at = ((size_t)(j / nr) * (size_t)p->k + (size_t)kk) * (size_t)nr + (size_t)(j % nr);
-    return p->type == MF_F64 ? ((double *)p->data)[at] : ((float *)p->data)[at];
+/* The bf16 bits of v when v is a dp-safe bf16 value, else -1. */
+static inline int32_t dp_bits_of(double v) {
+    const float f = (float)v;
+    const uint32_t u = mf_f32_bits(f);
+    if ((double)f != v || (u & 0xffffu)) return -1;
+    const uint16_t b = (uint16_t)(u >> 16);
+    return dp_safe(b) ? b : -1;
 }
 
-/* ---- kernels: acc[MR][NR] over one panel, rows a[0..mr) ------------------ */
+/* The pair panel of vdpbf16ps: dst[(kk / 2) * nr + jj] = W(k0 + kk) << 16 |
+ * W(k0 + kk + 1) of column j0 + jj (zeros past nc and past k). False when a
+ * value is not a dp-safe bf16. */
+static bool panel_pairs(const mf_mat *w, int j0, int nc, int k0, int kc, int kend, int nr, uint32_t *dst) {
+    const int pairs = (kc + 1) / 2;
+    if (nc < nr)
+        for (int p = 0; p < pairs; p++) memset(dst + (size_t)p * nr + nc, 0, (size_t)(nr - nc) * sizeof(uint32_t));
+    for (int jj = 0; jj < nc; jj++) {
+        const size_t base = (size_t)(j0 + jj) * w->rs + (size_t)k0 * w->cs, cs = w->cs;
+        uint32_t *d = dst + jj;
+        if (w->dtype == MF_BF16) {
+            const uint16_t *s = (const uint16_t *)w->data + base;
+            unsigned bad = 0;
+            for (int p = 0; p < pairs; p++) {
+                const int kk = 2 * p;
+                const uint16_t hi = s[(size_t)kk * cs], lo = k0 + kk + 1 < kend ? s[(size_t)(kk + 1) * cs] : 0;
+                bad |= !dp_safe(hi) | !dp_safe(lo);
+                d[(size_t)p * nr] = (uint32_t)hi << 16 | lo;
+            }
+            if (bad) return false;
+            continue;
+        }
+        for (int p = 0; p < pairs; p++) {
+            const int kk = 2 * p;
+            const int32_t hi = dp_bits_of(mf_load_as_f64(w->data, w->dtype, base + (size_t)kk * cs));
+            const int32_t lo = k0 + kk + 1 < kend ? dp_bits_of(mf_load_as_f64(w->data, w->dtype, base + (size_t)(kk + 1) * cs)) : 0;
+            if (hi < 0 || lo < 0) return false;
+            d[(size_t)p * nr] = (uint32_t)hi << 16 | (uint32_t)lo;
+        }
+    }
+    return true;
+}
 
-static void kernel_f32_portable(int mr, int k, const float *a, size_t lda, const float *b, float *acc) {
+/* ---- kernels: acc[mr][NR] += A[mr, kc] . panel, one fma chain per element --- */
+
+#define MR_SMALL 6    /* portable and AVX2: 6 rows */
+#define MR_WIDE 12    /* AVX-512: 12 rows */
+#define NR_F32 16     /* portable, AVX2 */
+#define NR_F32W 32    /* AVX-512 (two registers per row) */
+#define NR_F64 8
+#define NR_F64W 16
+
+static void kf32_portable(int mr, int kc, const float *a, size_t lda, const float *b, float *acc) {
     for (int i = 0; i < mr; i++) {
-        float r[MF_NR_F32] = {0};
+        float *r = acc + i * NR_F32;
         const float *ai = a + (size_t)i * lda;
-        for (int kk = 0; kk < k; kk++) {
-            const float *bk = b + (size_t)kk * MF_NR_F32;
-            for (int j = 0; j < MF_NR_F32; j++) r[j] = fmaf(ai[kk], bk[j], r[j]);
+        for (int kk = 0; kk < kc; kk++) {
+            const float *bk = b + (size_t)kk * NR_F32;
+            for (int j = 0; j < NR_F32; j++) r[j] = fmaf(ai[kk], bk[j], r[j]);
         }
-        memcpy(acc + i * MF_NR_F32, r, sizeof r);
     }
 }
 
-static void kernel_f64_portable(int mr, int k, const double *a, size_t lda, const double *b, double *acc) {
+static void kf64_portable(int mr, int kc, const double *a, size_t lda, const double *b, double *acc) {
     for (int i = 0; i < mr; i++) {
-        double r[MF_NR_F64] = {0};
+        double *r = acc + i * NR_F64;
         const double *ai = a + (size_t)i * lda;
-        for (int kk = 0; kk < k; kk++) {
-            const double *bk = b + (size_t)kk * MF_NR_F64;
-            for (int j = 0; j < MF_NR_F64; j++) r[j] = fma(ai[kk], bk[j], r[j]);
+        for (int kk = 0; kk < kc; kk++) {
+            const double *bk = b + (size_t)kk * NR_F64;
+            for (int j = 0; j < NR_F64; j++) r[j] = fma(ai[kk], bk[j], r[j]);
         }
-        memcpy(acc + i * MF_NR_F64, r, sizeof r);
     }
 }
 
 #ifdef MF_HAVE_X86
-__attribute__((target("avx2,fma")))
-static void kernel_f32_avx2(int mr, int k, const float *a, size_t lda, const float *b, float *acc) {
-    __m256 c[MR][2];
-    for (int i = 0; i < MR; i++) c[i][0] = c[i][1] = _mm256_setzero_ps();
-    if (mr == MR) {
-        const float *a0 = a, *a1 = a + lda, *a2 = a + 2 * lda, *a3 = a + 3 * lda, *a4 = a + 4 * lda,
-                    *a5 = a + 5 * lda;
-        for (int kk = 0; kk < k; kk++) {
-            __m256 b0 = _mm256_loadu_ps(b + (size_t)kk * 16), b1 = _mm256_loadu_ps(b + (size_t)kk * 16 + 8);
-            __m256 x;
+__attribute__((target("avx2,fma"))) static void kf32_avx2(int mr, int kc, const float *a, size_t lda, const float *b,
+                                                          float *acc) {
+    __m256 c[MR_SMALL][2];
+    for (int i = 0; i < mr; i++) {
+        c[i][0] = _mm256_loadu_ps(acc + i * 16);
+        c[i][1] = _mm256_loadu_ps(acc + i * 16 + 8);
+    }
+    if (mr == MR_SMALL) {
+        const float *a0 = a, *a1 = a + lda, *a2 = a + 2 * lda, *a3 = a + 3 * lda, *a4 = a + 4 * lda, *a5 = a + 5 * lda;
+        for (int kk = 0; kk < kc; kk++) {
+            __m256 b0 = _mm256_loadu_ps(b + (size_t)kk * 16), b1 = _mm256_loadu_ps(b + (size_t)kk * 16 + 8), x;
             x = _mm256_broadcast_ss(a0 + kk); c[0][0] = _mm256_fmadd_ps(x, b0, c[0][0]); c[0][1] = _mm256_fmadd_ps(x, b1, c[0][1]);
             x = _mm256_broadcast_ss(a1 + kk); c[1][0] = _mm256_fmadd_ps(x, b0, c[1][0]); c[1][1] = _mm256_fmadd_ps(x, b1, c[1][1]);
             x = _mm256_broadcast_ss(a2 + kk); c[2][0] = _mm256_fmadd_ps(x, b0, c[2][0]); c[2][1] = _mm256_fmadd_ps(x, b1, c[2][1]);
@@ -125,7 +256,7 @@ static void kernel_f32_avx2(int mr, int k, const float *a, size_t lda, const flo
             x = _mm256_broadcast_ss(a5 + kk); c[5][0] = _mm256_fmadd_ps(x, b0, c[5][0]); c[5][1] = _mm256_fmadd_ps(x, b1, c[5][1]);
         }
     } else {
-        for (int kk = 0; kk < k; kk++) {
+        for (int kk = 0; kk < kc; kk++) {
             __m256 b0 = _mm256_loadu_ps(b + (size_t)kk * 16), b1 = _mm256_loadu_ps(b + (size_t)kk * 16 + 8);
             for (int i = 0; i < mr; i++) {
                 __m256 x = _mm256_broadcast_ss(a + (size_t)i * lda + kk);
@@ -140,11 +271,14 @@ static void kernel_f32_avx2(int mr, int k, const float *a, size_t lda, const flo
     }
 }
 
-__attribute__((target("avx2,fma")))
-static void kernel_f64_avx2(int mr, int k, const double *a, size_t lda, const double *b, double *acc) {
-    __m256d c[MR][2];
-    for (int i = 0; i < MR; i++) c[i][0] = c[i][1] = _mm256_setzero_pd();
-    for (int kk = 0; kk < k; kk++) {
+__attribute__((target("avx2,fma"))) static void kf64_avx2(int mr, int kc, const double *a, size_t lda,
+                                                          const double *b, double *acc) {
+    __m256d c[MR_SMALL][2];
+    for (int i = 0; i < mr; i++) {
+        c[i][0] = _mm256_loadu_pd(acc + i * 8);
+        c[i][1] = _mm256_loadu_pd(acc + i * 8 + 4);
+    }
+    for (int kk = 0; kk < kc; kk++) {
         __m256d b0 = _mm256_loadu_pd(b + (size_t)kk * 8), b1 = _mm256_loadu_pd(b + (size_t)kk * 8 + 4);
         for (int i = 0; i < mr; i++) {
             __m256d x = _mm256_broadcast_sd(a + (size_t)i * lda + kk);
@@ -157,44 +291,361 @@ static void kernel_f64_avx2(int mr, int k, const double *a, size_t lda, const do
         _mm256_storeu_pd(acc + i * 8 + 4, c[i][1]);
     }
 }
+
+/* 12 rows x 32 columns: 24 accumulators, two panel loads and 12 broadcasts per k */
+__attribute__((target("avx512f"))) static void kf32_avx512(int mr, int kc, const float *a, size_t lda, const float *b,
+                                                           float *acc) {
+    __m512 c[MR_WIDE][2];
+    for (int i = 0; i < mr; i++) {
+        c[i][0] = _mm512_loadu_ps(acc + i * 32);
+        c[i][1] = _mm512_loadu_ps(acc + i * 32 + 16);
+    }
+    if (mr == MR_WIDE) {
+        for (int kk = 0; kk < kc; kk++) {
+            const __m512 b0 = _mm512_loadu_ps(b + (size_t)kk * 32), b1 = _mm512_loadu_ps(b + (size_t)kk * 32 + 16);
+#pragma GCC unroll 12
+            for (int i = 0; i < MR_WIDE; i++) {
+                const __m512 x = _mm512_set1_ps(a[(size_t)i * lda + kk]);
+                c[i][0] = _mm512_fmadd_ps(x, b0, c[i][0]);
+                c[i][1] = _mm512_fmadd_ps(x, b1, c[i][1]);
+            }
+        }
+    } else {
+        for (int kk = 0; kk < kc; kk++) {
+            const __m512 b0 = _mm512_loadu_ps(b + (size_t)kk * 32), b1 = _mm512_loadu_ps(b + (size_t)kk * 32 + 16);
+            for (int i = 0; i < mr; i++) {
+                const __m512 x = _mm512_set1_ps(a[(size_t)i * lda + kk]);
+                c[i][0] = _mm512_fmadd_ps(x, b0, c[i][0]);
+                c[i][1] = _mm512_fmadd_ps(x, b1, c[i][1]);
+            }
+        }
+    }
+    for (int i = 0; i < mr; i++) {
+        _mm512_storeu_ps(acc + i * 32, c[i][0]);
+        _mm512_storeu_ps(acc + i * 32 + 16, c[i][1]);
+    }
+}
+
+__attribute__((target("avx512f"))) static void kf64_avx512(int mr, int kc, const double *a, size_t lda,
+                                                           const double *b, double *acc) {
+    __m512d c[MR_WIDE][2];
+    for (int i = 0; i < mr; i++) {
+        c[i][0] = _mm512_loadu_pd(acc + i * 16);
+        c[i][1] = _mm512_loadu_pd(acc + i * 16 + 8);
+    }
+    if (mr == MR_WIDE) {
+        for (int kk = 0; kk < kc; kk++) {
+            const __m512d b0 = _mm512_loadu_pd(b + (size_t)kk * 16), b1 = _mm512_loadu_pd(b + (size_t)kk * 16 + 8);
+#pragma GCC unroll 12
+            for (int i = 0; i < MR_WIDE; i++) {
+                const __m512d x = _mm512_set1_pd(a[(size_t)i * lda + kk]);
+                c[i][0] = _mm512_fmadd_pd(x, b0, c[i][0]);
+                c[i][1] = _mm512_fmadd_pd(x, b1, c[i][1]);
+            }
+        }
+    } else {
+        for (int kk = 0; kk < kc; kk++) {
+            const __m512d b0 = _mm512_loadu_pd(b + (size_t)kk * 16), b1 = _mm512_loadu_pd(b + (size_t)kk * 16 + 8);
+            for (int i = 0; i < mr; i++) {
+                const __m512d x = _mm512_set1_pd(a[(size_t)i * lda + kk]);
+                c[i][0] = _mm512_fmadd_pd(x, b0, c[i][0]);
+                c[i][1] = _mm512_fmadd_pd(x, b1, c[i][1]);
+            }
+        }
+    }
+    for (int i = 0; i < mr; i++) {
+        _mm512_storeu_pd(acc + i * 16, c[i][0]);
+        _mm512_storeu_pd(acc + i * 16 + 8, c[i][1]);
+    }
+}
+
+/* The pair kernel: a holds rows of swapped bf16 pairs (a 32-bit word per two
+ * k), b the pair panel; kc2 pairs. */
+__attribute__((target("avx512f,avx512bf16"))) static void kdp_avx512(int mr, int kc2, const uint32_t *a, size_t lda2,
+                                                                     const uint32_t *b, float *acc) {
+    __m512 c[MR_WIDE][2];
+    for (int i = 0; i < mr; i++) {
+        c[i][0] = _mm512_loadu_ps(acc + i * 32);
+        c[i][1] = _mm512_loadu_ps(acc + i * 32 + 16);
+    }
+    if (mr == MR_WIDE) {
+        for (int p = 0; p < kc2; p++) {
+            const __m512bh b0 = (__m512bh)_mm512_loadu_si512(b + (size_t)p * 32);
+            const __m512bh b1 = (__m512bh)_mm512_loadu_si512(b + (size_t)p * 32 + 16);
+#pragma GCC unroll 12
+            for (int i = 0; i < MR_WIDE; i++) {
+                const __m512bh x = (__m512bh)_mm512_set1_epi32((int)a[(size_t)i * lda2 + p]);
+                c[i][0] = _mm512_dpbf16_ps(c[i][0], x, b0);
+                c[i][1] = _mm512_dpbf16_ps(c[i][1], x, b1);
+            }
+        }
+    } else {
+        for (int p = 0; p < kc2; p++) {
+            const __m512bh b0 = (__m512bh)_mm512_loadu_si512(b + (size_t)p * 32);
+            const __m512bh b1 = (__m512bh)_mm512_loadu_si512(b + (size_t)p * 32 + 16);
+            for (int i = 0; i < mr; i++) {
+                const __m512bh x = (__m512bh)_mm512_set1_epi32((int)a[(size_t)i * lda2 + p]);
+                c[i][0] = _mm512_dpbf16_ps(c[i][0], x, b0);
+                c[i][1] = _mm512_dpbf16_ps(c[i][1], x, b1);
+            }
+        }
+    }
+    for (int i = 0; i < mr; i++) {
+        _mm512_storeu_ps(acc + i * 32, c[i][0]);
+        _mm512_storeu_ps(acc + i * 32 + 16, c[i][1]);
+    }
+}
 #endif
+
+/* ---- the self-check of the pair kernel -------------------------------------- */
+
+#ifdef MF_HAVE_X86
+/* 96 dot products of 2..96 terms, wide exponent spreads, exact cancellations
+ * and zeros: the pair kernel must give the scalar chain's bits on each. */
+static bool dp_self_check(void) {
+    uint64_t s = 0x9e3779b97f4a7c15ull;
+    enum { K = 96 };
+    uint32_t a[MR_WIDE * (K / 2)], b[(K / 2) * 32];
+    float acc[MR_WIDE * 32], want[MR_WIDE * 32];
+    uint16_t av[MR_WIDE][K], bv[32][K];
+    for (int round = 0; round < 8; round++) {
+        for (int i = 0; i < MR_WIDE; i++)
+            for (int kk = 0; kk < K; kk++) {
+                s ^= s << 13, s ^= s >> 7, s ^= s << 17;
+                const unsigned e = 72 + (unsigned)(s % 140), m = (unsigned)(s >> 20) & 0x7f, sg = (unsigned)(s >> 40) & 1;
+                av[i][kk] = (s >> 50) % 11 == 0 ? 0 : (uint16_t)(sg << 15 | e << 7 | m);
+            }
+        for (int j = 0; j < 32; j++)
+            for (int kk = 0; kk < K; kk++) {
+                s ^= s << 13, s ^= s >> 7, s ^= s << 17;
+                const unsigned e = 100 + (unsigned)(s % 50), m = (unsigned)(s >> 20) & 0x7f, sg = (unsigned)(s >> 40) & 1;
+                bv[j][kk] = (s >> 50) % 13 == 0 ? 0 : (uint16_t)(sg << 15 | e << 7 | m);
+                if (j == 1 && kk % 2) bv[j][kk] = bv[j][kk - 1] ^ 0x8000u;   /* cancelling pairs */
+            }
+        for (int i = 0; i < MR_WIDE; i++)
+            for (int p = 0; p < K / 2; p++) a[i * (K / 2) + p] = (uint32_t)av[i][2 * p] << 16 | av[i][2 * p + 1];
+        for (int p = 0; p < K / 2; p++)
+            for (int j = 0; j < 32; j++) b[p * 32 + j] = (uint32_t)bv[j][2 * p] << 16 | bv[j][2 * p + 1];
+        const int kc = 2 + round * 12;
+        for (int i = 0; i < MR_WIDE; i++)
+            for (int j = 0; j < 32; j++) {
+                float c = 0;
+                for (int kk = 0; kk < kc; kk++) c = fmaf(mf_bf16_to_f32(av[i][kk]), mf_bf16_to_f32(bv[j][kk]), c);
+                want[i * 32 + j] = c;
+            }
+        memset(acc, 0, sizeof acc);
+        kdp_avx512(MR_WIDE, kc / 2, a, K / 2, b, acc);
+        if (memcmp(acc, want, sizeof acc)) return false;
+    }
+    return true;
+}
+#else
+static bool dp_self_check(void) { return false; }
+#endif
+
+/* ---- drivers ------------------------------------------------------------------ */
 
 /* Below this many multiply-adds a product runs on one thread: starting a
  * parallel region costs more than it saves. */
 #define PARALLEL_MIN_WORK (1 << 16)
 
-/* The driver of both precisions: tiles of MR rows by one packed panel, each computed into a local accumulator by
- * the AVX2 kernel where the CPU has it (else the portable one) and copied out; one definition for both types so
- * that their tiling, threading and triangular skips cannot drift apart. */
-#ifdef MF_HAVE_X86
-#define GEMM_KERNEL(avx, kavx, kport) if (avx) kavx; else kport
-#else
-#define GEMM_KERNEL(avx, kavx, kport) kport
-#endif
-#define DEFINE_GEMM(NAME, T, NR, KERNEL_AVX2, KERNEL_PORTABLE)                                                            \
-    void NAME(int m, const T *a, size_t lda, const mf_packed *w, T *c, size_t ldc, int threads, mf_tri tri) {          \
-        const int n = w->n, k = w->k, nr = NR;                                                                          \
-        const int panels = (n + nr - 1) / nr, rblocks = (m + MR - 1) / MR;                                              \
-        const long tiles = (long)panels * rblocks;                                                                      \
-        const bool avx = cpu_has_avx2_fma();                                                                            \
-        const T *wd = w->data;                                                                                          \
-        const double work = (double)m * n * k;                                                                          \
-        (void)threads;                                                                                                  \
-        _Pragma("omp parallel for schedule(static) num_threads(threads) if (work >= PARALLEL_MIN_WORK && threads > 1)") \
-        for (long t = 0; t < tiles; t++) {                                                                              \
-            int pi = (int)(t / rblocks), ri = (int)(t % rblocks);                                                       \
-            int i0 = ri * MR, mr = m - i0 < MR ? m - i0 : MR;                                                           \
-            int j0 = pi * nr, nc = n - j0 < nr ? n - j0 : nr;                                                           \
-            if (tri == MF_TRI_COLS && j0 > i0 + mr - 1) continue;                                                       \
-            int kk = tri == MF_TRI_K && i0 + mr < k ? i0 + mr : k;                                                      \
-            T acc[MR * NR];                                                                                             \
-            const T *b = wd + (size_t)pi * (size_t)k * nr;                                                              \
-            GEMM_KERNEL(avx, KERNEL_AVX2(mr, kk, a + (size_t)i0 * lda, lda, b, acc),                                    \
-                        KERNEL_PORTABLE(mr, kk, a + (size_t)i0 * lda, lda, b, acc));                                    \
-            for (int i = 0; i < mr; i++) memcpy(c + (size_t)(i0 + i) * ldc + j0, acc + i * nr, (size_t)nc * sizeof(T)); \
-        }                                                                                                               \
-        (void)avx;                                                                                                      \
+/* k is cut into blocks of at most this many values when the rows of A for
+ * one block would not stay in a core's cache */
+#define A_BLOCK_BYTES (384u << 10)
+
+static int k_block(int m, int k, size_t esz) {
+    size_t kc = A_BLOCK_BYTES / ((size_t)(m > 0 ? m : 1) * esz);
+    if (kc < 256) kc = 256;
+    kc &= ~(size_t)15;   /* even, so pairs never straddle blocks */
+    return (size_t)k <= kc ? k : (int)kc;
+}
+
+/* Work units: column groups of nr, each over row chunks (more than one when
+ * there are too few groups to keep every thread busy). */
+typedef struct plan {
+    int groups, chunks, chunk_rows;
+} plan;
+
+static plan make_plan(int m, int n, int nr, int mr, int threads) {
+    plan p;
+    p.groups = (n + nr - 1) / nr;
+    p.chunks = 1;
+    if (threads > 1 && p.groups < 4 * threads) {
+        int want = (4 * threads + p.groups - 1) / p.groups, max = (m + mr - 1) / mr;
+        p.chunks = want < max ? want : max;
+        if (p.chunks < 1) p.chunks = 1;
+    }
+    p.chunk_rows = ((m + p.chunks - 1) / p.chunks + mr - 1) / mr * mr;
+    return p;
+}
+
+/* One column group over rows [r0, r1): panel by panel along k, each tile's
+ * running sums in acc (from C after the first block). T is float or double. */
+#define DEFINE_GROUP(NAME, T, PANEL)                                                                                   \
+    static void NAME(const mf_mat *w, int j0, int nc, int r0, int r1, const T *a, size_t lda, T *c, size_t ldc,    \
+                     mf_tri tri, int kc_max, int nr, int mr_max, T *panel,                                          \
+                     void (*kern)(int, int, const T *, size_t, const T *, T *)) {                                   \
+        const int k = w->k;                                                                                         \
+        T acc[MR_WIDE * 32];                                                                                        \
+        for (int k0 = 0; k0 < k || k0 == 0; k0 += kc_max) {                                                         \
+            const int kc = k - k0 < kc_max ? k - k0 : kc_max;                                                       \
+            if (tri == MF_TRI_K && k0 > 0 && k0 >= r1) break;                                                       \
+            if (kc > 0) PANEL(w, j0, nc, k0, kc, nr, panel);                                                        \
+            for (int i0 = r0; i0 < r1; i0 += mr_max) {                                                              \
+                const int mr = r1 - i0 < mr_max ? r1 - i0 : mr_max;                                                 \
+                if (tri == MF_TRI_COLS && j0 > i0 + mr - 1) continue;                                               \
+                const int kend = tri == MF_TRI_K && i0 + mr < k ? i0 + mr : k;                                      \
+                if (k0 > 0 && k0 >= kend) continue;                                                                 \
+                const int kcc = kend - k0 < kc ? kend - k0 : kc;                                                    \
+                for (int i = 0; i < mr; i++) {                                                                      \
+                    T *ai = acc + (size_t)i * nr;                                                                   \
+                    if (k0 == 0) memset(ai, 0, (size_t)nr * sizeof(T));                                             \
+                    else {                                                                                          \
+                        memcpy(ai, c + (size_t)(i0 + i) * ldc + j0, (size_t)nc * sizeof(T));                        \
+                        memset(ai + nc, 0, (size_t)(nr - nc) * sizeof(T));                                          \
+                    }                                                                                               \
+                }                                                                                                   \
+                if (kcc > 0) kern(mr, kcc, a + (size_t)i0 * lda + k0, lda, panel, acc);                             \
+                for (int i = 0; i < mr; i++)                                                                        \
+                    memcpy(c + (size_t)(i0 + i) * ldc + j0, acc + (size_t)i * nr, (size_t)nc * sizeof(T));          \
+            }                                                                                                       \
+            if (k == 0) break;                                                                                      \
+        }                                                                                                           \
     }
 
-DEFINE_GEMM(mf_gemm_f32, float, MF_NR_F32, kernel_f32_avx2, kernel_f32_portable)
-DEFINE_GEMM(mf_gemm_f64, double, MF_NR_F64, kernel_f64_avx2, kernel_f64_portable)
+DEFINE_GROUP(group_f32, float, panel_f32)
+DEFINE_GROUP(group_f64, double, panel_f64)
+
+/* The f32 group on the pair kernel, falling back to the fp32 kernel (the
+ * same bits) for the rest of k from the first panel that holds a value the
+ * pair kernel may not take. */
+static void group_dp(const mf_mat *w, int j0, int nc, int r0, int r1, const float *a, size_t lda, const uint32_t *a2,
+                     size_t lda2, float *c, size_t ldc, mf_tri tri, int kc_max, uint32_t *pp, float *pf) {
+#ifdef MF_HAVE_X86
+    const int k = w->k, nr = NR_F32W;
+    float acc[MR_WIDE * 32];
+    bool pairs_ok = true;
+    for (int k0 = 0; k0 < k; k0 += kc_max) {
+        const int kc = k - k0 < kc_max ? k - k0 : kc_max;
+        if (tri == MF_TRI_K && k0 > 0 && k0 >= r1) break;
+        if (pairs_ok) pairs_ok = panel_pairs(w, j0, nc, k0, kc, k, nr, pp);
+        if (!pairs_ok) panel_f32(w, j0, nc, k0, kc, nr, pf);
+        for (int i0 = r0; i0 < r1; i0 += MR_WIDE) {
+            const int mr = r1 - i0 < MR_WIDE ? r1 - i0 : MR_WIDE;
+            if (tri == MF_TRI_COLS && j0 > i0 + mr - 1) continue;
+            const int kend = tri == MF_TRI_K && i0 + mr < k ? i0 + mr : k;
+            if (k0 > 0 && k0 >= kend) continue;
+            const int kcc = kend - k0 < kc ? kend - k0 : kc;
+            for (int i = 0; i < mr; i++) {
+                float *ai = acc + (size_t)i * nr;
+                if (k0 == 0) memset(ai, 0, (size_t)nr * sizeof(float));
+                else {
+                    memcpy(ai, c + (size_t)(i0 + i) * ldc + j0, (size_t)nc * sizeof(float));
+                    memset(ai + nc, 0, (size_t)(nr - nc) * sizeof(float));
+                }
+            }
+            /* the pairs past kend hold zeros of A (TRI_K: A[i, kk] = 0 for kk > i) or of the padding: exact */
+            if (pairs_ok) kdp_avx512(mr, (kcc + 1) / 2, a2 + (size_t)i0 * lda2 + k0 / 2, lda2, pp, acc);
+            else kf32_avx512(mr, kcc, a + (size_t)i0 * lda + k0, lda, pf, acc);
+            for (int i = 0; i < mr; i++)
+                memcpy(c + (size_t)(i0 + i) * ldc + j0, acc + (size_t)i * nr, (size_t)nc * sizeof(float));
+        }
+    }
+#else
+    (void)w, (void)j0, (void)nc, (void)r0, (void)r1, (void)a, (void)lda, (void)a2, (void)lda2, (void)c, (void)ldc;
+    (void)tri, (void)kc_max, (void)pp, (void)pf;
+#endif
+}
+
+/* A as swapped bf16 pairs, when every value is a dp-safe bf16: false otherwise. */
+static bool pack_a_pairs(int m, int k, const float *a, size_t lda, uint32_t *dst, size_t lda2) {
+    unsigned bad = 0;
+    for (int i = 0; i < m; i++) {
+        const float *src = a + (size_t)i * lda;
+        uint32_t *d = dst + (size_t)i * lda2;
+        for (int kk = 0; kk < k; kk += 2) {
+            const uint32_t hi = mf_f32_bits(src[kk]), lo = kk + 1 < k ? mf_f32_bits(src[kk + 1]) : 0;
+            bad |= (hi | lo) & 0xffffu;
+            bad |= !dp_safe((uint16_t)(hi >> 16)) | !dp_safe((uint16_t)(lo >> 16));
+            d[kk / 2] = (hi & 0xffff0000u) | lo >> 16;
+        }
+        if (bad) return false;
+    }
+    return true;
+}
+
+void mf_gemm_f32(int m, const float *a, size_t lda, const mf_mat *w, float *c, size_t ldc, int threads, mf_tri tri) {
+    const int n = w->n, k = w->k;
+    if (m <= 0 || n <= 0) return;
+    const mf_gemm_path path = current_path();
+    const bool wide = path >= MF_GEMM_PATH_AVX512;
+    const int nr = wide ? NR_F32W : NR_F32, mr = wide ? MR_WIDE : MR_SMALL;
+    void (*kern)(int, int, const float *, size_t, const float *, float *) = kf32_portable;
+#ifdef MF_HAVE_X86
+    if (path == MF_GEMM_PATH_AVX2) kern = kf32_avx2;
+    if (wide) kern = kf32_avx512;
+#endif
+    const double work = (double)m * n * k;
+    const bool par = work >= PARALLEL_MIN_WORK && threads > 1;
+    const int kc = k_block(m, k, sizeof(float));
+    /* the pair kernel wants A as dp-safe bf16 values, pairs swapped */
+    uint32_t *a2 = NULL;
+    const size_t lda2 = (size_t)(k + 1) / 2;
+    if (path == MF_GEMM_PATH_AVX512BF16 && k >= 2) {
+        a2 = mf_xmalloc((size_t)m * lda2 * sizeof(uint32_t));
+        if (!pack_a_pairs(m, k, a, lda, a2, lda2)) {
+            free(a2);
+            a2 = NULL;
+        }
+    }
+    const plan pl = make_plan(m, n, nr, mr, par ? threads : 1);
+    const long units = (long)pl.groups * pl.chunks;
+#pragma omp parallel num_threads(par ? threads : 1)
+    {
+        float *panel = mf_xmalloc((size_t)(kc > 0 ? kc : 1) * nr * sizeof(float));
+        uint32_t *pp = a2 ? mf_xmalloc((size_t)((kc + 1) / 2 > 0 ? (kc + 1) / 2 : 1) * nr * sizeof(uint32_t)) : NULL;
+#pragma omp for schedule(dynamic, 1)
+        for (long u = 0; u < units; u++) {
+            const int g = (int)(u / pl.chunks), ch = (int)(u % pl.chunks);
+            const int j0 = g * nr, nc = n - j0 < nr ? n - j0 : nr;
+            const int r0 = ch * pl.chunk_rows, r1 = r0 + pl.chunk_rows < m ? r0 + pl.chunk_rows : m;
+            if (r0 >= r1) continue;
+            if (a2) group_dp(w, j0, nc, r0, r1, a, lda, a2, lda2, c, ldc, tri, kc, pp, panel);
+            else group_f32(w, j0, nc, r0, r1, a, lda, c, ldc, tri, kc, nr, mr, panel, kern);
+        }
+        free(panel);
+        free(pp);
+    }
+    free(a2);
+}
+
+void mf_gemm_f64(int m, const double *a, size_t lda, const mf_mat *w, double *c, size_t ldc, int threads, mf_tri tri) {
+    const int n = w->n, k = w->k;
+    if (m <= 0 || n <= 0) return;
+    const mf_gemm_path path = current_path();
+    const bool wide = path >= MF_GEMM_PATH_AVX512;
+    const int nr = wide ? NR_F64W : NR_F64, mr = wide ? MR_WIDE : MR_SMALL;
+    void (*kern)(int, int, const double *, size_t, const double *, double *) = kf64_portable;
+#ifdef MF_HAVE_X86
+    if (path == MF_GEMM_PATH_AVX2) kern = kf64_avx2;
+    if (wide) kern = kf64_avx512;
+#endif
+    const double work = (double)m * n * k;
+    const bool par = work >= PARALLEL_MIN_WORK && threads > 1;
+    const int kc = k_block(m, k, sizeof(double));
+    const plan pl = make_plan(m, n, nr, mr, par ? threads : 1);
+    const long units = (long)pl.groups * pl.chunks;
+#pragma omp parallel num_threads(par ? threads : 1)
+    {
+        double *panel = mf_xmalloc((size_t)(kc > 0 ? kc : 1) * nr * sizeof(double));
+#pragma omp for schedule(dynamic, 1)
+        for (long u = 0; u < units; u++) {
+            const int g = (int)(u / pl.chunks), ch = (int)(u % pl.chunks);
+            const int j0 = g * nr, nc = n - j0 < nr ? n - j0 : nr;
+            const int r0 = ch * pl.chunk_rows, r1 = r0 + pl.chunk_rows < m ? r0 + pl.chunk_rows : m;
+            if (r0 >= r1) continue;
+            group_f64(w, j0, nc, r0, r1, a, lda, c, ldc, tri, kc, nr, mr, panel, kern);
+        }
+        free(panel);
+    }
+}

@@ -7,44 +7,50 @@
 #include <string.h>
 
 void mf_linear_free(mf_linear *L) {
-    mf_pack_free(&L->w);
     free(L->bias);
     L->bias = NULL;
 }
 
+/* Columns of W converted to instruction operands at a time: the operand block
+ * stays a few megabytes whatever the weight's size. */
+#define EMU_COLS 256
+
 /* The product as a vendor's instruction computes it: operands to their bit
- * patterns (exact: they hold bf16 or f16 values), the emulated GEMM, fp32
- * results. */
-static void emulate(const mf_kschedule *ks, const mf_mm *mm, const double *a, int M, size_t lda, const mf_packed *b,
+ * patterns (exact: they hold bf16 or f16 values), the emulated GEMM over
+ * blocks of W's columns, fp32 results. */
+static void emulate(const mf_kschedule *ks, const mf_mm *mm, const double *a, int M, size_t lda, const mf_mat *b,
                     float *cf) {
     const int N = b->n, K = b->k;
     const bool bf = ks->instr.a_fmt == MF_FMT_BF16;
-    uint64_t *A = mf_xmalloc((size_t)M * K * sizeof(uint64_t)), *B = mf_xmalloc((size_t)K * N * sizeof(uint64_t));
-    uint64_t *C = mf_xmalloc((size_t)M * N * sizeof(uint64_t));
+    const int nb = N < EMU_COLS ? N : EMU_COLS;
+    uint64_t *A = mf_xmalloc((size_t)M * K * sizeof(uint64_t)), *B = mf_xmalloc((size_t)K * nb * sizeof(uint64_t));
+    uint64_t *C = mf_xmalloc((size_t)M * nb * sizeof(uint64_t));
     for (int i = 0; i < M; i++)
         for (int k = 0; k < K; k++) {
             double v = a[(size_t)i * lda + k];
             A[(size_t)i * K + k] = bf ? mf_f64_to_bf16(v) : mf_f64_to_f16(v);
         }
-    const int nr = b->type == MF_F64 ? MF_NR_F64 : MF_NR_F32;
-    for (int j = 0; j < N; j++)
-        for (int k = 0; k < K; k++) {
-            size_t at = ((size_t)(j / nr) * (size_t)K + (size_t)k) * (size_t)nr + (size_t)(j % nr);
-            double v = b->type == MF_F64 ? ((const double *)b->data)[at] : ((const float *)b->data)[at];
-            B[(size_t)k * N + j] = bf ? mf_f64_to_bf16(v) : mf_f64_to_f16(v);
-        }
-    mf_emu_gemm(ks, M, N, K, A, B, NULL, C, mm->threads);
-    for (size_t i = 0; i < (size_t)M * N; i++) {
-        uint32_t u = (uint32_t)C[i];
-        memcpy(&cf[i], &u, 4);
+    for (int j0 = 0; j0 < N; j0 += nb) {
+        const int w = N - j0 < nb ? N - j0 : nb;
+        for (int k = 0; k < K; k++)
+            for (int j = 0; j < w; j++) {
+                const double v = mf_mat_get(b, j0 + j, k);
+                B[(size_t)k * w + j] = bf ? mf_f64_to_bf16(v) : mf_f64_to_f16(v);
+            }
+        mf_emu_gemm(ks, M, w, K, A, B, NULL, C, mm->threads);
+        for (int i = 0; i < M; i++)
+            for (int j = 0; j < w; j++) {
+                uint32_t u = (uint32_t)C[(size_t)i * w + j];
+                memcpy(&cf[(size_t)i * N + j0 + j], &u, 4);
+            }
     }
     free(A);
     free(B);
     free(C);
 }
 
-static void run(const mf_mm *mm, const double *a, int M, size_t lda, const mf_packed *b, const double *bias,
-                double *c, size_t ldc, mf_tri tri) {
+static void run(const mf_mm *mm, const double *a, int M, size_t lda, const mf_mat *b, const double *bias, double *c,
+                size_t ldc, mf_tri tri) {
     const int N = b->n, K = b->k;
     if (M <= 0 || N <= 0) return;
     if (mm->compute == MF_F64) {
@@ -68,10 +74,10 @@ static void run(const mf_mm *mm, const double *a, int M, size_t lda, const mf_pa
         emulate(ks, mm, a, M, lda, b, cf);
     } else {
 #pragma omp parallel for num_threads(mm->threads) if (par)
-    for (int i = 0; i < M; i++)
-        for (int k = 0; k < K; k++) af[(size_t)i * K + k] = (float)a[(size_t)i * lda + k];
-    if (tri == MF_TRI_COLS) memset(cf, 0, (size_t)M * N * sizeof(float));
-    mf_gemm_f32(M, af, (size_t)K, b, cf, (size_t)N, mm->threads, tri);
+        for (int i = 0; i < M; i++)
+            for (int k = 0; k < K; k++) af[(size_t)i * K + k] = (float)a[(size_t)i * lda + k];
+        if (tri == MF_TRI_COLS) memset(cf, 0, (size_t)M * N * sizeof(float));
+        mf_gemm_f32(M, af, (size_t)K, b, cf, (size_t)N, mm->threads, tri);
     }
     /* epilogue: fp32 sum (+ bias in fp32), then one rounding to the output dtype */
     const mf_dtype out = mm->out;
@@ -97,8 +103,7 @@ void mf_linear_apply(const mf_mm *mm, const mf_linear *L, const double *x, int M
     run(mm, x, M, (size_t)L->in, &L->w, L->bias, y, (size_t)L->out, MF_TRI_NONE);
 }
 
-void mf_matmul_packed(const mf_mm *mm, const double *a, int M, size_t lda, const mf_packed *b, double *c, size_t ldc,
-                      mf_tri tri) {
+void mf_matmul(const mf_mm *mm, const double *a, int M, size_t lda, const mf_mat *b, double *c, size_t ldc, mf_tri tri) {
     run(mm, a, M, lda, b, NULL, c, ldc, tri);
 }
 

@@ -1,38 +1,34 @@
 /* moeflip numerics: how a matrix product is carried out.
  *
- * Every matrix product of a model is C[M,N] = A[M,K] . W[N,K]^T with W held
- * "packed": split into panels of MF_NR_F32 (or MF_NR_F64) rows of W, each panel
- * stored k-major, so the kernels stream it once per block of A rows.
+ * Every matrix product of a model is C[M,N] = A[M,K] . W[N,K]^T with W read
+ * where it lies (mf_mat): a weight in the mapped checkpoint, in its own
+ * dtype, or an activation with any strides. The kernels widen W's values as
+ * they load them (bf16 and f16 to fp32 or fp64 is exact); nothing is copied
+ * whole into a wider type.
  *
  * The CPU's own arithmetic ("native") is defined here exactly, so results do
  * not depend on the instruction set or the number of threads: each output
  * element is one fused multiply-add chain over k in ascending order, starting
- * from zero, in the compute type (fp32 or fp64). The AVX2 kernels and the
- * portable kernels compute the same bits. */
+ * from zero, in the compute type (fp32 or fp64). The portable, AVX2, AVX-512
+ * and AVX-512 BF16 kernels compute the same bits. */
 #ifndef MF_NUMERICS_H
 #define MF_NUMERICS_H
 
 #include "mf_core.h"
 
-#define MF_NR_F32 16
-#define MF_NR_F64 8
+/* A matrix W[n, k] as stored: element (j, kk) is element j * rs + kk * cs of
+ * `data`, of dtype BF16, F16, F32 or F64. */
+typedef struct mf_mat {
+    const void *data;
+    mf_dtype dtype;
+    int n, k;
+    size_t rs, cs;
+} mf_mat;
 
-typedef struct mf_packed {
-    int n, k;          /* logical W is [n, k] */
-    mf_dtype type;     /* compute type: MF_F32 or MF_F64 */
-    void *data;        /* ceil(n / NR) panels of k * NR values, zero padded */
-} mf_packed;
-
-/* Packs W given element (j, kk) at src[j * row_stride + kk * col_stride].
- * The source may be any float dtype (read exactly); each value is first
- * rounded to `round` (MF_F64: kept) and then stored in the compute type
- * `type` (MF_F32 or MF_F64). */
-void mf_pack(mf_packed *p, mf_dtype type, mf_dtype round, int n, int k, const void *src, mf_dtype src_type,
-             size_t row_stride, size_t col_stride);
-void mf_pack_free(mf_packed *p);
-size_t mf_packed_bytes(const mf_packed *p);
-/* Element (j, kk) of a packed matrix, as double (for tests and slow paths). */
-double mf_packed_get(const mf_packed *p, int j, int kk);
+/* Row-major [n, k] (a safetensors weight [out, in]). */
+mf_mat mf_mat_rows(const void *data, mf_dtype dtype, int n, int k);
+/* Element (j, kk) as double (exact; for tests and slow paths). */
+double mf_mat_get(const mf_mat *w, int j, int kk);
 
 /* Causal shortcuts for attention, where row i is query position i:
  * MF_TRI_COLS: only C[i, j] with j <= i is wanted (Q.K^T); the rest is left
@@ -42,13 +38,23 @@ double mf_packed_get(const mf_packed *p, int j, int kk);
 typedef enum mf_tri { MF_TRI_NONE, MF_TRI_COLS, MF_TRI_K } mf_tri;
 
 /* C[i, j] for i < m, j < n = chain of fma over k; A rows have stride lda,
- * C rows have stride ldc. Uses up to `threads` OpenMP threads. */
-void mf_gemm_f32(int m, const float *a, size_t lda, const mf_packed *w, float *c, size_t ldc, int threads, mf_tri tri);
-void mf_gemm_f64(int m, const double *a, size_t lda, const mf_packed *w, double *c, size_t ldc, int threads, mf_tri tri);
+ * C rows have stride ldc. Uses up to `threads` OpenMP threads. In mf_gemm_f32
+ * W's values must be fp32 values (any dtype but an F64 holding wider ones). */
+void mf_gemm_f32(int m, const float *a, size_t lda, const mf_mat *w, float *c, size_t ldc, int threads, mf_tri tri);
+void mf_gemm_f64(int m, const double *a, size_t lda, const mf_mat *w, double *c, size_t ldc, int threads, mf_tri tri);
 
-/* Which kernel runs on this CPU ("avx2+fma" or "portable"). */
+/* The kernels, all giving the same bits: AUTO takes the widest this CPU runs
+ * (AVX512BF16: the pair kernel for products whose operands are bf16 values,
+ * AVX-512 for the rest); MOEFLIP_GEMM_PATH=portable|avx2|avx512|avx512bf16
+ * picks one for a whole process (one the CPU lacks falls back to its widest). */
+typedef enum mf_gemm_path {
+    MF_GEMM_PATH_AUTO, MF_GEMM_PATH_PORTABLE, MF_GEMM_PATH_AVX2, MF_GEMM_PATH_AVX512, MF_GEMM_PATH_AVX512BF16
+} mf_gemm_path;
+/* Forces a kernel (tests compare them); false when this CPU lacks it. */
+bool mf_gemm_force_path(mf_gemm_path p);
+/* Which kernel runs now ("avx512bf16", "avx512", "avx2+fma" or "portable"). */
 const char *mf_gemm_kernel_name(void);
-/* Forces the portable kernels (tests compare the two). */
+/* Forces the portable kernels (true) or the widest again (false). */
 void mf_gemm_force_portable(bool on);
 
 /* ---- matrix-instruction models (shared/NUMERICS.md) ----------------- */
@@ -160,10 +166,13 @@ const mf_kschedule *mf_numerics_schedule(const mf_numerics *n, mf_dtype operands
 
 /* ---- linear layers and matrix products under a precision ------------ */
 
-/* A weight [out, in], packed, with an optional bias [out]. */
+/* A weight [out, in] as the model holds it: a view of the checkpoint's
+ * tensor (or of the one converted copy made where the policy's weight dtype
+ * cannot hold the stored values), with an optional bias [out] (its values
+ * rounded as the weights are). The model owns what the view points into. */
 typedef struct mf_linear {
     int out, in;
-    mf_packed w;
+    mf_mat w;
     double *bias;
 } mf_linear;
 
@@ -182,9 +191,9 @@ typedef struct mf_mm {
  * fp32-representable values (the caller rounded them); the bias is added to
  * the fp32 sum in fp32 before the output rounding, as addmm does. */
 void mf_linear_apply(const mf_mm *mm, const mf_linear *L, const double *x, int M, double *y);
-/* C[M, N] = round_out(A[M, K] . B^T) with B packed. */
-void mf_matmul_packed(const mf_mm *mm, const double *a, int M, size_t lda, const mf_packed *b, double *c, size_t ldc,
-                      mf_tri tri);
+/* C[M, N] = round_out(A[M, K] . B^T), B any matrix view (an activation). */
+void mf_matmul(const mf_mm *mm, const double *a, int M, size_t lda, const mf_mat *b, double *c, size_t ldc, mf_tri tri);
+/* Frees the bias (the view's data belongs to the model). */
 void mf_linear_free(mf_linear *L);
 
 /* ---- activations (computed in double; the caller rounds) -------------- */

@@ -62,9 +62,15 @@ typedef struct mf_gpu mf_gpu;
 
 /* Whether this build has the backend ("cuda" or "hip"). */
 bool mf_gpu_built(const char *backend);
-/* device: "cuda", "cuda:N", "hip" or "hip:N". Uploads the model's weights once. */
-int mf_gpu_open(mf_gpu **out, const char *device, const mf_model *m, const mf_precision *prec, const mf_numerics *num,
-                mf_error *err);
+/* device: "cuda", "cuda:N", "hip" or "hip:N". Checks that the model and a
+ * max_tokens-token sequence fit the device's free memory, uploads the
+ * model's weights once (straight from its files; the weights digest is made
+ * on the way when the model was loaded with MF_LOAD_DEFER_DIGEST), and, when
+ * max_tokens > 0, allocates the scratch and runs one warm-up forward, so
+ * that no sequence pays for set-up. The model must be loaded with
+ * MF_LOAD_NO_CONVERT (its views in the checkpoint's files). */
+int mf_gpu_open(mf_gpu **out, const char *device, mf_model *m, const mf_precision *prec, const mf_numerics *num,
+                int max_tokens, mf_error *err);
 /* What a GPU forward hands back. The logits always reach the host, in the
  * head's dtype (bf16, fp16, or fp32 for wider heads: exact either way), in a
  * buffer of the GPU object (mf_gpu_host_logits, valid until the next

@@ -1,7 +1,11 @@
 /* The native kernels compute, for every output, one fma chain over k in
- * ascending order: checked against a plain scalar loop written here, for the
- * AVX2 and the portable kernels, 1 and 2 threads, odd shapes, and the causal
- * shortcuts. */
+ * ascending order: checked against a plain scalar loop written here, for
+ * every kernel this CPU has (portable, AVX2, AVX-512, AVX-512 BF16), 1 and 2
+ * threads, odd shapes, k split into blocks, weights of every dtype and
+ * layout the models use (bf16, f16, f32 rows read in place; an f64
+ * activation read through strides), and the causal shortcuts. The AVX-512
+ * BF16 kernel's self-imposed limits (no subnormal, tiny, infinite or
+ * non-bf16 operand) are crossed on purpose: the result must not change. */
 #include <criterion/criterion.h>
 #include <math.h>
 #include <stdlib.h>
@@ -9,48 +13,127 @@
 
 #include "mf_numerics.h"
 
-static void fill(float *v, size_t n, mf_rng *r, int spread) {
-    for (size_t i = 0; i < n; i++)
-        v[i] = (float)ldexp(mf_rng_normal(r), spread ? (int)(mf_rng_next(r) % (2 * spread + 1)) - spread : 0);
+static const mf_gemm_path paths[] = {MF_GEMM_PATH_PORTABLE, MF_GEMM_PATH_AVX2, MF_GEMM_PATH_AVX512,
+                                     MF_GEMM_PATH_AVX512BF16};
+
+/* values of bf16 precision (bf16 = true) or fp32, exponents spread over [-spread, spread] */
+static float value(mf_rng *r, int spread, bool bf16) {
+    float v = (float)ldexp(mf_rng_normal(r), spread ? (int)(mf_rng_next(r) % (2 * spread + 1)) - spread : 0);
+    return bf16 ? mf_bf16_to_f32(mf_f32_to_bf16(v)) : v;
 }
 
-static void check_shape(int m, int n, int k, int spread) {
+typedef enum { W_BF16, W_F16, W_F32, W_F64_COLS } wkind;
+
+/* W [n, k] as the kernel will read it, and the same values as fp32 rows for the reference */
+static mf_mat make_w(wkind kind, int n, int k, const float *wf, void **store) {
+    mf_mat m;
+    switch (kind) {
+    case W_BF16: {
+        uint16_t *b = malloc(sizeof(uint16_t) * n * k);
+        for (int i = 0; i < n * k; i++) b[i] = mf_f32_to_bf16(wf[i]);
+        *store = b;
+        return mf_mat_rows(b, MF_BF16, n, k);
+    }
+    case W_F16: {
+        uint16_t *h = malloc(sizeof(uint16_t) * n * k);
+        for (int i = 0; i < n * k; i++) h[i] = mf_f32_to_f16(wf[i]);
+        *store = h;
+        return mf_mat_rows(h, MF_F16, n, k);
+    }
+    case W_F32: {
+        float *f = malloc(sizeof(float) * n * k);
+        memcpy(f, wf, sizeof(float) * n * k);
+        *store = f;
+        return mf_mat_rows(f, MF_F32, n, k);
+    }
+    default: {   /* an activation [k, n] in double, read as W through strides (V^T in attention) */
+        double *d = malloc(sizeof(double) * n * k);
+        for (int j = 0; j < n; j++)
+            for (int kk = 0; kk < k; kk++) d[(size_t)kk * n + j] = wf[(size_t)j * k + kk];
+        *store = d;
+        m = (mf_mat){d, MF_F64, n, k, 1, (size_t)n};
+        return m;
+    }
+    }
+}
+
+/* The values W holds as fp32 (f16 rounds its inputs) */
+static void w_values(wkind kind, const mf_mat *m, float *wf) {
+    (void)kind;
+    for (int j = 0; j < m->n; j++)
+        for (int kk = 0; kk < m->k; kk++) wf[(size_t)j * m->k + kk] = (float)mf_mat_get(m, j, kk);
+}
+
+static void check_case(int m, int n, int k, int spread, bool bf16, wkind kind, int poison) {
     mf_rng r;
-    mf_rng_seed(&r, (uint64_t)(m * 131 + n * 7 + k));
-    float *a = malloc(sizeof(float) * m * k), *w = malloc(sizeof(float) * n * k);
-    float *c1 = malloc(sizeof(float) * m * n), *c2 = malloc(sizeof(float) * m * n), *ref = malloc(sizeof(float) * m * n);
-    fill(a, (size_t)m * k, &r, spread);
-    fill(w, (size_t)n * k, &r, spread);
+    mf_rng_seed(&r, (uint64_t)(m * 131 + n * 7 + k + kind * 1000 + poison * 77));
+    float *a = malloc(sizeof(float) * m * k), *wf = malloc(sizeof(float) * n * k);
+    float *c = malloc(sizeof(float) * m * n), *ref = malloc(sizeof(float) * m * n);
+    for (int i = 0; i < m * k; i++) a[i] = value(&r, spread, bf16);
+    for (int i = 0; i < n * k; i++) wf[i] = value(&r, spread, bf16 || kind != W_F32);
+    /* poison 1: a subnormal bf16 weight; 2: a tiny (2^-60) activation; 3: an activation that is not a bf16 value */
+    if (poison == 1) wf[(n / 2) * k + k / 2] = mf_bf16_to_f32(0x0005);
+    if (poison == 2) a[(m / 2) * k + k - 1] = 0x1p-60f;
+    if (poison == 3) a[k / 3] = 1.0f + 0x1p-20f;
+    void *store;
+    mf_mat w = make_w(kind, n, k, wf, &store);
+    w_values(kind, &w, wf);
     for (int i = 0; i < m; i++)
         for (int j = 0; j < n; j++) {
             float acc = 0;
-            for (int kk = 0; kk < k; kk++) acc = fmaf(a[i * k + kk], w[j * k + kk], acc);
+            for (int kk = 0; kk < k; kk++) acc = fmaf(a[i * k + kk], wf[j * k + kk], acc);
             ref[i * n + j] = acc;
         }
-    mf_packed p;
-    mf_pack(&p, MF_F32, MF_F64, n, k, w, MF_F32, (size_t)k, 1);
-    for (int variant = 0; variant < 3; variant++) {
-        mf_gemm_force_portable(variant == 2);
-        memset(c1, 0xff, sizeof(float) * m * n);   /* NaN poison: every element must be written */
-        mf_gemm_f32(m, a, (size_t)k, &p, c1, (size_t)n, variant == 1 ? 2 : 1, MF_TRI_NONE);
-        cr_assert(memcmp(c1, ref, sizeof(float) * m * n) == 0, "%dx%dx%d variant %d (%s) differs from the fma chain", m,
-                  n, k, variant, mf_gemm_kernel_name());
+    for (size_t p = 0; p < sizeof paths / sizeof paths[0]; p++) {
+        if (!mf_gemm_force_path(paths[p])) continue;
+        for (int threads = 1; threads <= 2; threads++) {
+            memset(c, 0xff, sizeof(float) * m * n);   /* NaN poison: every element must be written */
+            mf_gemm_f32(m, a, (size_t)k, &w, c, (size_t)n, threads, MF_TRI_NONE);
+            for (int i = 0; i < m * n; i++)
+                cr_assert(memcmp(&c[i], &ref[i], sizeof(float)) == 0,
+                          "%dx%dx%d, W kind %d, poison %d, %s, %d threads: C[%d, %d] = %a, the fma chain gives %a", m,
+                          n, k, kind, poison, mf_gemm_kernel_name(), threads, i / n, i % n, c[i], ref[i]);
+        }
+        /* causal: columns j <= i are the same values */
+        mf_gemm_f32(m, a, (size_t)k, &w, c, (size_t)n, 2, MF_TRI_COLS);
+        for (int i = 0; i < m; i++)
+            for (int j = 0; j <= i && j < n; j++)
+                cr_assert(memcmp(&c[i * n + j], &ref[i * n + j], sizeof(float)) == 0, "%s TRI_COLS C[%d, %d]",
+                          mf_gemm_kernel_name(), i, j);
     }
-    mf_gemm_force_portable(false);
-    /* causal: columns j <= i are the same values */
-    mf_gemm_f32(m, a, (size_t)k, &p, c2, (size_t)n, 2, MF_TRI_COLS);
-    for (int i = 0; i < m; i++)
-        for (int j = 0; j <= i && j < n; j++) cr_assert_eq(c2[i * n + j], ref[i * n + j]);
-    mf_pack_free(&p);
-    free(a); free(w); free(c1); free(c2); free(ref);
+    mf_gemm_force_path(MF_GEMM_PATH_AUTO);
+    free(store);
+    free(a); free(wf); free(c); free(ref);
 }
 
-Test(gemm, matches_scalar_fma_chain) {
-    check_shape(1, 1, 1, 0);
-    check_shape(6, 16, 64, 0);
-    check_shape(7, 17, 33, 0);
-    check_shape(13, 40, 129, 20);   /* wide exponent spread: order of the chain matters */
-    check_shape(64, 224, 256, 3);
+Test(gemm, every_kernel_matches_the_scalar_fma_chain) {
+    check_case(1, 1, 1, 0, false, W_F32, 0);
+    check_case(6, 16, 64, 0, false, W_F32, 0);
+    check_case(7, 17, 33, 0, false, W_F32, 0);
+    check_case(13, 40, 129, 20, false, W_F32, 0);   /* wide exponent spread: order of the chain matters */
+    check_case(64, 224, 256, 3, false, W_F32, 0);
+}
+
+Test(gemm, weights_in_their_checkpoint_dtype) {
+    for (int kind = W_BF16; kind <= W_F64_COLS; kind++) {
+        check_case(5, 33, 31, 4, true, kind, 0);
+        check_case(25, 70, 130, 10, true, kind, 0);   /* bf16 operands: the pair kernel where the CPU has it */
+        check_case(30, 19, 97, 3, false, kind, 0);    /* fp32 activations: the fp32 kernels */
+    }
+}
+
+/* k = 2100 > the 512-value blocks of a 200-row product: the running sums
+ * are stored and reloaded between blocks */
+Test(gemm, k_split_into_blocks) {
+    check_case(200, 40, 2100, 6, true, W_BF16, 0);
+    check_case(200, 21, 2101, 6, false, W_F32, 0);
+}
+
+Test(gemm, pair_kernel_limits_give_the_same_bits) {
+    for (int poison = 1; poison <= 3; poison++) {
+        check_case(26, 45, 70, 8, true, W_BF16, poison);
+        check_case(200, 40, 2100, 6, true, W_BF16, poison);
+    }
 }
 
 Test(gemm, tri_k_drops_only_trailing_zeros) {
@@ -58,35 +141,43 @@ Test(gemm, tri_k_drops_only_trailing_zeros) {
     mf_rng r;
     mf_rng_seed(&r, 9);
     float a[11 * 11], w[16 * 11], c1[11 * 16], c2[11 * 16];
-    fill(a, sizeof a / sizeof a[0], &r, 0);
-    fill(w, sizeof w / sizeof w[0], &r, 0);
+    for (int i = 0; i < m * k; i++) a[i] = value(&r, 0, true);
+    for (int i = 0; i < n * k; i++) w[i] = value(&r, 0, true);
     for (int i = 0; i < m; i++)
         for (int kk = i + 1; kk < k; kk++) a[i * k + kk] = 0;   /* causal P */
-    mf_packed p;
-    mf_pack(&p, MF_F32, MF_F64, n, k, w, MF_F32, (size_t)k, 1);
-    mf_gemm_f32(m, a, (size_t)k, &p, c1, (size_t)n, 1, MF_TRI_NONE);
-    mf_gemm_f32(m, a, (size_t)k, &p, c2, (size_t)n, 1, MF_TRI_K);
-    cr_assert(memcmp(c1, c2, sizeof c1) == 0);
-    mf_pack_free(&p);
+    const mf_mat p = mf_mat_rows(w, MF_F32, n, k);
+    for (size_t pi = 0; pi < sizeof paths / sizeof paths[0]; pi++) {
+        if (!mf_gemm_force_path(paths[pi])) continue;
+        mf_gemm_f32(m, a, (size_t)k, &p, c1, (size_t)n, 1, MF_TRI_NONE);
+        mf_gemm_f32(m, a, (size_t)k, &p, c2, (size_t)n, 1, MF_TRI_K);
+        cr_assert(memcmp(c1, c2, sizeof c1) == 0, "%s", mf_gemm_kernel_name());
+    }
+    mf_gemm_force_path(MF_GEMM_PATH_AUTO);
 }
 
 Test(gemm, f64_matches_scalar_chain) {
-    const int m = 9, n = 11, k = 37;
+    const int m = 29, n = 21, k = 37;
     mf_rng r;
     mf_rng_seed(&r, 3);
-    double a[9 * 37], w[11 * 37], c[9 * 11];
+    double a[29 * 37], w[21 * 37], c[29 * 21];
+    uint16_t wb[21 * 37];
     for (int i = 0; i < m * k; i++) a[i] = mf_rng_normal(&r);
     for (int i = 0; i < n * k; i++) w[i] = mf_rng_normal(&r);
-    mf_packed p;
-    mf_pack(&p, MF_F64, MF_F64, n, k, w, MF_F64, (size_t)k, 1);
-    mf_gemm_f64(m, a, (size_t)k, &p, c, (size_t)n, 2, MF_TRI_NONE);
-    for (int i = 0; i < m; i++)
-        for (int j = 0; j < n; j++) {
-            double acc = 0;
-            for (int kk = 0; kk < k; kk++) acc = fma(a[i * k + kk], w[j * k + kk], acc);
-            cr_assert_eq(c[i * n + j], acc);
+    for (int i = 0; i < n * k; i++) wb[i] = mf_f32_to_bf16((float)w[i]);
+    for (int form = 0; form < 2; form++) {   /* f64 rows; bf16 rows widened to double */
+        const mf_mat p = form ? mf_mat_rows(wb, MF_BF16, n, k) : mf_mat_rows(w, MF_F64, n, k);
+        for (size_t pi = 0; pi < sizeof paths / sizeof paths[0]; pi++) {
+            if (!mf_gemm_force_path(paths[pi])) continue;
+            mf_gemm_f64(m, a, (size_t)k, &p, c, (size_t)n, 2, MF_TRI_NONE);
+            for (int i = 0; i < m; i++)
+                for (int j = 0; j < n; j++) {
+                    double acc = 0;
+                    for (int kk = 0; kk < k; kk++) acc = fma(a[i * k + kk], mf_mat_get(&p, j, kk), acc);
+                    cr_assert_eq(c[i * n + j], acc, "%s form %d C[%d, %d]", mf_gemm_kernel_name(), form, i, j);
+                }
         }
-    mf_pack_free(&p);
+    }
+    mf_gemm_force_path(MF_GEMM_PATH_AUTO);
 }
 
 Test(gemm, linear_adds_bias_in_fp32_then_rounds) {
@@ -94,8 +185,7 @@ Test(gemm, linear_adds_bias_in_fp32_then_rounds) {
      * rounds to bf16 1 + 2^-7 (nearest); without the bias it is a tie -> 1.0. */
     double x[1] = {1.0}, y[1];
     float wv = 1.0f + 0x1p-8f;
-    mf_linear L = {1, 1, {0}, NULL};
-    mf_pack(&L.w, MF_F32, MF_F64, 1, 1, &wv, MF_F32, 1, 1);
+    mf_linear L = {1, 1, mf_mat_rows(&wv, MF_F32, 1, 1), NULL};
     mf_mm mm = {MF_F32, MF_BF16, 1, NULL, MF_F32};
     mf_linear_apply(&mm, &L, x, 1, y);
     cr_assert_eq(y[0], 1.0);
@@ -103,7 +193,6 @@ Test(gemm, linear_adds_bias_in_fp32_then_rounds) {
     L.bias = &b;
     mf_linear_apply(&mm, &L, x, 1, y);
     cr_assert_eq(y[0], 1.0 + 0x1p-7);
-    mf_pack_free(&L.w);
 }
 
 /* A linear layer under an emulated profile computes what the instruction
@@ -113,8 +202,7 @@ Test(gemm, linear_adds_bias_in_fp32_then_rounds) {
 Test(gemm, linear_under_emulated_hopper) {
     double x[2] = {1.0, -0x1p-25}, y[1];
     float wv[2] = {1.0f, 1.0f};
-    mf_linear L = {1, 2, {0}, NULL};
-    mf_pack(&L.w, MF_F32, MF_F64, 1, 2, wv, MF_F32, 2, 1);
+    mf_linear L = {1, 2, mf_mat_rows(wv, MF_F32, 1, 2), NULL};
     mf_mm native = {MF_F32, MF_F32, 1, NULL, MF_BF16};
     mf_linear_apply(&native, &L, x, 1, y);
     cr_assert_eq(y[0], 1.0);
@@ -130,7 +218,6 @@ Test(gemm, linear_under_emulated_hopper) {
     emu.numerics = &cdna3;
     mf_linear_apply(&emu, &L, x, 1, y);
     cr_assert_eq(y[0], 1.0);
-    mf_pack_free(&L.w);
 }
 
 Test(gemm, numerics_profiles_parse) {

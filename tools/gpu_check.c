@@ -66,7 +66,7 @@ static int run_all(outputs *o, const char *dir, const char *tokens, const char *
     mf_numerics n;
     if (mf_precision_parse(&p, prec_name, err) || mf_numerics_parse(&n, num_name, err)) return MF_EINVAL;
     mf_model *m = NULL;
-    int rc = mf_runtime_load(&m, dir, &p, err);
+    int rc = mf_model_load(&m, dir, p.weights, device ? MF_LOAD_NO_CONVERT : 0, err);
     if (rc) return rc;
     mf_prompts ps;
     if ((rc = mf_prompts_load(&ps, tokens, m->cfg.vocab, err))) {
@@ -76,7 +76,9 @@ static int run_all(outputs *o, const char *dir, const char *tokens, const char *
     o->n = ps.n;
     o->r = mf_xcalloc(ps.n, sizeof(mf_seq_result));
     mf_gpu *g = NULL;
-    if (device) rc = mf_gpu_open(&g, device, m, &p, &n, err);
+    int max_T = 0;
+    for (size_t i = 0; i < ps.n; i++) max_T = ps.seq[i].T > max_T ? ps.seq[i].T : max_T;
+    if (device) rc = mf_gpu_open(&g, device, m, &p, &n, max_T, err);
     mf_run_opts ro = {p, (int)sysconf(_SC_NPROCESSORS_ONLN), false, &n};
     const double t0 = mf_now();
     for (size_t i = 0; i < ps.n && !rc; i++) {
@@ -300,7 +302,7 @@ static int bench(const char *dir, const char *prec_name, int reps, const char *n
     if (mf_precision_parse(&p, prec_name, &err)) goto fail;
     const double t_load = mf_now();
     mf_model *m = NULL;
-    if (mf_runtime_load(&m, dir, &p, &err)) goto fail;
+    if (mf_model_load(&m, dir, p.weights, MF_LOAD_NO_CONVERT, &err)) goto fail;
     char tok[4200];
     snprintf(tok, sizeof tok, "%s/tokens.jsonl", dir);
     mf_prompts ps;
@@ -330,7 +332,7 @@ static int bench(const char *dir, const char *prec_name, int reps, const char *n
         if (mf_numerics_parse(&n, name, &err)) goto fail;
         mf_gpu *g = NULL;
         const double t_open = mf_now();
-        if (mf_gpu_open(&g, "cuda", m, &p, &n, &err)) goto fail;
+        if (mf_gpu_open(&g, "cuda", m, &p, &n, ps.seq[0].T, &err)) goto fail;
         const double open_s = mf_now() - t_open;
         /* the first numerics also runs without copying the routing (the trace's
          * overhead), the two kinds of forward alternating so that both see the

@@ -49,8 +49,13 @@ int mf_trace(const mf_trace_opts *o, mf_error *err) {
                      "or logits on %s", device);
         goto done;
     }
-    if ((rc = mf_runtime_load(&model, o->model_dir, &prec, err))) goto done;
-    if (mf_device_is_gpu(device) && (rc = mf_gpu_open(&gpu, device, model, &prec, &numerics, err))) goto done;
+    int max_T = 0;
+    for (size_t i = 0; i < prompts.n; i++) max_T = prompts.seq[i].T > max_T ? prompts.seq[i].T : max_T;
+    /* a GPU reads the files once, hashing them as it uploads them, and converts on the device */
+    if ((rc = mf_model_load(&model, o->model_dir, prec.weights,
+                            mf_device_is_gpu(device) ? MF_LOAD_DEFER_DIGEST | MF_LOAD_NO_CONVERT : 0, err)))
+        goto done;
+    if (mf_device_is_gpu(device) && (rc = mf_gpu_open(&gpu, device, model, &prec, &numerics, max_T, err))) goto done;
     mf_run_info info = {o->model_dir, model, &prec, device, numerics.name, threads, record, o->input, &prompts,
                         o->shard_seqs, NULL, NULL, NULL, gpu ? mf_gpu_describe(gpu) : NULL};
     if ((rc = mf_run_create(&w, o->out, &info, o->resume, err))) goto done;

@@ -118,11 +118,11 @@ static void attention(const fwd *f, mf_dtype D, const mf_layer *L, int layer, co
 #pragma omp parallel for schedule(dynamic) num_threads(f->o->threads) if (f->o->threads > 1 && nh > 1)
     for (int h = 0; h < nh; h++) {
         const int kh = h / group;
-        mf_packed kp, vp;
-        mf_pack(&kp, f->mm.compute, MF_F64, T, hd, k + (size_t)kh * hd, MF_F64, (size_t)nk, 1);
-        mf_pack(&vp, f->mm.compute, MF_F64, hd, T, v + (size_t)kh * hd, MF_F64, 1, (size_t)nk);
+        /* K_kh [T, hd] and V_kh^T [hd, T] read in place */
+        const mf_mat kp = {k + (size_t)kh * hd, MF_F64, T, hd, (size_t)nk, 1};
+        const mf_mat vp = {v + (size_t)kh * hd, MF_F64, hd, T, 1, (size_t)nk};
         double *s = mf_xmalloc((size_t)T * T * sizeof(double));
-        mf_matmul_packed(&mm1, q + (size_t)h * hd, T, (size_t)nq, &kp, s, (size_t)T, MF_TRI_COLS);
+        mf_matmul(&mm1, q + (size_t)h * hd, T, (size_t)nq, &kp, s, (size_t)T, MF_TRI_COLS);
         for (int i = 0; i < T; i++) {
             double *row = s + (size_t)i * T;
             int j0 = window > 0 && i - window + 1 > 0 ? i - window + 1 : 0;   /* sees itself + window-1 before */
@@ -147,10 +147,8 @@ static void attention(const fwd *f, mf_dtype D, const mf_layer *L, int layer, co
                 for (int j = j0; j <= i; j++) row[j] = rd(D, (float)row[j] / sum);
             }
         }
-        mf_matmul_packed(&mm1, s, T, (size_t)T, &vp, ctx + (size_t)h * hd, (size_t)nq, MF_TRI_K);
+        mf_matmul(&mm1, s, T, (size_t)T, &vp, ctx + (size_t)h * hd, (size_t)nq, MF_TRI_K);
         free(s);
-        mf_pack_free(&kp);
-        mf_pack_free(&vp);
     }
     mf_linear_apply(&mm, &L->o, ctx, T, out);
     (void)H;
@@ -260,7 +258,7 @@ void mf_seq_results_digest(const mf_seq_result *r, size_t n, char out[MF_SEQ_DIG
 }
 
 int mf_runtime_load(mf_model **out, const char *dir, const mf_precision *prec, mf_error *err) {
-    return mf_model_load(out, dir, prec->compute, prec->weights, err);
+    return mf_model_load(out, dir, prec->weights, 0, err);
 }
 
 int mf_forward_cpu(const mf_model *m, const mf_run_opts *o, const int32_t *tokens, int T, mf_seq_result *r,

@@ -3,87 +3,21 @@
  * gemm.cu on one stream. Built once per backend (MF_GPU_BACKEND_CUDA or
  * _HIP) into its module, the symbols named by GPU_FN.
  *
- * Weights are uploaded once, as fp32 rows padded to a multiple of 16 (their
- * values are exact there: every GPU policy rounds weights to bf16, fp16 or
- * fp32), with a bf16 or fp16 copy made on the device the first time a
- * product needs it. Routing, dispatch and the experts run on the device, so
+ * Weights are on the device once, in the dtype the model keeps them in
+ * (upload.c); products that need fp32 operands widen them as they read them.
+ * Routing, dispatch and the experts run on the device, so
  * the device never waits for the host: each MoE layer's routing leaves on a
  * second stream as the layer finishes, and the host waits only for copies. */
-#include "mf_runtime.h"
-#include "gpu_api.h"
+#include "gpu_host.h"
 
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
-#define MAX_CALLS 8192
-
-/* MF_GPU_PROFILE=1: wait after each step and add its time to its part
- * (printed when the model is closed); for finding where the time goes. */
-enum { P_NORM, P_QKV, P_QKNORM, P_ROPE, P_SCORES, P_SOFTMAX, P_PV, P_O, P_ROUTER, P_ROUTE, P_DISPATCH, P_GATHER,
-       P_EXPERTS, P_COMBINE, P_SHARED, P_DENSE, P_HEAD, P_OUTPUT, P_N };
 static const char *const prof_names[P_N] = {
     "norms+residuals", "q,k,v", "qk norm", "rope", "q.k", "softmax", "p.v", "o", "router", "route", "dispatch",
     "gather", "experts", "combine", "shared expert", "dense mlp", "head", "copy out"};
-
-typedef struct gw {
-    float *f32;        /* [rows][kp], rows = experts * n */
-    void *h16;         /* the same as bf16 or f16, made when first needed */
-    int h16_fmt;
-    int n, k, kp, experts;
-    float *bias;       /* [n] or NULL */
-} gw;
-
-typedef struct glayer {
-    double *attn_norm, *ffn_norm, *q_norm, *k_norm;
-    gw q, k, v, o;
-    gw mlp_gate, mlp_up, mlp_down;
-    gw router, exp_gate, exp_up, exp_down;
-    gw sh_gate, sh_up, sh_down, sh_router;
-} glayer;
-
-typedef struct gpu {
-    gk_ctx *ctx;
-    char desc[256];
-    const mf_model *m;
-    mf_precision prec;
-    mf_numerics num;
-    int engine16;          /* engine of products with bf16/f16 operands */
-    bool fixed;
-    glayer *layers;
-    float *embed;          /* [V][H] */
-    double *final_norm;
-    gw head;
-    size_t weight_bytes;
-    /* scratch, sized for cap_T tokens */
-    int cap_T;
-    double *h, *x, *y, *q, *k, *v, *ctxv, *s, *g, *u, *ye, *sh, *probs;
-    float *cf;
-    void *opA, *opB;
-    void *opH;             /* the down projection's operand when gate and up run as one product */
-    bool glu_fused;        /* CUDA: they do (MF_GPU_GLU=0 runs them as three steps, for benchmarks) */
-    double *cos_t, *sin_t;
-    int32_t *tokens;
-    double *topk_w, *router, *shared_gate, *router_in;   /* the MoE layer at work; its routing leaves in route_dev */
-    int *offset, *token, *row_of;
-    void *logits;          /* device [T][V] in the head's dtype (bf16, f16: 2 bytes; else fp32) */
-    void *logits_host;     /* pinned, the same */
-    /* the routing on its way out, layer by layer as each is done: router
-     * logits, top-k weights and shared gates narrowed to fp32 (every one is
-     * an fp32, bf16 or f16 value, so exactly), then the ids, which the router
-     * writes there itself (route_layout) */
-    float *route_dev;
-    void *route_host;      /* pinned, the same */
-    mf_dtype logits_dtype;
-    /* which product a call id is, for messages */
-    int ncalls;
-    char calls[MAX_CALLS][40];
-    char msg[512];
-    bool prof;
-    double prof_t[P_N], prof_last;
-    int prof_forwards;
-} gpu;
 
 static void mark(gpu *G, int part) {
     if (!G->prof) return;
@@ -94,86 +28,37 @@ static void mark(gpu *G, int part) {
     G->prof_last = now;
 }
 
-static int gk_dt(mf_dtype t) {
-    switch (t) {
-    case MF_F32: return GK_F32;
-    case MF_BF16: return GK_BF16;
-    case MF_F16: return GK_F16;
-    default: return GK_F64;
-    }
-}
-
 static int gpu_fail(gpu *G, mf_error *err, const char *what) {
     return mf_fail(err, MF_EIO, "%s: %s: %s", G->desc, what, G->msg);
 }
 
 /* ---- weights ---------------------------------------------------------- */
 
-static int round16(int k) { return (k + 15) / 16 * 16; }
-
-/* Uploads experts linears of one shape as one [experts * n][kp] block. */
-static int upload_linear(gpu *G, gw *w, const mf_linear *L, int experts, mf_error *err) {
-    memset(w, 0, sizeof *w);
-    if (!L || !L->w.data) return MF_OK;
-    const int n = L->out, k = L->in, kp = round16(k);
-    w->n = n;
-    w->k = k;
-    w->kp = kp;
-    w->experts = experts;
-    const size_t rows = (size_t)experts * n, bytes = rows * kp * sizeof(float);
-    float *host = mf_xcalloc(rows * kp, sizeof(float));
-    for (int e = 0; e < experts; e++) {
-        const mf_packed *p = &L[e].w;
-        const float *src = p->data;
-        float *dst = host + (size_t)e * n * kp;
-#pragma omp parallel for if ((size_t)n * k >= 1u << 20)
-        for (int j = 0; j < n; j++)
-            for (int kk = 0; kk < k; kk++)
-                dst[(size_t)j * kp + kk] = src[((size_t)(j / MF_NR_F32) * k + kk) * MF_NR_F32 + j % MF_NR_F32];
+/* The weight as operands of fmt for an engine: its one copy where the dtype
+ * is fmt's, or where the engine widens as it reads (*b_fmt set); for cuBLAS
+ * with fp32 operands a widened copy in the scratch G->wide. NULL when the
+ * weight cannot be such operands. */
+static const void *weight_as(gpu *G, gw *w, int fmt, int engine, int *b_fmt) {
+    *b_fmt = 0;
+    if (fmt == w->dt) return w->w;
+    if (fmt != GK_F32) return NULL;   /* a 16-bit product of weights kept wider: the policy rounds them first */
+    if (engine == GK_ENGINE_CHAIN32) {
+        *b_fmt = w->dt;
+        return w->w;
     }
-    w->f32 = GPU_FN(alloc)(G->ctx, bytes);
-    int rc = !w->f32 || GPU_FN(upload)(G->ctx, w->f32, host, bytes);
-    free(host);
-    if (rc) return mf_fail(err, MF_ENOMEM, "%s: cannot hold %zu MB of weights", G->desc, bytes >> 20);
-    G->weight_bytes += bytes;
-    if (L->bias) {
-        float *b = mf_xmalloc((size_t)n * sizeof(float));
-        for (int j = 0; j < n; j++) b[j] = (float)L->bias[j];
-        w->bias = GPU_FN(alloc)(G->ctx, (size_t)n * sizeof(float));
-        rc = !w->bias || GPU_FN(upload)(G->ctx, w->bias, b, (size_t)n * sizeof(float));
-        free(b);
-        if (rc) return mf_fail(err, MF_ENOMEM, "%s: out of memory for a bias", G->desc);
-    }
-    return MF_OK;
-}
-
-static double *upload_doubles(gpu *G, const double *src, size_t n) {
-    if (!src) return NULL;
-    double *d = GPU_FN(alloc)(G->ctx, n * sizeof(double));
-    if (d && GPU_FN(upload)(G->ctx, d, src, n * sizeof(double))) {
-        GPU_FN(free)(G->ctx, d);
-        return NULL;
-    }
-    return d;
-}
-
-static void free_gw(gpu *G, gw *w) {
-    GPU_FN(free)(G->ctx, w->f32);
-    GPU_FN(free)(G->ctx, w->h16);
-    GPU_FN(free)(G->ctx, w->bias);
-}
-
-/* The weight in the operand format fmt (the bf16/f16 copy made on first use). */
-static const void *weight_as(gpu *G, gw *w, int fmt) {
-    if (fmt == GK_F32) return w->f32;
-    if (w->h16 && w->h16_fmt == fmt) return w->h16;
-    GPU_FN(free)(G->ctx, w->h16);
     const size_t n = (size_t)w->experts * w->n * w->kp;
-    w->h16 = GPU_FN(alloc)(G->ctx, n * 2);
-    if (!w->h16) return NULL;
-    w->h16_fmt = fmt;
-    GPU_FN(convert_weights)(G->ctx, w->h16, fmt, w->f32, n);
-    return w->h16;
+    if (n > G->wide_cap) {
+        GPU_FN(free)(G->ctx, G->wide);
+        G->wide = GPU_FN(alloc)(G->ctx, n * sizeof(float));
+        G->wide_cap = G->wide ? n : 0;
+        G->wide_of = NULL;
+        if (!G->wide) return NULL;
+    }
+    if (G->wide_of != w->w) {
+        GPU_FN(widen)(G->ctx, G->wide, w->w, w->dt, n);
+        G->wide_of = w->w;
+    }
+    return G->wide;
 }
 
 /* ---- scratch ------------------------------------------------------------ */
@@ -220,9 +105,9 @@ static void widen(double *dst, const float *src, size_t n) {
     for (size_t i = 0; i < n; i++) dst[i] = src[i];
 }
 
-static int ensure_scratch(gpu *G, int T, mf_error *err) {
-    if (T <= G->cap_T) return MF_OK;
-    free_scratch(G);
+/* Allocates the scratch for T tokens; with count non-NULL only adds up its
+ * device bytes there (the memory check before anything is allocated). */
+static int scratch_for(gpu *G, int T, size_t *count, mf_error *err) {
     const mf_config *c = &G->m->cfg;
     const size_t H = c->hidden, V = c->vocab, nh = c->n_heads, hd = c->head_dim;
     const size_t nq = nh * hd, nk = (size_t)c->n_kv_heads * hd, E = c->n_experts > 0 ? c->n_experts : 1;
@@ -235,7 +120,9 @@ static int ensure_scratch(gpu *G, int T, mf_error *err) {
     size_t opa = max_sz(max_sz(R * Hp, R * Ip), max_sz(nh * t * Tp, max_sz(nh * t * hdp, t * nqp)));
     size_t opb = max_sz(nh * t * hdp, nh * hd * Tp);
     bool ok = true;
-#define GET(field, bytes) ok = ok && (G->field = GPU_FN(alloc)(G->ctx, (bytes))) != NULL
+#define GET(field, bytes)                                                                                              \
+    if (count) *count += (bytes);                                                                                      \
+    else ok = ok && (G->field = GPU_FN(alloc)(G->ctx, (bytes))) != NULL
     GET(h, t * H * 8);
     GET(x, t * H * 8);
     GET(y, t * H * 8);
@@ -266,6 +153,7 @@ static int ensure_scratch(gpu *G, int T, mf_error *err) {
     const size_t route_bytes = route_layout_for(c, T).bytes;
     GET(route_dev, route_bytes);
 #undef GET
+    if (count) return MF_OK;
     if (ok) ok = (G->logits_host = GPU_FN(host_alloc)(t * V * 4)) != NULL;
     if (ok) ok = (G->route_host = GPU_FN(host_alloc)(route_bytes)) != NULL;
     if (!ok) {
@@ -274,6 +162,12 @@ static int ensure_scratch(gpu *G, int T, mf_error *err) {
     }
     G->cap_T = T;
     return MF_OK;
+}
+
+static int ensure_scratch(gpu *G, int T, mf_error *err) {
+    if (T <= G->cap_T) return MF_OK;
+    free_scratch(G);
+    return scratch_for(G, T, NULL, err);
 }
 
 /* ---- products ------------------------------------------------------------ */
@@ -325,8 +219,9 @@ static int product(gpu *G, prod *p, mf_error *err) {
     g.A = p->a_op ? p->a_op : G->opA;
     g.a_bstride = (size_t)p->M * Kp;
     if (p->w) {
-        g.B = weight_as(G, p->w, fmt);
-        if (!g.B) return mf_fail(err, MF_ENOMEM, "%s: out of memory converting the weights of %s", G->desc, p->what);
+        g.B = weight_as(G, p->w, fmt, g.engine, &g.b_fmt);
+        if (!g.B) return mf_fail(err, MF_ENOMEM, "%s: the weights of %s cannot be operands of this product", G->desc,
+                                 p->what);
         g.b_bstride = (size_t)p->w->n * p->w->kp;
         g.experts = p->w->experts;
     } else {
@@ -337,8 +232,10 @@ static int product(gpu *G, prod *p, mf_error *err) {
     g.C = G->cf;
     g.c_bstride = (size_t)p->M * p->N;
     if (p->up) {
-        g.B2 = weight_as(G, p->up, fmt);
-        if (!g.B2) return mf_fail(err, MF_ENOMEM, "%s: out of memory converting the weights of %s", G->desc, p->what);
+        int b2_fmt;
+        g.B2 = weight_as(G, p->up, fmt, g.engine, &b2_fmt);
+        if (!g.B2 || b2_fmt != g.b_fmt)
+            return mf_fail(err, MF_ENOMEM, "%s: the weights of %s cannot be operands of this product", G->desc, p->what);
         g.bias2 = p->up->bias;
         g.bias = p->w->bias;
         g.H = p->glu_out;
@@ -539,20 +436,7 @@ void GPU_FN(gpu_close)(void *impl) {
     }
     if (G->ctx) {
         free_scratch(G);
-        const mf_config *c = &G->m->cfg;
-        for (int l = 0; G->layers && l < c->n_layers; l++) {
-            glayer *L = &G->layers[l];
-            GPU_FN(free)(G->ctx, L->attn_norm);
-            GPU_FN(free)(G->ctx, L->ffn_norm);
-            GPU_FN(free)(G->ctx, L->q_norm);
-            GPU_FN(free)(G->ctx, L->k_norm);
-            gw *ws[] = {&L->q, &L->k, &L->v, &L->o, &L->mlp_gate, &L->mlp_up, &L->mlp_down, &L->router,
-                        &L->exp_gate, &L->exp_up, &L->exp_down, &L->sh_gate, &L->sh_up, &L->sh_down, &L->sh_router};
-            for (size_t i = 0; i < sizeof ws / sizeof ws[0]; i++) free_gw(G, ws[i]);
-        }
-        free_gw(G, &G->head);
-        GPU_FN(free)(G->ctx, G->embed);
-        GPU_FN(free)(G->ctx, G->final_norm);
+        GPU_FN(weights_free)(G);
         GPU_FN(ctx_close)(G->ctx);
     }
     free(G->layers);
@@ -561,11 +445,32 @@ void GPU_FN(gpu_close)(void *impl) {
 
 const char *GPU_FN(gpu_describe)(const void *impl) { return ((const gpu *)impl)->desc; }
 
-int GPU_FN(gpu_open)(void **out, int device, const mf_model *m, const mf_precision *prec, const mf_numerics *num,
+int GPU_FN(gpu_forward)(void *impl, const int32_t *tokens, int T, unsigned capture, mf_seq_result *r, mf_error *err);
+
+/* The set-up a sequence should not pay for: the scratch for max_T tokens,
+ * and one forward of max_T tokens, which loads the kernels and lets cuBLAS
+ * choose its algorithms for these shapes. */
+static int warm_up(gpu *G, int max_T, mf_error *err) {
+    int rc = ensure_scratch(G, max_T, err);
+    if (rc) return rc;
+    int32_t *tokens = mf_xcalloc((size_t)max_T, sizeof(int32_t));
+    mf_seq_result r;
+    const bool prof = G->prof;
+    G->prof = false;
+    rc = GPU_FN(gpu_forward)(G, tokens, max_T, MF_GPU_ROUTING, &r, err);
+    G->prof = prof;
+    if (!rc) mf_seq_result_free(&r);
+    free(tokens);
+    return rc;
+}
+
+static double gib(size_t b) { return (double)b / (double)(1u << 30); }
+
+int GPU_FN(gpu_open)(void **out, int device, mf_model *m, const mf_precision *prec, const mf_numerics *num, int max_T,
                      mf_error *err) {
     *out = NULL;
     const mf_config *c = &m->cfg;
-    if (prec->opmath != MF_F32 || m->compute != MF_F32)
+    if (prec->opmath != MF_F32 || prec->compute != MF_F32)
         return mf_fail(err, MF_EUNSUPPORTED, "precision %s runs on the CPU only (GPUs run bf16, fp16, fp32, layercast, "
                        "nomlp and selective policies)", prec->name);
     if (c->rope.partial_rotary_factor != 1.0)
@@ -621,60 +526,24 @@ int GPU_FN(gpu_open)(void **out, int device, const mf_model *m, const mf_precisi
         rc = mf_fail(err, MF_EUNSUPPORTED, "numerics %s runs on the CPU only", num->name);
         goto done;
     }
-    G->layers = mf_xcalloc((size_t)c->n_layers, sizeof(glayer));
-    for (int l = 0; l < c->n_layers && !rc; l++) {
-        const mf_layer *ML = &m->layers[l];
-        glayer *L = &G->layers[l];
-        const int H = c->hidden;
-        L->attn_norm = upload_doubles(G, ML->attn_norm, (size_t)H);
-        L->ffn_norm = upload_doubles(G, ML->ffn_norm, (size_t)H);
-        if (c->qk_norm == MF_QK_NORM_FULL) {
-            L->q_norm = upload_doubles(G, ML->q_norm, (size_t)c->n_heads * c->head_dim);
-            L->k_norm = upload_doubles(G, ML->k_norm, (size_t)c->n_kv_heads * c->head_dim);
-        } else if (c->qk_norm == MF_QK_NORM_PER_HEAD) {
-            L->q_norm = upload_doubles(G, ML->q_norm, (size_t)c->head_dim);
-            L->k_norm = upload_doubles(G, ML->k_norm, (size_t)c->head_dim);
+    /* what the model and max_T tokens need, against what the device has free, before allocating */
+    {
+        size_t need = GPU_FN(weights_plan)(G), scratch = 0, free_b = 0, total_b = 0;
+        scratch_for(G, max_T > 0 ? max_T : 1, &scratch, err);
+        need += scratch + (size_t)6 * (32u << 20);   /* the upload's staging slots */
+        if (GPU_FN(mem_info)(G->ctx, &free_b, &total_b, msg, sizeof msg)) {
+            rc = mf_fail(err, MF_EIO, "%s: %s", G->desc, msg);
+            goto done;
         }
-        if (!L->attn_norm || !L->ffn_norm || (c->qk_norm != MF_QK_NORM_NONE && (!L->q_norm || !L->k_norm))) {
-            rc = mf_fail(err, MF_ENOMEM, "%s: out of memory for the norms of layer %d", G->desc, l);
-            break;
-        }
-        if ((rc = upload_linear(G, &L->q, &ML->q, 1, err)) || (rc = upload_linear(G, &L->k, &ML->k, 1, err)) ||
-            (rc = upload_linear(G, &L->v, &ML->v, 1, err)) || (rc = upload_linear(G, &L->o, &ML->o, 1, err)))
-            break;
-        if (ML->is_moe) {
-            if ((rc = upload_linear(G, &L->router, &ML->router, 1, err)) ||
-                (rc = upload_linear(G, &L->exp_gate, ML->exp_gate, c->n_experts, err)) ||
-                (rc = upload_linear(G, &L->exp_up, ML->exp_up, c->n_experts, err)) ||
-                (rc = upload_linear(G, &L->exp_down, ML->exp_down, c->n_experts, err)))
-                break;
-            if (c->has_shared_expert &&
-                ((rc = upload_linear(G, &L->sh_gate, &ML->sh_gate, 1, err)) ||
-                 (rc = upload_linear(G, &L->sh_up, &ML->sh_up, 1, err)) ||
-                 (rc = upload_linear(G, &L->sh_down, &ML->sh_down, 1, err)) ||
-                 (rc = upload_linear(G, &L->sh_router, &ML->sh_router, 1, err))))
-                break;
-        } else if ((rc = upload_linear(G, &L->mlp_gate, &ML->mlp_gate, 1, err)) ||
-                   (rc = upload_linear(G, &L->mlp_up, &ML->mlp_up, 1, err)) ||
-                   (rc = upload_linear(G, &L->mlp_down, &ML->mlp_down, 1, err))) {
-            break;
+        if (need > free_b) {
+            rc = mf_fail(err, MF_ENOMEM, "%s: the model needs %.2f GiB of GPU memory (weights %.2f GiB, %d-token "
+                         "scratch %.2f GiB) but the GPU has %.2f GiB free of %.2f GiB", G->desc, gib(need),
+                         gib(G->weight_bytes), max_T, gib(scratch), gib(free_b), gib(total_b));
+            goto done;
         }
     }
-    if (!rc) rc = upload_linear(G, &G->head, &m->head, 1, err);
-    if (!rc) {
-        const size_t n = (size_t)c->vocab * c->hidden;
-        float *tab = mf_xmalloc(n * sizeof(float));
-#pragma omp parallel for if (n >= 1u << 20)
-        for (size_t i = 0; i < n; i++)
-            tab[i] = (float)mf_round_to(m->weight_round, mf_load_as_f64(m->embed->data, m->embed->dtype, i));
-        G->embed = GPU_FN(alloc)(G->ctx, n * sizeof(float));
-        if (!G->embed || GPU_FN(upload)(G->ctx, G->embed, tab, n * sizeof(float)))
-            rc = mf_fail(err, MF_ENOMEM, "%s: out of memory for the embedding", G->desc);
-        free(tab);
-        G->weight_bytes += n * sizeof(float);
-    }
-    if (!rc && !(G->final_norm = upload_doubles(G, m->final_norm, (size_t)c->hidden)))
-        rc = mf_fail(err, MF_ENOMEM, "%s: out of memory for the final norm", G->desc);
+    if ((rc = GPU_FN(weights_upload)(G, err))) goto done;
+    if (max_T > 0) rc = warm_up(G, max_T, err);
 done:
     if (rc) {
         GPU_FN(gpu_close)(G);
@@ -726,7 +595,7 @@ int GPU_FN(gpu_forward)(void *impl, const int32_t *tokens, int T, unsigned captu
         G->prof_forwards++;
         G->prof_last = mf_now();
     }
-    GPU_FN(embed)(G->ctx, G->h, G->embed, G->tokens, T, H, gk_dt(Rd));
+    GPU_FN(embed)(G->ctx, G->h, G->embed.w, G->embed.dt, G->tokens, T, H, gk_dt(Rd));
     int mi = 0;
     for (int l = 0; l < c->n_layers && !rc; l++) {
         glayer *L = &G->layers[l];

@@ -22,13 +22,13 @@ extern "C" void GPU_FN(pack)(gk_ctx *c, void *dst, int fmt, int batch, int rows,
                                                                         sr, sc);
 }
 
-__global__ static void k_convert_weights(void *dst, int fmt, const float *src, size_t n) {
+__global__ static void k_widen(float *dst, const void *src, int src_dt, size_t n) {
     size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
-    if (i < n) put_operand(dst, fmt, i, (double)src[i]);
+    if (i < n) dst[i] = (float)get_value(src, src_dt, i);
 }
 
-extern "C" void GPU_FN(convert_weights)(gk_ctx *c, void *dst, int fmt, const float *src, size_t n) {
-    if (n) k_convert_weights<<<blocks_for(n), THREADS, 0, c->stream>>>(dst, fmt, src, n);
+extern "C" void GPU_FN(widen)(gk_ctx *c, float *dst, const void *src, int src_dt, size_t n) {
+    if (n) k_widen<<<blocks_for(n), THREADS, 0, c->stream>>>(dst, src, src_dt, n);
 }
 
 __global__ static void k_epilogue(double *dst, const float *C, int M, int N, size_t ldc, size_t dst_bstride,
@@ -94,12 +94,14 @@ __global__ static void k_chain32(gk_gemm g) {
     const int b = blockIdx.z, tx = threadIdx.x, ty = threadIdx.y;
     const int i = r0 + ty, j = blockIdx.x * CT + tx;
     const float *A = (const float *)g.A + (size_t)b * g.a_bstride;
-    const float *B = (const float *)g.B + (size_t)b * g.b_bstride + (size_t)e * g.b_bstride * (g.offsets != NULL);
+    /* B's values: fp32, or bf16/f16 widened as they are read (exact) */
+    const int bfmt = g.b_fmt ? g.b_fmt : GK_F32;
+    const size_t b0 = (size_t)b * g.b_bstride + (size_t)e * g.b_bstride * (g.offsets != NULL);
     float acc = 0;
     for (int k0 = 0; k0 < g.K; k0 += CT) {
         int ar = r0 + ty, bc = blockIdx.x * CT + ty;
         As[ty][tx] = ar < r1 && k0 + tx < g.Kp ? A[(size_t)ar * g.Kp + k0 + tx] : 0.0f;
-        Bs[ty][tx] = bc < g.N && k0 + tx < g.Kp ? B[(size_t)bc * g.Kp + k0 + tx] : 0.0f;
+        Bs[ty][tx] = bc < g.N && k0 + tx < g.Kp ? (float)get_value(g.B, bfmt, b0 + (size_t)bc * g.Kp + k0 + tx) : 0.0f;
         __syncthreads();
         int kn = g.K - k0 < CT ? g.K - k0 : CT;
         for (int kk = 0; kk < kn; kk++) acc = fmaf(As[ty][kk], Bs[tx][kk], acc);

@@ -3,6 +3,10 @@
  * (nvcc) and the HIP backend (hipcc), each a module of its own; GPU_FN gives
  * each its own symbols (mf_cuda_..., mf_hip_...).
  *
+ * Weights live on the device once, in the dtype the model keeps them in
+ * (mf_weight_storage: the checkpoint's, or the policy's narrower one), rows
+ * padded to a multiple of 16 values; products that need fp32 operands widen
+ * them as they read them (cuBLAS: into a scratch copy of the one weight).
  * Activations live on the device in double, as on the CPU, and every kernel
  * rounds at the CPU executor's cast points with the same formulas: a GPU run
  * under `fixed` or `emu:ARCH` numerics equals the CPU's run under the same
@@ -52,6 +56,7 @@ typedef struct gk_gemm {
     size_t a_bstride;
     const void *B;
     size_t b_bstride;           /* also the stride between experts' weights */
+    int b_fmt;                  /* GK_ENGINE_CHAIN32: the dtype B holds (GK_BF16, GK_F16: widened as read); 0: fmt */
     float *C;                   /* [batch][M][N]: the fp32 sums when D is NULL, else scratch */
     size_t c_bstride;
     /* D non-NULL: the result leaves as round_outdt(C + bias[col]) (the sum and
@@ -108,7 +113,8 @@ void GPU_FN(emu_flag_reset)(gk_ctx *c);
 /* ---- elementwise (activations are double [rows][cols]) ---- */
 /* dst = (float)src: for values already rounded to fp32 or narrower (exact). */
 void GPU_FN(narrow)(gk_ctx *c, float *dst, const double *src, size_t n);
-void GPU_FN(embed)(gk_ctx *c, double *h, const float *table, const int32_t *tokens, int T, int H, int dt);
+/* h[t] = round_dt(table[tokens[t]]), the table [V][H] of dtype table_dt (GK_BF16, GK_F16, GK_F32) */
+void GPU_FN(embed)(gk_ctx *c, double *h, const void *table, int table_dt, const int32_t *tokens, int T, int H, int dt);
 /* out[r] = round_C(round_S(round_D(w * round_D(round_O(v * rsqrt(mean(v^2) + eps)))))), v = round_D(in[r]);
  * C: a further cast (GK_F64: none) */
 void GPU_FN(rmsnorm)(gk_ctx *c, double *out, const double *in, int rows, int n, size_t ld, const double *w, double eps,
@@ -143,13 +149,29 @@ void GPU_FN(shared_add)(gk_ctx *c, double *out, const double *s, double *g, int 
 /* dst[b][r][col] = src[(b / group) * sb + r * sr + col * sc] in fmt for col < cols, 0 up to colsp */
 void GPU_FN(pack)(gk_ctx *c, void *dst, int fmt, int batch, int rows, int cols, int colsp, const double *src,
                   size_t sb, int group, size_t sr, size_t sc);
-/* dst[i] = src[i] as bf16 or f16 (weights hold values exact in that format) */
-void GPU_FN(convert_weights)(gk_ctx *c, void *dst, int fmt, const float *src, size_t n);
+/* dst[i] = src[i] widened to fp32 (exact), src of dtype src_dt (GK_BF16 or GK_F16) */
+void GPU_FN(widen)(gk_ctx *c, float *dst, const void *src, int src_dt, size_t n);
 /* Returns 0, or nonzero with a message (an engine this build lacks, a cuBLAS failure). */
 int GPU_FN(gemm)(gk_ctx *c, const gk_gemm *g, char *msg, size_t msg_n);
 /* C[i][j] + bias[j] (in fp32) into [M][N] values of outdt itself (bf16 or f16
  * bits, else fp32): the logits, exact in their dtype, in the fewest bytes to move. */
 void GPU_FN(epilogue_packed)(gk_ctx *c, void *dst, const float *C, int M, int N, const float *bias, int outdt);
+
+/* ---- weight upload (runtime/gpu/upload.c) ---- */
+/* Free and total memory of the context's device. Returns 0, or nonzero with a message. */
+int GPU_FN(mem_info)(gk_ctx *c, size_t *free_bytes, size_t *total_bytes, char *msg, size_t msg_n);
+/* Pinned host memory to the device on the main stream, not waited for. */
+int GPU_FN(copy_async)(gk_ctx *c, void *dst, const void *src, size_t bytes);
+/* Staging slots (0 .. GK_SLOTS - 1): slot_record marks the copies queued so
+ * far (out of that slot's pinned buffer); slot_wait returns when they are
+ * done, so the buffer may be filled again. Both return 0, or nonzero. */
+#define GK_SLOTS 8
+int GPU_FN(slot_record)(gk_ctx *c, int slot);
+int GPU_FN(slot_wait)(gk_ctx *c, int slot);
+/* Elements e0 .. e0 + n - 1 of a weight, read as src_dt (GK_F64, GK_F32,
+ * GK_BF16, GK_F16) from src (device), stored as dst_dt (rounded to nearest
+ * even, as mf_store_from_f64) at dst[(e / k) * kp + e % k]. */
+void GPU_FN(place)(gk_ctx *c, void *dst, int dst_dt, int k, int kp, size_t e0, const void *src, int src_dt, size_t n);
 
 #ifdef __cplusplus
 }

@@ -28,6 +28,7 @@ struct gk_ctx {
     gpuEvent_t *marks;
     int n_marks;
     int *flag;   /* device: smallest call_id of an out-of-range emulated product */
+    gpuEvent_t slots[GK_SLOTS];   /* weight upload: the copies out of each pinned staging slot */
     int device;
 #if defined(GPU_CUDA)
     cublasHandle_t blas;
@@ -64,6 +65,16 @@ static unsigned blocks_for(size_t n) { return (unsigned)((n + THREADS - 1) / THR
  * and column come without a 64-bit division (tens of instructions each). */
 static dim3 row_grid(size_t rows, size_t cols, unsigned z) {
     return dim3((unsigned)rows, (unsigned)((cols + THREADS - 1) / THREADS), z);
+}
+
+/* Element i of a buffer of dtype dt, widened (exact). */
+__device__ static double get_value(const void *src, int dt, size_t i) {
+    switch (dt) {
+    case GK_F64: return ((const double *)src)[i];
+    case GK_F32: return ((const float *)src)[i];
+    case GK_BF16: return mf_bf16_to_f32(((const uint16_t *)src)[i]);
+    default: return mf_f16_to_f32(((const uint16_t *)src)[i]);
+    }
 }
 
 __device__ static void put_operand(void *dst, int fmt, size_t i, double v) {

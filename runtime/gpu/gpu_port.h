@@ -40,6 +40,8 @@
 #define gpuEventCreateWithFlags hipEventCreateWithFlags
 #define gpuEventDisableTiming hipEventDisableTiming
 #define gpuStreamWaitEvent hipStreamWaitEvent
+#define gpuMemGetInfo hipMemGetInfo
+#define gpuMemset hipMemset
 #else
 #include <cuda_runtime.h>
 #define GPU_CUDA 1
@@ -74,6 +76,8 @@
 #define gpuEventCreateWithFlags cudaEventCreateWithFlags
 #define gpuEventDisableTiming cudaEventDisableTiming
 #define gpuStreamWaitEvent cudaStreamWaitEvent
+#define gpuMemGetInfo cudaMemGetInfo
+#define gpuMemset cudaMemset
 #define gpuEventDestroy cudaEventDestroy
 #endif
 

@@ -23,6 +23,8 @@ static void ctx_release(gk_ctx *c) {
     if (c->stream) (void)gpuStreamSynchronize(c->stream);
     if (c->side) (void)gpuStreamSynchronize(c->side);
     for (int i = 0; i < c->n_marks; i++) (void)gpuEventDestroy(c->marks[i]);
+    for (int i = 0; i < GK_SLOTS; i++)
+        if (c->slots[i]) (void)gpuEventDestroy(c->slots[i]);
     free(c->marks);
     if (c->fence) (void)gpuEventDestroy(c->fence);
     if (c->side) (void)gpuStreamDestroy(c->side);
@@ -65,6 +67,8 @@ extern "C" int GPU_FN(ctx_open)(gk_ctx **out, int device, char *desc, size_t des
         what = "creating an event";
     else if ((e = gpuMalloc((void **)&c->flag, sizeof(int))) != gpuSuccess)
         what = "allocating GPU memory";
+    for (int i = 0; i < GK_SLOTS && !what; i++)
+        if ((e = gpuEventCreateWithFlags(&c->slots[i], gpuEventDisableTiming)) != gpuSuccess) what = "creating an event";
     if (what) {
         ctx_release(c);
         return fail(msg, msg_n, what, e);
@@ -190,14 +194,47 @@ extern "C" void GPU_FN(narrow)(gk_ctx *c, float *dst, const double *src, size_t 
     if (n) k_narrow<<<blocks_for(n), THREADS, 0, c->stream>>>(dst, src, n);
 }
 
-__global__ static void k_embed(double *h, const float *table, const int32_t *tokens, int H, int dt) {
+__global__ static void k_embed(double *h, const void *table, int table_dt, const int32_t *tokens, int H, int dt) {
     const int t = blockIdx.x, col = blockIdx.y * blockDim.x + threadIdx.x;
     if (col >= H) return;
-    h[(size_t)t * H + col] = rd(dt, (double)table[(size_t)tokens[t] * H + col]);
+    h[(size_t)t * H + col] = rd(dt, get_value(table, table_dt, (size_t)tokens[t] * H + col));
 }
 
-extern "C" void GPU_FN(embed)(gk_ctx *c, double *h, const float *table, const int32_t *tokens, int T, int H, int dt) {
-    if (T > 0 && H > 0) k_embed<<<row_grid(T, H, 1), THREADS, 0, c->stream>>>(h, table, tokens, H, dt);
+extern "C" void GPU_FN(embed)(gk_ctx *c, double *h, const void *table, int table_dt, const int32_t *tokens, int T, int H,
+                              int dt) {
+    if (T > 0 && H > 0) k_embed<<<row_grid(T, H, 1), THREADS, 0, c->stream>>>(h, table, table_dt, tokens, H, dt);
+}
+
+/* ---------------------------------------------------------- weight upload */
+
+extern "C" int GPU_FN(mem_info)(gk_ctx *c, size_t *free_bytes, size_t *total_bytes, char *msg, size_t msg_n) {
+    (void)c;
+    gpuError_t e = gpuMemGetInfo(free_bytes, total_bytes);
+    return e != gpuSuccess ? fail(msg, msg_n, "reading the GPU's free memory", e) : 0;
+}
+
+extern "C" int GPU_FN(copy_async)(gk_ctx *c, void *dst, const void *src, size_t bytes) {
+    return gpuMemcpyAsync(dst, src, bytes, gpuMemcpyHostToDevice, c->stream) != gpuSuccess;
+}
+
+extern "C" int GPU_FN(slot_record)(gk_ctx *c, int slot) {
+    return slot < 0 || slot >= GK_SLOTS || gpuEventRecord(c->slots[slot], c->stream) != gpuSuccess;
+}
+
+extern "C" int GPU_FN(slot_wait)(gk_ctx *c, int slot) {
+    return slot < 0 || slot >= GK_SLOTS || gpuEventSynchronize(c->slots[slot]) != gpuSuccess;
+}
+
+__global__ static void k_place(void *dst, int dst_dt, int k, int kp, size_t e0, const void *src, int src_dt, size_t n) {
+    const size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= n) return;
+    const size_t e = e0 + i;
+    put_operand(dst, dst_dt, (e / (size_t)k) * (size_t)kp + e % (size_t)k, get_value(src, src_dt, i));
+}
+
+extern "C" void GPU_FN(place)(gk_ctx *c, void *dst, int dst_dt, int k, int kp, size_t e0, const void *src, int src_dt,
+                              size_t n) {
+    if (n) k_place<<<blocks_for(n), THREADS, 0, c->stream>>>(dst, dst_dt, k, kp, e0, src, src_dt, n);
 }
 
 /* A sequential sum, p[0] + p[1] + ... in this order, its operands read

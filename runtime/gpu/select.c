@@ -12,7 +12,7 @@
 typedef enum { BACKEND_CUDA, BACKEND_HIP } backend;
 
 typedef struct backend_api {
-    int (*open)(void **out, int device, const mf_model *m, const mf_precision *prec, const mf_numerics *num,
+    int (*open)(void **out, int device, mf_model *m, const mf_precision *prec, const mf_numerics *num, int max_T,
                 mf_error *err);
     int (*forward)(void *impl, const int32_t *tokens, int T, unsigned capture, mf_seq_result *r, mf_error *err);
     const void *(*host_logits)(const void *impl, mf_dtype *dtype);
@@ -100,15 +100,15 @@ static int parse_device(const char *device, backend *b, int *index, mf_error *er
     return MF_OK;
 }
 
-int mf_gpu_open(mf_gpu **out, const char *device, const mf_model *m, const mf_precision *prec, const mf_numerics *num,
-                mf_error *err) {
+int mf_gpu_open(mf_gpu **out, const char *device, mf_model *m, const mf_precision *prec, const mf_numerics *num,
+                int max_tokens, mf_error *err) {
     *out = NULL;
     backend b = BACKEND_CUDA;
     int index = 0, rc;
     const backend_api *api;
     if ((rc = parse_device(device, &b, &index, err)) || (rc = load_backend(b, &api, err))) return rc;
     void *impl = NULL;
-    if ((rc = api->open(&impl, index, m, prec, num, err))) return rc;
+    if ((rc = api->open(&impl, index, m, prec, num, max_tokens, err))) return rc;
     mf_gpu *g = mf_xmalloc(sizeof *g);
     g->api = api;
     g->impl = impl;

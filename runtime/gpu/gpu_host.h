@@ -1,0 +1,98 @@
+/* Private to the GPU module (runtime/gpu): the model on the device, shared
+ * by the forward pass (forward.c) and the weight upload (upload.c). */
+#ifndef MF_GPU_HOST_H
+#define MF_GPU_HOST_H
+
+#include "mf_runtime.h"
+#include "gpu_api.h"
+
+#define MAX_CALLS 8192
+
+/* MF_GPU_PROFILE=1: wait after each step and add its time to its part
+ * (printed when the model is closed); for finding where the time goes. */
+enum { P_NORM, P_QKV, P_QKNORM, P_ROPE, P_SCORES, P_SOFTMAX, P_PV, P_O, P_ROUTER, P_ROUTE, P_DISPATCH, P_GATHER,
+       P_EXPERTS, P_COMBINE, P_SHARED, P_DENSE, P_HEAD, P_OUTPUT, P_N };
+/* A weight on the device: one copy, in the dtype the model keeps it in. */
+typedef struct gw {
+    void *w;           /* [rows][kp] of dt, rows = experts * n, zeros past k */
+    int dt;            /* GK_BF16, GK_F16 or GK_F32 */
+    bool shared;       /* w is another weight's (the tied head: the embedding's) */
+    int n, k, kp, experts;
+    float *bias;       /* [n] or NULL */
+} gw;
+
+typedef struct glayer {
+    double *attn_norm, *ffn_norm, *q_norm, *k_norm;
+    gw q, k, v, o;
+    gw mlp_gate, mlp_up, mlp_down;
+    gw router, exp_gate, exp_up, exp_down;
+    gw sh_gate, sh_up, sh_down, sh_router;
+} glayer;
+
+typedef struct gpu {
+    gk_ctx *ctx;
+    char desc[256];
+    mf_model *m;
+    mf_precision prec;
+    mf_numerics num;
+    int engine16;          /* engine of products with bf16/f16 operands */
+    bool fixed;
+    glayer *layers;
+    gw embed;              /* [V][H] (kp = H) */
+    double *final_norm;
+    gw head;
+    size_t weight_bytes;
+    float *wide;           /* fp32 copy of the weight of a cuBLAS product with fp32 operands */
+    size_t wide_cap;       /* its capacity, in values */
+    void *wide_of;         /* whose copy it holds now */
+    /* scratch, sized for cap_T tokens */
+    int cap_T;
+    double *h, *x, *y, *q, *k, *v, *ctxv, *s, *g, *u, *ye, *sh, *probs;
+    float *cf;
+    void *opA, *opB;
+    void *opH;             /* the down projection's operand when gate and up run as one product */
+    bool glu_fused;        /* CUDA: they do (MF_GPU_GLU=0 runs them as three steps, for benchmarks) */
+    double *cos_t, *sin_t;
+    int32_t *tokens;
+    double *topk_w, *router, *shared_gate, *router_in;   /* the MoE layer at work; its routing leaves in route_dev */
+    int *offset, *token, *row_of;
+    void *logits;          /* device [T][V] in the head's dtype (bf16, f16: 2 bytes; else fp32) */
+    void *logits_host;     /* pinned, the same */
+    /* the routing on its way out, layer by layer as each is done: router
+     * logits, top-k weights and shared gates narrowed to fp32 (every one is
+     * an fp32, bf16 or f16 value, so exactly), then the ids, which the router
+     * writes there itself (route_layout) */
+    float *route_dev;
+    void *route_host;      /* pinned, the same */
+    mf_dtype logits_dtype;
+    /* which product a call id is, for messages */
+    int ncalls;
+    char calls[MAX_CALLS][40];
+    char msg[512];
+    bool prof;
+    double prof_t[P_N], prof_last;
+    int prof_forwards;
+} gpu;
+
+
+static inline int round16(int k) { return (k + 15) / 16 * 16; }
+
+static inline int gk_dt(mf_dtype t) {
+    switch (t) {
+    case MF_F32: return GK_F32;
+    case MF_BF16: return GK_BF16;
+    case MF_F16: return GK_F16;
+    default: return GK_F64;
+    }
+}
+
+/* The device layout of every weight (dtype, padding) and its bytes, before
+ * anything is allocated. */
+size_t GPU_FN(weights_plan)(gpu *G);
+/* Allocates the weights and streams the checkpoint's files into them: each
+ * file read once, in order, through pinned slots, hashed on the way when the
+ * weights digest is still to be made; norms and biases uploaded beside. */
+int GPU_FN(weights_upload)(gpu *G, mf_error *err);
+void GPU_FN(weights_free)(gpu *G);
+
+#endif

@@ -1,0 +1,420 @@
+/* The model's weights onto a GPU, host side (C17).
+ *
+ * Every weight gets one device copy in the dtype the model keeps it in
+ * (mf_weight_storage of its checkpoint dtype under the policy), rows padded
+ * to a multiple of 16 values for the tensor-core kernels. The bytes go from
+ * the checkpoint's files straight to the device: each file is read once, in
+ * order, with pread into pinned staging slots by a few reader threads, while
+ * one thread hashes the slots in file order (the weights digest, when it is
+ * still to be made) and queues their copies; a slot is read again only once
+ * its copies are done. Where a weight's device layout is its file layout
+ * (same dtype, no padding) the copy lands in place; otherwise it lands in a
+ * device staging slot and a kernel rounds and scatters it (mf_store_from_f64's
+ * rounding, so a CPU and a GPU run of one policy hold the same weights).
+ * Nothing is faulted into the process's mapping, so the host's resident
+ * memory stays the pinned slots and the model's small vectors. */
+#include "gpu_host.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <omp.h>
+#include <stdatomic.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+/* bytes per staging slot, and slots in flight */
+#define SLOT_BYTES ((size_t)32 << 20)
+#define SLOTS 6
+
+static size_t dt_size(int dt) { return dt == GK_F64 ? 8 : dt == GK_F32 ? 4 : 2; }
+
+static int gk_of(mf_dtype t) { return t == MF_F64 ? GK_F64 : gk_dt(t); }
+
+/* One weight's layout: rows [experts * n][kp] of the model's storage dtype. */
+static size_t plan_linear(gpu *G, gw *w, const mf_linear *L, int experts) {
+    memset(w, 0, sizeof *w);
+    if (!L || !L->w.data) return 0;
+    w->n = L->out;
+    w->k = L->in;
+    w->kp = round16(L->in);
+    w->experts = experts;
+    w->dt = gk_dt(mf_weight_storage(L->w.dtype, G->m->weight_round));
+    return (size_t)experts * w->n * w->kp * dt_size(w->dt);
+}
+
+/* Every linear of layer l with its device weight, in one table for the plan,
+ * the upload and the free. */
+typedef struct lin_ref {
+    gw *w;
+    const mf_linear *L;
+    int experts;
+} lin_ref;
+
+static int layer_linears(gpu *G, int l, lin_ref *out) {
+    const mf_config *c = &G->m->cfg;
+    const mf_layer *ML = &G->m->layers[l];
+    glayer *L = &G->layers[l];
+    int n = 0;
+#define ADD(dst, src, e) (out[n].w = (dst), out[n].L = (src), out[n].experts = (e), n++)
+    ADD(&L->q, &ML->q, 1);
+    ADD(&L->k, &ML->k, 1);
+    ADD(&L->v, &ML->v, 1);
+    ADD(&L->o, &ML->o, 1);
+    if (ML->is_moe) {
+        ADD(&L->router, &ML->router, 1);
+        ADD(&L->exp_gate, ML->exp_gate, c->n_experts);
+        ADD(&L->exp_up, ML->exp_up, c->n_experts);
+        ADD(&L->exp_down, ML->exp_down, c->n_experts);
+        if (c->has_shared_expert) {
+            ADD(&L->sh_gate, &ML->sh_gate, 1);
+            ADD(&L->sh_up, &ML->sh_up, 1);
+            ADD(&L->sh_down, &ML->sh_down, 1);
+            ADD(&L->sh_router, &ML->sh_router, 1);
+        }
+    } else {
+        ADD(&L->mlp_gate, &ML->mlp_gate, 1);
+        ADD(&L->mlp_up, &ML->mlp_up, 1);
+        ADD(&L->mlp_down, &ML->mlp_down, 1);
+    }
+#undef ADD
+    return n;
+}
+
+#define MAX_LAYER_LINEARS 16
+
+size_t GPU_FN(weights_plan)(gpu *G) {
+    if (!G->layers) G->layers = mf_xcalloc((size_t)G->m->cfg.n_layers, sizeof(glayer));
+    const mf_model *m = G->m;
+    const mf_config *c = &m->cfg;
+    size_t bytes = 0;
+    lin_ref refs[MAX_LAYER_LINEARS];
+    for (int l = 0; l < c->n_layers; l++) {
+        const int n = layer_linears(G, l, refs);
+        for (int i = 0; i < n; i++) bytes += plan_linear(G, refs[i].w, refs[i].L, refs[i].experts);
+    }
+    /* the embedding as its table [V][H]; a tied head shares it where the layouts agree */
+    gw *e = &G->embed;
+    memset(e, 0, sizeof *e);
+    e->n = c->vocab;
+    e->k = e->kp = c->hidden;
+    e->experts = 1;
+    e->dt = gk_dt(mf_weight_storage(m->embed->dtype, m->weight_round));
+    bytes += (size_t)e->n * e->k * dt_size(e->dt);
+    bytes += plan_linear(G, &G->head, &m->head, 1);
+    if (c->tie_embeddings && G->head.kp == e->k && G->head.dt == e->dt) {
+        bytes -= (size_t)G->head.n * G->head.kp * dt_size(G->head.dt);
+        G->head.shared = true;
+    }
+    /* norms (doubles) and biases (floats) */
+    bytes += (size_t)c->n_layers * (2 * (size_t)c->hidden + 2 * (size_t)c->n_heads * c->head_dim) * 8;
+    G->weight_bytes = bytes;
+    return bytes;
+}
+
+/* ---- the stream from files to device ---------------------------------------- */
+
+/* A source range of one file with the device place of its elements: element
+ * e of the range goes to dst[(e / k) * kp + e % k] as dst_dt. */
+typedef struct seg {
+    size_t file, off, bytes;
+    int src_dt, dst_dt, k, kp;
+    void *dst;
+    bool direct;   /* same dtype, no padding: the bytes land as they are */
+} seg;
+
+typedef struct segs {
+    seg *v;
+    size_t n, cap;
+} segs;
+
+static int add_seg(gpu *G, segs *S, const void *src, mf_dtype src_dt, size_t elems, int k, void *dst, int dst_dt,
+                   int kp, mf_error *err) {
+    const mf_checkpoint *ck = G->m->ckpt;
+    const uint8_t *p = src;
+    for (size_t f = 0; f < ck->nfiles; f++) {
+        const mf_mmap *mp = &ck->files[f]->map;
+        if (p < mp->data || p >= mp->data + mp->size) continue;
+        if (S->n == S->cap) {
+            S->cap = S->cap ? 2 * S->cap : 256;
+            S->v = mf_xrealloc(S->v, S->cap * sizeof *S->v);
+        }
+        seg *s = &S->v[S->n++];
+        s->file = f;
+        s->off = (size_t)(p - mp->data);
+        s->bytes = elems * mf_dtype_size(src_dt);
+        s->src_dt = gk_of(src_dt);
+        s->dst_dt = dst_dt;
+        s->k = k;
+        s->kp = kp;
+        s->dst = dst;
+        s->direct = s->src_dt == dst_dt && k == kp;
+        return MF_OK;
+    }
+    return mf_fail(err, MF_EINVAL, "%s: a weight lies outside the checkpoint's files (converted on the host?)",
+                   G->desc);
+}
+
+static int cmp_seg(const void *a, const void *b) {
+    const seg *x = a, *y = b;
+    if (x->file != y->file) return x->file < y->file ? -1 : 1;
+    return x->off < y->off ? -1 : x->off > y->off;
+}
+
+static int alloc_weight(gpu *G, gw *w, mf_error *err) {
+    const size_t bytes = (size_t)w->experts * w->n * w->kp * dt_size(w->dt);
+    w->w = GPU_FN(alloc)(G->ctx, bytes);
+    if (!w->w) return mf_fail(err, MF_ENOMEM, "%s: cannot hold %zu MB of weights", G->desc, bytes >> 20);
+    if (w->kp != w->k && GPU_FN(zero)(G->ctx, w->w, bytes))
+        return mf_fail(err, MF_EIO, "%s: clearing a weight's padding failed", G->desc);
+    return MF_OK;
+}
+
+static int linear_segs(gpu *G, segs *S, gw *w, const mf_linear *L, mf_error *err) {
+    if (!w->n) return MF_OK;
+    int rc = alloc_weight(G, w, err);
+    const size_t per = (size_t)w->n * w->kp * dt_size(w->dt);
+    for (int e = 0; e < w->experts && !rc; e++)
+        rc = add_seg(G, S, L[e].w.data, L[e].w.dtype, (size_t)w->n * w->k, w->k, (uint8_t *)w->w + e * per, w->dt,
+                     w->kp, err);
+    if (!rc && L->bias) {
+        float *b = mf_xmalloc((size_t)w->n * sizeof(float));
+        for (int j = 0; j < w->n; j++) b[j] = (float)L->bias[j];
+        w->bias = GPU_FN(alloc)(G->ctx, (size_t)w->n * sizeof(float));
+        rc = !w->bias || GPU_FN(upload)(G->ctx, w->bias, b, (size_t)w->n * sizeof(float));
+        free(b);
+        if (rc) rc = mf_fail(err, MF_ENOMEM, "%s: out of memory for a bias", G->desc);
+    }
+    return rc;
+}
+
+static double *upload_doubles(gpu *G, const double *src, size_t n) {
+    if (!src) return NULL;
+    double *d = GPU_FN(alloc)(G->ctx, n * sizeof(double));
+    if (d && GPU_FN(upload)(G->ctx, d, src, n * sizeof(double))) {
+        GPU_FN(free)(G->ctx, d);
+        return NULL;
+    }
+    return d;
+}
+
+static void pause_briefly(void) {
+    struct timespec ts = {0, 20000};
+    nanosleep(&ts, NULL);
+}
+
+/* Where chunks of file f end: every SLOT_BYTES at most, moved back to an
+ * element boundary of the converted segment it would cut, so that each
+ * chunk's part of a segment is whole elements. */
+static size_t *chunk_ends(const segs *S, size_t first, size_t f, size_t size, size_t *count) {
+    size_t n = 0, cap = size / SLOT_BYTES + 2, at = 0, s = first;
+    size_t *ends = mf_xmalloc(cap * sizeof *ends);
+    while (at < size) {
+        size_t end = at + SLOT_BYTES < size ? at + SLOT_BYTES : size;
+        while (s < S->n && S->v[s].file == f && S->v[s].off + S->v[s].bytes <= end) s++;
+        for (size_t t = s; t < S->n && S->v[t].file == f && S->v[t].off < end; t++) {
+            const seg *g = &S->v[t];
+            if (g->direct || end <= g->off || end >= g->off + g->bytes) continue;
+            const size_t esz = dt_size(g->src_dt), cut = g->off + (end - g->off) / esz * esz;
+            if (cut > at) end = cut < end ? cut : end;
+        }
+        if (n == cap) ends = mf_xrealloc(ends, (cap *= 2) * sizeof *ends);
+        ends[n++] = end;
+        at = end;
+    }
+    *count = n;
+    return ends;
+}
+
+/* The copies of one chunk [cs, ce) of file f, held at host (pinned) */
+static int queue_chunk(gpu *G, const segs *S, size_t *first, size_t f, size_t cs, size_t ce, const uint8_t *host,
+                       void *stage) {
+    while (*first < S->n && S->v[*first].file == f && S->v[*first].off + S->v[*first].bytes <= cs) (*first)++;
+    for (size_t t = *first; t < S->n && S->v[t].file == f && S->v[t].off < ce; t++) {
+        const seg *g = &S->v[t];
+        const size_t a = g->off > cs ? g->off : cs, b = g->off + g->bytes < ce ? g->off + g->bytes : ce;
+        if (b <= a) continue;
+        if (g->direct) {
+            if (GPU_FN(copy_async)(G->ctx, (uint8_t *)g->dst + (a - g->off), host + (a - cs), b - a)) return 1;
+            continue;
+        }
+        const size_t esz = dt_size(g->src_dt);
+        if (GPU_FN(copy_async)(G->ctx, (uint8_t *)stage + (a - cs), host + (a - cs), b - a)) return 1;
+        GPU_FN(place)(G->ctx, g->dst, g->dst_dt, g->k, g->kp, (a - g->off) / esz, (uint8_t *)stage + (a - cs), g->src_dt,
+                      (b - a) / esz);
+    }
+    return 0;
+}
+
+/* Streams file f: reader threads pread chunks into the pinned slots, this
+ * thread hashes them in order and queues their copies. */
+static int stream_file(gpu *G, const segs *S, size_t *first, size_t f, uint8_t **host, void **stage, bool hash,
+                       char hex[33], mf_error *err) {
+    const mf_st_file *sf = G->m->ckpt->files[f];
+    const size_t size = sf->map.size;
+    int fd = open(sf->path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0) return mf_fail(err, MF_EIO, "%s: cannot open: %s", sf->path, strerror(errno));
+    posix_fadvise(fd, 0, 0, POSIX_FADV_SEQUENTIAL);
+    size_t nchunks;
+    size_t *ends = chunk_ends(S, *first, f, size, &nchunks);
+    /* slot i holds chunk ready[i]; consumed[i] is the last chunk done with it */
+    atomic_long ready[SLOTS], consumed[SLOTS];
+    for (int i = 0; i < SLOTS; i++) {
+        atomic_init(&ready[i], -1);
+        atomic_init(&consumed[i], (long)i - SLOTS);
+    }
+    atomic_int failed;
+    atomic_init(&failed, 0);
+    int read_errno = 0;
+    mf_digest_state *d = hash ? mf_digest_new() : NULL;
+    int readers = omp_get_num_procs() - 1;
+    readers = readers < 1 ? 1 : readers > SLOTS - 1 ? SLOTS - 1 : readers;
+#pragma omp parallel num_threads(readers + 1)
+    {
+        const int tid = omp_get_thread_num(), nt = omp_get_num_threads();
+        if (tid == 0) {
+            for (size_t ch = 0; ch < nchunks; ch++) {
+                const int slot = (int)(ch % SLOTS);
+                while (atomic_load(&ready[slot]) != (long)ch && !atomic_load(&failed)) pause_briefly();
+                if (atomic_load(&failed)) break;
+                const size_t cs = ch ? ends[ch - 1] : 0, ce = ends[ch];
+                if (d) mf_digest_update(d, host[slot], ce - cs);
+                if (queue_chunk(G, S, first, f, cs, ce, host[slot], stage[slot]) || GPU_FN(slot_record)(G->ctx, slot)) {
+                    atomic_store(&failed, 2);
+                    break;
+                }
+                atomic_store(&consumed[slot], (long)ch);
+            }
+        } else {
+            for (size_t ch = (size_t)tid - 1; ch < nchunks && !atomic_load(&failed); ch += (size_t)(nt - 1)) {
+                const int slot = (int)(ch % SLOTS);
+                while (atomic_load(&consumed[slot]) != (long)ch - SLOTS && !atomic_load(&failed)) pause_briefly();
+                if (atomic_load(&failed)) break;
+                if (ch >= SLOTS && GPU_FN(slot_wait)(G->ctx, slot)) {
+                    atomic_store(&failed, 2);
+                    break;
+                }
+                const size_t cs = ch ? ends[ch - 1] : 0, ce = ends[ch];
+                size_t got = 0;
+                while (got < ce - cs) {
+                    const ssize_t r = pread(fd, host[slot] + got, ce - cs - got, (off_t)(cs + got));
+                    if (r <= 0) {
+                        read_errno = r < 0 ? errno : 0;
+                        atomic_store(&failed, 1);
+                        break;
+                    }
+                    got += (size_t)r;
+                }
+                if (got == ce - cs) atomic_store(&ready[slot], (long)ch);
+            }
+        }
+    }
+    close(fd);
+    free(ends);
+    if (d) mf_digest_final(d, hex);
+    const int why = atomic_load(&failed);
+    if (why == 1)
+        return mf_fail(err, MF_EIO, "%s: read failed: %s", sf->path,
+                       read_errno ? strerror(read_errno) : "the file is shorter than when it was opened");
+    if (why == 2) return mf_fail(err, MF_EIO, "%s: queueing the copy of %s to the GPU failed", G->desc, sf->path);
+    return MF_OK;
+}
+
+int GPU_FN(weights_upload)(gpu *G, mf_error *err) {
+    mf_model *m = G->m;
+    const mf_config *c = &m->cfg;
+    segs S = {0};
+    int rc = MF_OK;
+    lin_ref refs[MAX_LAYER_LINEARS];
+    for (int l = 0; l < c->n_layers && !rc; l++) {
+        const mf_layer *ML = &m->layers[l];
+        glayer *L = &G->layers[l];
+        const int H = c->hidden;
+        L->attn_norm = upload_doubles(G, ML->attn_norm, (size_t)H);
+        L->ffn_norm = upload_doubles(G, ML->ffn_norm, (size_t)H);
+        if (c->qk_norm == MF_QK_NORM_FULL) {
+            L->q_norm = upload_doubles(G, ML->q_norm, (size_t)c->n_heads * c->head_dim);
+            L->k_norm = upload_doubles(G, ML->k_norm, (size_t)c->n_kv_heads * c->head_dim);
+        } else if (c->qk_norm == MF_QK_NORM_PER_HEAD) {
+            L->q_norm = upload_doubles(G, ML->q_norm, (size_t)c->head_dim);
+            L->k_norm = upload_doubles(G, ML->k_norm, (size_t)c->head_dim);
+        }
+        if (!L->attn_norm || !L->ffn_norm || (c->qk_norm != MF_QK_NORM_NONE && (!L->q_norm || !L->k_norm))) {
+            rc = mf_fail(err, MF_ENOMEM, "%s: out of memory for the norms of layer %d", G->desc, l);
+            break;
+        }
+        const int n = layer_linears(G, l, refs);
+        for (int i = 0; i < n && !rc; i++) rc = linear_segs(G, &S, refs[i].w, refs[i].L, err);
+    }
+    if (!rc && !(G->final_norm = upload_doubles(G, m->final_norm, (size_t)c->hidden)))
+        rc = mf_fail(err, MF_ENOMEM, "%s: out of memory for the final norm", G->desc);
+    if (!rc && !(rc = alloc_weight(G, &G->embed, err)))
+        rc = add_seg(G, &S, m->embed->data, m->embed->dtype, (size_t)c->vocab * c->hidden, c->hidden, G->embed.w,
+                     G->embed.dt, c->hidden, err);
+    if (!rc) {
+        if (G->head.shared) G->head.w = G->embed.w;
+        else rc = linear_segs(G, &S, &G->head, &m->head, err);
+    }
+    if (rc) {
+        free(S.v);
+        return rc;
+    }
+    qsort(S.v, S.n, sizeof *S.v, cmp_seg);
+    /* the staging slots: pinned host, and device for the copies a kernel places */
+    uint8_t *host[SLOTS] = {0};
+    void *stage[SLOTS] = {0};
+    for (int i = 0; i < SLOTS && !rc; i++) {
+        host[i] = GPU_FN(host_alloc)(SLOT_BYTES);
+        stage[i] = GPU_FN(alloc)(G->ctx, SLOT_BYTES);
+        if (!host[i] || !stage[i])
+            rc = mf_fail(err, MF_ENOMEM, "%s: cannot allocate the %d MB staging slots of the weight upload", G->desc,
+                         (int)(SLOTS * (SLOT_BYTES >> 20)));
+    }
+    mf_checkpoint *ck = m->ckpt;
+    const bool hash = !ck->weights_digest[0];
+    char(*hex)[33] = mf_xcalloc(ck->nfiles ? ck->nfiles : 1, sizeof *hex);
+    size_t first = 0;
+    for (size_t f = 0; f < ck->nfiles && !rc; f++) {
+        while (first < S.n && S.v[first].file < f) first++;
+        rc = stream_file(G, &S, &first, f, host, stage, hash, hex[f], err);
+    }
+    char msg[256];
+    if (!rc && GPU_FN(sync)(G->ctx, msg, sizeof msg)) rc = mf_fail(err, MF_EIO, "%s: weight upload: %s", G->desc, msg);
+    if (!rc && hash) mf_checkpoint_digest_finish(ck, hex);
+    free(hex);
+    for (int i = 0; i < SLOTS; i++) {
+        GPU_FN(host_free)(host[i]);
+        GPU_FN(free)(G->ctx, stage[i]);
+    }
+    free(S.v);
+    return rc;
+}
+
+static void free_gw(gpu *G, gw *w) {
+    if (!w->shared) GPU_FN(free)(G->ctx, w->w);
+    GPU_FN(free)(G->ctx, w->bias);
+    w->w = NULL;
+    w->bias = NULL;
+}
+
+void GPU_FN(weights_free)(gpu *G) {
+    const mf_config *c = &G->m->cfg;
+    for (int l = 0; G->layers && l < c->n_layers; l++) {
+        glayer *L = &G->layers[l];
+        GPU_FN(free)(G->ctx, L->attn_norm);
+        GPU_FN(free)(G->ctx, L->ffn_norm);
+        GPU_FN(free)(G->ctx, L->q_norm);
+        GPU_FN(free)(G->ctx, L->k_norm);
+        gw *ws[] = {&L->q, &L->k, &L->v, &L->o, &L->mlp_gate, &L->mlp_up, &L->mlp_down, &L->router,
+                    &L->exp_gate, &L->exp_up, &L->exp_down, &L->sh_gate, &L->sh_up, &L->sh_down, &L->sh_router};
+        for (size_t i = 0; i < sizeof ws / sizeof ws[0]; i++) free_gw(G, ws[i]);
+    }
+    free_gw(G, &G->head);
+    free_gw(G, &G->embed);
+    GPU_FN(free)(G->ctx, G->final_norm);
+    GPU_FN(free)(G->ctx, G->wide);
+    G->wide = NULL;
+    free(G->layers);
+    G->layers = NULL;
+}
