@@ -16,7 +16,8 @@ static const char *help =
     "small: hidden 256, 4 layers, vocab 4096 (olmoe: 16 experts, top-4, ~14M parameters), four\n"
     "512-token prompts. The real sizes take the model's own architecture and dimensions (6.9B, 14.3B and\n"
     "46.7B parameters; uniform random weights of deviation 0.8/sqrt(hidden), four 512-token prompts), for GPU\n"
-    "benchmarks; mixtral-8x7b is assembled in memory (about 94 GB).\n";
+    "benchmarks, and CPU ones at real size; their tensors are generated as the file is written, one at a\n"
+    "time (memory: the largest tensor).\n";
 
 int cmd_synth(int argc, char **argv) {
     const char *arch_s = NULL, *out = NULL, *size_s = "tiny", *like = NULL;

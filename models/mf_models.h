@@ -46,6 +46,11 @@ void mf_st_writer_free(mf_st_writer *w);
 /* shape has ndim entries; data holds numel * dtype size bytes. */
 void mf_st_writer_add(mf_st_writer *w, const char *name, mf_dtype dtype, int ndim, const int64_t *shape,
                       const void *data);
+/* A tensor whose bytes fill(ud, dst, nbytes) makes when the file is written
+ * (ud: up to 64 bytes, copied), so the writer holds one such tensor at a time. */
+typedef void (*mf_st_fill_fn)(const void *ud, void *dst, size_t nbytes);
+void mf_st_writer_add_generated(mf_st_writer *w, const char *name, mf_dtype dtype, int ndim, const int64_t *shape,
+                                mf_st_fill_fn fill, const void *ud, size_t ud_size);
 void mf_st_writer_meta(mf_st_writer *w, const char *key, const char *value);
 size_t mf_st_writer_bytes(const mf_st_writer *w);
 int mf_st_writer_write(mf_st_writer *w, const char *path, mf_error *err);
@@ -213,8 +218,8 @@ char *mf_tokenizer_decode(const mf_tokenizer *t, const int32_t *ids, int n);
 
 /* tiny (tests), small (CPU benchmarks), and three real models' dimensions
  * (GPU benchmarks; the architecture is the real model's): OLMoE-1B-7B
- * (6.9B parameters), Qwen1.5-MoE-A2.7B (14.3B), Mixtral-8x7B (46.7B: the
- * writer holds the whole file in memory, about 94 GB). */
+ * (6.9B parameters), Qwen1.5-MoE-A2.7B (14.3B), Mixtral-8x7B (46.7B); their
+ * tensors are generated as the file is written, one at a time. */
 typedef enum mf_synth_size {
     MF_SYNTH_TINY, MF_SYNTH_SMALL, MF_SYNTH_OLMOE_1B_7B, MF_SYNTH_QWEN15_MOE_A27B, MF_SYNTH_MIXTRAL_8X7B
 } mf_synth_size;

@@ -193,7 +193,9 @@ typedef struct wtensor {
     mf_dtype dtype;
     int ndim;
     int64_t shape[MF_MAX_DIMS];
-    uint8_t *data;
+    uint8_t *data;          /* or, for a generated tensor, NULL and: */
+    mf_st_fill_fn fill;
+    uint8_t ud[64];
     size_t nbytes;
 } wtensor;
 
@@ -218,6 +220,33 @@ void mf_st_writer_free(mf_st_writer *w) {
     free(w->t);
     json_decref(w->meta);
     free(w);
+}
+
+static wtensor *add_entry(mf_st_writer *w, const char *name, mf_dtype dtype, int ndim, const int64_t *shape) {
+    if (w->n == w->cap) {
+        w->cap = w->cap ? 2 * w->cap : 16;
+        w->t = mf_xrealloc(w->t, w->cap * sizeof *w->t);
+    }
+    wtensor *t = &w->t[w->n++];
+    memset(t, 0, sizeof *t);
+    t->name = mf_xstrdup(name);
+    t->dtype = dtype;
+    t->ndim = ndim;
+    size_t numel = 1;
+    for (int i = 0; i < ndim; i++) {
+        t->shape[i] = shape[i];
+        numel *= (size_t)shape[i];
+    }
+    t->nbytes = numel * mf_dtype_size(dtype);
+    w->bytes += t->nbytes;
+    return t;
+}
+
+void mf_st_writer_add_generated(mf_st_writer *w, const char *name, mf_dtype dtype, int ndim, const int64_t *shape,
+                                mf_st_fill_fn fill, const void *ud, size_t ud_size) {
+    wtensor *t = add_entry(w, name, dtype, ndim, shape);
+    t->fill = fill;
+    memcpy(t->ud, ud, ud_size < sizeof t->ud ? ud_size : sizeof t->ud);
 }
 
 void mf_st_writer_add(mf_st_writer *w, const char *name, mf_dtype dtype, int ndim, const int64_t *shape,
@@ -278,7 +307,17 @@ int mf_st_writer_write(mf_st_writer *w, const char *path, mf_error *err) {
     if (!rc) rc = mf_atomic_write(&af, lenbuf, 8, err);
     if (!rc) rc = mf_atomic_write(&af, hdr, hlen, err);
     if (!rc) rc = mf_atomic_write(&af, "        ", padded - hlen, err);
-    for (size_t i = 0; !rc && i < w->n; i++) rc = mf_atomic_write(&af, w->t[i].data, w->t[i].nbytes, err);
+    for (size_t i = 0; !rc && i < w->n; i++) {
+        wtensor *t = &w->t[i];
+        if (!t->fill) {
+            rc = mf_atomic_write(&af, t->data, t->nbytes, err);
+            continue;
+        }
+        uint8_t *buf = mf_xmalloc(t->nbytes ? t->nbytes : 1);   /* one generated tensor in memory at a time */
+        t->fill(t->ud, buf, t->nbytes);
+        rc = mf_atomic_write(&af, buf, t->nbytes, err);
+        free(buf);
+    }
     free(hdr);
     if (!rc) rc = mf_atomic_commit(&af, err);
     return rc;

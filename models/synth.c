@@ -23,23 +23,35 @@ static uint64_t splitmix(uint64_t x) {
     return x ^ (x >> 31);
 }
 
+/* A real-size tensor's values: uniform with the given mean and deviation,
+ * each a hash of (seed, tensor, index), so threads need no shared state; made
+ * when the file is written, one tensor at a time. */
+typedef struct big_fill {
+    uint64_t key;
+    double mean, half;
+} big_fill;
+
+static void fill_big(const void *ud, void *dst, size_t nbytes) {
+    const big_fill *f = ud;
+    uint16_t *buf = dst;
+    const size_t n = nbytes / sizeof(uint16_t);
+#pragma omp parallel for schedule(static)
+    for (size_t i = 0; i < n; i++) {
+        double u = (double)(splitmix(f->key + i) >> 11) * 0x1p-53;
+        buf[i] = mf_f64_to_bf16(f->mean + f->half * (2.0 * u - 1.0));
+    }
+}
+
 static void tensor(synth *s, const char *name, int64_t rows, int64_t cols, double mean, double std) {
     int64_t shape[2] = {rows, cols};
     size_t n = (size_t)rows * (size_t)(cols ? cols : 1);
-    uint16_t *buf = mf_xmalloc(n * sizeof(uint16_t));
     if (s->big) {
-        /* billions of values: uniform with the same mean and deviation, each
-         * value a hash of (seed, tensor, index), so threads need no shared state */
-        const uint64_t key = splitmix(s->seed ^ splitmix(++s->tensors));
-        const double half = std * sqrt(3.0);
-#pragma omp parallel for schedule(static)
-        for (size_t i = 0; i < n; i++) {
-            double u = (double)(splitmix(key + i) >> 11) * 0x1p-53;
-            buf[i] = mf_f64_to_bf16(mean + half * (2.0 * u - 1.0));
-        }
-    } else {
-        for (size_t i = 0; i < n; i++) buf[i] = mf_f64_to_bf16(mean + std * mf_rng_normal(&s->rng));
+        const big_fill f = {splitmix(s->seed ^ splitmix(++s->tensors)), mean, std * sqrt(3.0)};
+        mf_st_writer_add_generated(s->st, name, MF_BF16, cols ? 2 : 1, shape, fill_big, &f, sizeof f);
+        return;
     }
+    uint16_t *buf = mf_xmalloc(n * sizeof(uint16_t));
+    for (size_t i = 0; i < n; i++) buf[i] = mf_f64_to_bf16(mean + std * mf_rng_normal(&s->rng));
     mf_st_writer_add(s->st, name, MF_BF16, cols ? 2 : 1, shape, buf);
     free(buf);
 }
