@@ -210,6 +210,23 @@ bool mf_is_dir(const char *path);
 /* dst = dir + "/" + name; fails (returns false) when it would not fit. */
 bool mf_path_join(char *dst, size_t cap, const char *dir, const char *name);
 
+/* ---- memory ------------------------------------------------------------ */
+
+/* What this process may still take: ram is the least of MemAvailable and its
+ * cgroup's memory.max less what the cgroup holds (beyond reclaimable file
+ * cache); vm is RLIMIT_AS less the address space in use (UINT64_MAX: none). */
+typedef struct mf_mem_limits {
+    uint64_t ram;
+    const char *ram_source;   /* "MemAvailable", "the cgroup's memory.max" */
+    uint64_t vm;
+} mf_mem_limits;
+
+void mf_mem_read_limits(mf_mem_limits *m);
+/* MF_ENOMEM with one line naming both figures when need_ram or need_vm is
+ * more than there is: "WHAT needs 14.20 GiB of memory, but 8.00 GiB is
+ * available (MemAvailable)". */
+int mf_mem_check(uint64_t need_ram, uint64_t need_vm, const char *what, mf_error *err);
+
 /* ---- digests (XXH3-128, lower-case hex, 32 chars) --------------------- */
 
 typedef struct mf_digest_state mf_digest_state;

@@ -258,6 +258,25 @@ static int load_all(loader *ld) {
     return linear(ld, &m->head, "lm_head.weight", c->vocab, c->hidden, NULL);
 }
 
+int mf_model_measure(const char *dir, mf_dtype weights, unsigned flags, mf_model_bytes *out, mf_error *err) {
+    memset(out, 0, sizeof *out);
+    mf_checkpoint *c;
+    int rc = mf_checkpoint_open_headers(&c, dir, err);
+    if (rc) return rc;
+    for (size_t f = 0; f < c->nfiles; f++) {
+        const mf_st_file *sf = c->files[f];
+        out->files += sf->map.size;
+        for (size_t i = 0; i < sf->count; i++) {
+            const mf_st_tensor *t = &sf->tensors[i];
+            const mf_dtype kept = mf_weight_storage(t->dtype, weights);
+            if (!mf_dtype_is_float(t->dtype) || kept == t->dtype || (flags & MF_LOAD_NO_CONVERT)) out->in_place += t->nbytes;
+            else out->converted += (uint64_t)mf_st_numel(t) * mf_dtype_size(kept);
+        }
+    }
+    mf_checkpoint_close(c);
+    return MF_OK;
+}
+
 /* The dtype config.json declares ("dtype" in v5, "torch_dtype" in v4), or INVALID. */
 static mf_dtype declared_dtype(const char *config_path) {
     json_t *root = json_load_file(config_path, 0, NULL);

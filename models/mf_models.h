@@ -19,8 +19,9 @@ typedef struct mf_st_tensor {
     mf_dtype dtype;
     int ndim;
     int64_t shape[MF_MAX_DIMS];
-    const uint8_t *data;   /* points into the mapped file */
+    const uint8_t *data;   /* points into the mapped file (NULL when only the header was read) */
     size_t nbytes;
+    size_t offset;         /* of the data in the file */
 } mf_st_tensor;
 
 typedef struct mf_st_file {
@@ -35,6 +36,9 @@ typedef struct mf_st_file {
  * JSON, every dtype, shape and data range, and that the ranges tile the data
  * region with no gap and no overlap. */
 int mf_st_open(mf_st_file **out, const char *path, mf_error *err);
+/* The same validation from the header alone, read with pread: nothing is
+ * mapped (map.data NULL, map.size the file's size, tensors' data NULL). */
+int mf_st_open_header(mf_st_file **out, const char *path, mf_error *err);
 void mf_st_close(mf_st_file *f);
 const mf_st_tensor *mf_st_find(const mf_st_file *f, const char *name);
 int64_t mf_st_numel(const mf_st_tensor *t);
@@ -70,6 +74,8 @@ int mf_checkpoint_open(mf_checkpoint **out, const char *dir, mf_error *err);
 /* The same without the digest (weights_digest is "" until mf_checkpoint_digest
  * or mf_checkpoint_digest_finish). */
 int mf_checkpoint_open_deferred(mf_checkpoint **out, const char *dir, mf_error *err);
+/* The files' headers only, validated (nothing mapped: tensors' data NULL). */
+int mf_checkpoint_open_headers(mf_checkpoint **out, const char *dir, mf_error *err);
 /* Computes the weights digest now (a no-op when it is known). */
 int mf_checkpoint_digest(mf_checkpoint *c, mf_error *err);
 /* Sets the weights digest from each file's XXH3-128 (hex, c->files order),
@@ -201,6 +207,14 @@ enum { MF_LOAD_DEFER_DIGEST = 1u, MF_LOAD_NO_CONVERT = 2u };
  * weights and biases doubles rounded to `weights`. */
 int mf_model_load(mf_model **out, const char *dir, mf_dtype weights, unsigned flags, mf_error *err);
 void mf_model_free(mf_model *m);
+
+/* What loading a checkpoint for a policy will take, from its headers alone
+ * (nothing allocated): its files' bytes (mapped: address space), the tensors
+ * used in place (resident once touched) and the converted copies. */
+typedef struct mf_model_bytes {
+    uint64_t files, in_place, converted;
+} mf_model_bytes;
+int mf_model_measure(const char *dir, mf_dtype weights, unsigned flags, mf_model_bytes *out, mf_error *err);
 
 /* ---- tokenizer (decoding only) ---------------------------------------- */
 

@@ -5,9 +5,13 @@
  * object of strings. */
 #include "mf_models.h"
 
+#include <errno.h>
+#include <fcntl.h>
 #include <jansson.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 /* Headers larger than this are refused: real checkpoints stay far below. */
 #define MAX_HEADER_BYTES (100u << 20)
@@ -81,26 +85,36 @@ static int parse_tensor(mf_st_tensor *t, const char *name, json_t *v, size_t dat
     return MF_OK;
 }
 
-int mf_st_open(mf_st_file **out, const char *path, mf_error *err) {
+/* Reads the header with pread (nothing mapped): the caller maps the file
+ * afterwards, or never (mf_st_open_header). A FIFO or device is refused
+ * before it can block. */
+static int st_open(mf_st_file **out, const char *path, bool map, mf_error *err) {
     *out = NULL;
     mf_st_file *f = mf_xcalloc(1, sizeof *f);
     f->path = mf_xstrdup(path);
-    int rc = mf_mmap_open(&f->map, path, err);
-    if (rc) {
-        mf_st_close(f);
-        return rc;
-    }
-    const uint8_t *p = f->map.data;
-    size_t size = f->map.size;
+    int rc = MF_OK;
     json_t *root = NULL;
     range *ranges = NULL;
-    if (size < 8) {
+    char *hbuf = NULL;
+    int fd = open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK);
+    struct stat st;
+    if (fd < 0) {
+        rc = mf_fail(err, MF_EIO, "%s: cannot open: %s", path, strerror(errno));
+        goto fail;
+    }
+    if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
+        rc = mf_fail(err, MF_EIO, "%s: not a regular file", path);
+        goto fail;
+    }
+    const size_t size = (size_t)st.st_size;
+    uint8_t lenbuf[8];
+    if (size < 8 || pread(fd, lenbuf, 8, 0) != 8) {
         rc = mf_fail(err, MF_EFORMAT, "%s: not a safetensors file (%zu bytes, shorter than the 8-byte header length)",
                      path, size);
         goto fail;
     }
     uint64_t hlen = 0;
-    for (int i = 7; i >= 0; i--) hlen = (hlen << 8) | p[i];
+    for (int i = 7; i >= 0; i--) hlen = (hlen << 8) | lenbuf[i];
     if (hlen > size - 8) {
         rc = mf_fail(err, MF_EFORMAT, "%s: header length %llu runs past the end of the %zu-byte file", path,
                      (unsigned long long)hlen, size);
@@ -110,19 +124,30 @@ int mf_st_open(mf_st_file **out, const char *path, mf_error *err) {
         rc = mf_fail(err, MF_EFORMAT, "%s: implausible header length %llu", path, (unsigned long long)hlen);
         goto fail;
     }
+    hbuf = mf_xmalloc((size_t)hlen);
+    size_t got = 0;
+    while (got < hlen) {
+        const ssize_t r = pread(fd, hbuf + got, (size_t)hlen - got, (off_t)(8 + got));
+        if (r <= 0) {
+            rc = mf_fail(err, MF_EIO, "%s: reading the header failed: %s", path, r < 0 ? strerror(errno) : "short file");
+            goto fail;
+        }
+        got += (size_t)r;
+    }
+    const uint8_t *p = (const uint8_t *)hbuf - 8;   /* p[8] is the header's first byte */
     if (p[8] != '{') {
         rc = mf_fail(err, MF_EFORMAT, "%s: header is not a JSON object", path);
         goto fail;
     }
     json_error_t jerr;
     /* Trailing spaces pad the header to alignment; jansson accepts them. */
-    root = json_loadb((const char *)p + 8, (size_t)hlen, JSON_REJECT_DUPLICATES, &jerr);
+    root = json_loadb(hbuf, (size_t)hlen, JSON_REJECT_DUPLICATES, &jerr);
     if (!root || !json_is_object(root)) {
         rc = mf_fail(err, MF_EFORMAT, "%s: header is not valid JSON: %s", path, root ? "not an object" : jerr.text);
         goto fail;
     }
-    const uint8_t *data = p + 8 + hlen;
-    size_t data_size = size - 8 - (size_t)hlen;
+    const size_t data_at = 8 + (size_t)hlen;
+    size_t data_size = size - data_at;
     size_t n = json_object_size(root);
     f->tensors = mf_xcalloc(n, sizeof *f->tensors);
     ranges = mf_xcalloc(n, sizeof *ranges);
@@ -149,7 +174,7 @@ int mf_st_open(mf_st_file **out, const char *path, mf_error *err) {
         if ((rc = parse_tensor(t, key, val, data_size, path, err))) goto fail;
         json_t *off = json_object_get(val, "data_offsets");
         size_t b = (size_t)json_integer_value(json_array_get(off, 0));
-        t->data = data + b;
+        t->offset = data_at + b;
         t->name = mf_xstrdup(key);
         ranges[f->count] = (range){b, b + t->nbytes, t->name};
         f->count++;
@@ -170,16 +195,34 @@ int mf_st_open(mf_st_file **out, const char *path, mf_error *err) {
         goto fail;
     }
     qsort(f->tensors, f->count, sizeof *f->tensors, cmp_tensor_name);
+    if (map) {
+        if ((rc = mf_mmap_open(&f->map, path, err))) goto fail;
+        if (f->map.size != size) {
+            rc = mf_fail(err, MF_EIO, "%s: the file changed size while it was opened", path);
+            goto fail;
+        }
+        for (size_t i = 0; i < f->count; i++) f->tensors[i].data = f->map.data + f->tensors[i].offset;
+    } else {
+        f->map.size = size;
+    }
+    free(hbuf);
     free(ranges);
     json_decref(root);
+    close(fd);
     *out = f;
     return MF_OK;
 fail:
+    free(hbuf);
     free(ranges);
     json_decref(root);
+    if (fd >= 0) close(fd);
     mf_st_close(f);
     return rc;
 }
+
+int mf_st_open(mf_st_file **out, const char *path, mf_error *err) { return st_open(out, path, true, err); }
+
+int mf_st_open_header(mf_st_file **out, const char *path, mf_error *err) { return st_open(out, path, false, err); }
 
 const mf_st_tensor *mf_st_find(const mf_st_file *f, const char *name) {
     mf_st_tensor key = {.name = (char *)name};

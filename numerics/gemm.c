@@ -93,11 +93,31 @@ double mf_mat_get(const mf_mat *w, int j, int kk) {
 
 /* ---- panels ------------------------------------------------------------------ */
 
+/* The AVX-512 panel builders (defined below), used by the AVX-512 paths (vec). */
+#ifdef MF_HAVE_X86
+static bool pairs_block16(const uint16_t *w, size_t rs, int jb, int kc, int nr, uint32_t *dst, int *done_k);
+static int f32_block16(const uint16_t *w, size_t rs, int jb, int kc, int nr, float *dst);
+#endif
+
 /* dst[kk * nr + jj] = W(j0 + jj, k0 + kk) for jj < nc, kk < kc; zero for jj >= nc. */
-static void panel_f32(const mf_mat *w, int j0, int nc, int k0, int kc, int nr, float *dst) {
+static void panel_f32(const mf_mat *w, int j0, int nc, int k0, int kc, int nr, float *dst, bool vec) {
     if (nc < nr)
         for (int kk = 0; kk < kc; kk++) memset(dst + (size_t)kk * nr + nc, 0, (size_t)(nr - nc) * sizeof(float));
+    int jfull = 0, kdone = 0;   /* columns [0, jfull) x values [0, kdone) done by the vector builder */
+#ifdef MF_HAVE_X86
+    if (vec && w->dtype == MF_BF16 && w->cs == 1 && nc >= 16) {
+        const uint16_t *base = (const uint16_t *)w->data + (size_t)j0 * w->rs + k0;
+        for (jfull = 0; jfull + 16 <= nc; jfull += 16) kdone = f32_block16(base, w->rs, jfull, kc, nr, dst);
+    }
+#endif
     for (int jj = 0; jj < nc; jj++) {
+        if (jj < jfull && kdone == kc) continue;
+        const int kstart = jj < jfull ? kdone : 0;
+        if (kstart) {   /* the tail of k this column still needs */
+            const uint16_t *s = (const uint16_t *)w->data + (size_t)(j0 + jj) * w->rs + k0;
+            for (int kk = kstart; kk < kc; kk++) dst[(size_t)kk * nr + jj] = mf_bf16_to_f32(s[kk]);
+            continue;
+        }
         const size_t base = (size_t)(j0 + jj) * w->rs + (size_t)k0 * w->cs, cs = w->cs;
         float *d = dst + jj;
         switch (w->dtype) {
@@ -125,7 +145,8 @@ static void panel_f32(const mf_mat *w, int j0, int nc, int k0, int kc, int nr, f
     }
 }
 
-static void panel_f64(const mf_mat *w, int j0, int nc, int k0, int kc, int nr, double *dst) {
+static void panel_f64(const mf_mat *w, int j0, int nc, int k0, int kc, int nr, double *dst, bool vec) {
+    (void)vec;
     if (nc < nr)
         for (int kk = 0; kk < kc; kk++) memset(dst + (size_t)kk * nr + nc, 0, (size_t)(nr - nc) * sizeof(double));
     for (int jj = 0; jj < nc; jj++) {
@@ -175,17 +196,27 @@ static inline int32_t dp_bits_of(double v) {
 /* The pair panel of vdpbf16ps: dst[(kk / 2) * nr + jj] = W(k0 + kk) << 16 |
  * W(k0 + kk + 1) of column j0 + jj (zeros past nc and past k). False when a
  * value is not a dp-safe bf16. */
-static bool panel_pairs(const mf_mat *w, int j0, int nc, int k0, int kc, int kend, int nr, uint32_t *dst) {
+static bool panel_pairs(const mf_mat *w, int j0, int nc, int k0, int kc, int kend, int nr, uint32_t *dst, bool vec) {
     const int pairs = (kc + 1) / 2;
     if (nc < nr)
         for (int p = 0; p < pairs; p++) memset(dst + (size_t)p * nr + nc, 0, (size_t)(nr - nc) * sizeof(uint32_t));
+    int jfull = 0, kdone = 0;   /* columns [0, jfull) x values [0, kdone) done by the vector builder */
+#ifdef MF_HAVE_X86
+    if (vec && w->dtype == MF_BF16 && w->cs == 1 && nc >= 16) {
+        const uint16_t *base = (const uint16_t *)w->data + (size_t)j0 * w->rs + k0;
+        const int kv = kend - k0 < kc ? kend - k0 : kc;   /* values of k that exist */
+        for (jfull = 0; jfull + 16 <= nc; jfull += 16)
+            if (!pairs_block16(base, w->rs, jfull, kv, nr, dst, &kdone)) return false;
+    }
+#endif
     for (int jj = 0; jj < nc; jj++) {
         const size_t base = (size_t)(j0 + jj) * w->rs + (size_t)k0 * w->cs, cs = w->cs;
         uint32_t *d = dst + jj;
+        const int pstart = jj < jfull ? kdone / 2 : 0;
         if (w->dtype == MF_BF16) {
             const uint16_t *s = (const uint16_t *)w->data + base;
             unsigned bad = 0;
-            for (int p = 0; p < pairs; p++) {
+            for (int p = pstart; p < pairs; p++) {
                 const int kk = 2 * p;
                 const uint16_t hi = s[(size_t)kk * cs], lo = k0 + kk + 1 < kend ? s[(size_t)(kk + 1) * cs] : 0;
                 bad |= !dp_safe(hi) | !dp_safe(lo);
@@ -194,7 +225,7 @@ static bool panel_pairs(const mf_mat *w, int j0, int nc, int k0, int kc, int ken
             if (bad) return false;
             continue;
         }
-        for (int p = 0; p < pairs; p++) {
+        for (int p = pstart; p < pairs; p++) {
             const int kk = 2 * p;
             const int32_t hi = dp_bits_of(mf_load_as_f64(w->data, w->dtype, base + (size_t)kk * cs));
             const int32_t lo = k0 + kk + 1 < kend ? dp_bits_of(mf_load_as_f64(w->data, w->dtype, base + (size_t)(kk + 1) * cs)) : 0;
@@ -204,6 +235,74 @@ static bool panel_pairs(const mf_mat *w, int j0, int nc, int k0, int kc, int ken
     }
     return true;
 }
+
+/* ---- vectorised panels of bf16 rows (the weights' usual form) ------------- */
+
+#ifdef MF_HAVE_X86
+/* r[16] rows of 16 dwords -> r[p] = {row 0 element p, ..., row 15 element p} */
+__attribute__((target("avx512f"))) static inline void transpose16(__m512i r[16]) {
+    __m512i t[16], u[16];
+    for (int i = 0; i < 16; i += 2) {
+        t[i] = _mm512_unpacklo_epi32(r[i], r[i + 1]);
+        t[i + 1] = _mm512_unpackhi_epi32(r[i], r[i + 1]);
+    }
+    for (int g = 0; g < 4; g++) {   /* u[4g + c]: rows 4g..4g+3 at element 4 lane + c */
+        u[4 * g + 0] = _mm512_unpacklo_epi64(t[4 * g], t[4 * g + 2]);
+        u[4 * g + 1] = _mm512_unpackhi_epi64(t[4 * g], t[4 * g + 2]);
+        u[4 * g + 2] = _mm512_unpacklo_epi64(t[4 * g + 1], t[4 * g + 3]);
+        u[4 * g + 3] = _mm512_unpackhi_epi64(t[4 * g + 1], t[4 * g + 3]);
+    }
+    for (int c = 0; c < 4; c++) {
+        const __m512i v0 = _mm512_shuffle_i32x4(u[c], u[4 + c], 0x88), v1 = _mm512_shuffle_i32x4(u[c], u[4 + c], 0xdd);
+        const __m512i w0 = _mm512_shuffle_i32x4(u[8 + c], u[12 + c], 0x88);
+        const __m512i w1 = _mm512_shuffle_i32x4(u[8 + c], u[12 + c], 0xdd);
+        r[c] = _mm512_shuffle_i32x4(v0, w0, 0x88);
+        r[8 + c] = _mm512_shuffle_i32x4(v0, w0, 0xdd);
+        r[4 + c] = _mm512_shuffle_i32x4(v1, w1, 0x88);
+        r[12 + c] = _mm512_shuffle_i32x4(v1, w1, 0xdd);
+    }
+}
+
+/* The pair panel of 16-row by 32-value blocks of bf16 rows: what panel_pairs
+ * computes, with the values' safety checked 32 at a time. Returns the number
+ * of values of k done (a multiple of 32) through *done_k, false when a value
+ * is not dp-safe. Columns jb .. jb + 15 of the panel. */
+__attribute__((target("avx512f,avx512bw"))) static bool pairs_block16(const uint16_t *w, size_t rs, int jb, int kc,
+                                                                      int nr, uint32_t *dst, int *done_k) {
+    __mmask32 bad = 0;
+    const __m512i mag = _mm512_set1_epi16(0x7fff), lo = _mm512_set1_epi16(72 << 7), hi = _mm512_set1_epi16(0x7f80);
+    int kk = 0;
+    for (; kk + 32 <= kc; kk += 32) {
+        __m512i r[16];
+        for (int j = 0; j < 16; j++) {
+            const __m512i v = _mm512_loadu_si512(w + (size_t)(jb + j) * rs + kk);
+            const __m512i a = _mm512_and_si512(v, mag);
+            bad |= _mm512_test_epi16_mask(a, a) & (_mm512_cmplt_epu16_mask(a, lo) | _mm512_cmpge_epu16_mask(a, hi));
+            r[j] = _mm512_rol_epi32(v, 16);   /* element k to the high half, k + 1 to the low */
+        }
+        transpose16(r);
+        for (int p = 0; p < 16; p++) _mm512_storeu_si512(dst + (size_t)(kk / 2 + p) * nr + jb, r[p]);
+    }
+    *done_k = kk;
+    return !bad;
+}
+
+/* The fp32 panel of 16-row by 16-value blocks of bf16 rows (widened). */
+__attribute__((target("avx512f"))) static int f32_block16(const uint16_t *w, size_t rs, int jb, int kc, int nr,
+                                                          float *dst) {
+    int kk = 0;
+    for (; kk + 16 <= kc; kk += 16) {
+        __m512i r[16];
+        for (int j = 0; j < 16; j++)
+            r[j] = _mm512_slli_epi32(
+                _mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)(const void *)(w + (size_t)(jb + j) * rs + kk))),
+                16);
+        transpose16(r);
+        for (int t = 0; t < 16; t++) _mm512_storeu_si512(dst + (size_t)(kk + t) * nr + jb, r[t]);
+    }
+    return kk;
+}
+#endif
 
 /* ---- kernels: acc[mr][NR] += A[mr, kc] . panel, one fma chain per element --- */
 
@@ -484,13 +583,13 @@ static plan make_plan(int m, int n, int nr, int mr, int threads) {
 #define DEFINE_GROUP(NAME, T, PANEL)                                                                                   \
     static void NAME(const mf_mat *w, int j0, int nc, int r0, int r1, const T *a, size_t lda, T *c, size_t ldc,    \
                      mf_tri tri, int kc_max, int nr, int mr_max, T *panel,                                          \
-                     void (*kern)(int, int, const T *, size_t, const T *, T *)) {                                   \
+                     void (*kern)(int, int, const T *, size_t, const T *, T *), bool vec) {                         \
         const int k = w->k;                                                                                         \
         T acc[MR_WIDE * 32];                                                                                        \
         for (int k0 = 0; k0 < k || k0 == 0; k0 += kc_max) {                                                         \
             const int kc = k - k0 < kc_max ? k - k0 : kc_max;                                                       \
             if (tri == MF_TRI_K && k0 > 0 && k0 >= r1) break;                                                       \
-            if (kc > 0) PANEL(w, j0, nc, k0, kc, nr, panel);                                                        \
+            if (kc > 0) PANEL(w, j0, nc, k0, kc, nr, panel, vec);                                                   \
             for (int i0 = r0; i0 < r1; i0 += mr_max) {                                                              \
                 const int mr = r1 - i0 < mr_max ? r1 - i0 : mr_max;                                                 \
                 if (tri == MF_TRI_COLS && j0 > i0 + mr - 1) continue;                                               \
@@ -528,8 +627,8 @@ static void group_dp(const mf_mat *w, int j0, int nc, int r0, int r1, const floa
     for (int k0 = 0; k0 < k; k0 += kc_max) {
         const int kc = k - k0 < kc_max ? k - k0 : kc_max;
         if (tri == MF_TRI_K && k0 > 0 && k0 >= r1) break;
-        if (pairs_ok) pairs_ok = panel_pairs(w, j0, nc, k0, kc, k, nr, pp);
-        if (!pairs_ok) panel_f32(w, j0, nc, k0, kc, nr, pf);
+        if (pairs_ok) pairs_ok = panel_pairs(w, j0, nc, k0, kc, k, nr, pp, true);
+        if (!pairs_ok) panel_f32(w, j0, nc, k0, kc, nr, pf, true);
         for (int i0 = r0; i0 < r1; i0 += MR_WIDE) {
             const int mr = r1 - i0 < MR_WIDE ? r1 - i0 : MR_WIDE;
             if (tri == MF_TRI_COLS && j0 > i0 + mr - 1) continue;
@@ -611,7 +710,7 @@ void mf_gemm_f32(int m, const float *a, size_t lda, const mf_mat *w, float *c, s
             const int r0 = ch * pl.chunk_rows, r1 = r0 + pl.chunk_rows < m ? r0 + pl.chunk_rows : m;
             if (r0 >= r1) continue;
             if (a2) group_dp(w, j0, nc, r0, r1, a, lda, a2, lda2, c, ldc, tri, kc, pp, panel);
-            else group_f32(w, j0, nc, r0, r1, a, lda, c, ldc, tri, kc, nr, mr, panel, kern);
+            else group_f32(w, j0, nc, r0, r1, a, lda, c, ldc, tri, kc, nr, mr, panel, kern, wide);
         }
         free(panel);
         free(pp);
@@ -644,7 +743,7 @@ void mf_gemm_f64(int m, const double *a, size_t lda, const mf_mat *w, double *c,
             const int j0 = g * nr, nc = n - j0 < nr ? n - j0 : nr;
             const int r0 = ch * pl.chunk_rows, r1 = r0 + pl.chunk_rows < m ? r0 + pl.chunk_rows : m;
             if (r0 >= r1) continue;
-            group_f64(w, j0, nc, r0, r1, a, lda, c, ldc, tri, kc, nr, mr, panel, kern);
+            group_f64(w, j0, nc, r0, r1, a, lda, c, ldc, tri, kc, nr, mr, panel, kern, wide);
         }
         free(panel);
     }

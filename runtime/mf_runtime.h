@@ -36,6 +36,13 @@ typedef struct mf_seq_result {
  * policy's weight dtype, packed for its compute type). */
 int mf_runtime_load(mf_model **out, const char *dir, const mf_precision *prec, mf_error *err);
 
+/* Upper bounds of what one T-token sequence allocates at its peak, beside
+ * the weights: on the CPU (activations, per-thread scratch, the result and
+ * the run writer's copy), and on the host of a GPU run (pinned buffers, the
+ * result). For the memory check before a model is loaded. */
+uint64_t mf_forward_cpu_bytes(const mf_config *c, int T, int threads, bool router_in);
+uint64_t mf_forward_gpu_host_bytes(const mf_config *c, int T);
+
 int mf_forward_cpu(const mf_model *m, const mf_run_opts *o, const int32_t *tokens, int T, mf_seq_result *r,
                    mf_error *err);
 void mf_seq_result_free(mf_seq_result *r);

@@ -22,6 +22,30 @@ int mf_trace_check(const mf_trace_opts *o, mf_precision *prec, mf_numerics *num,
     return MF_OK;
 }
 
+/* Whether the trace fits this machine, from the checkpoint's headers and the
+ * longest sequence, before anything is allocated: the weights used in place
+ * (resident once touched) and converted, and a sequence's activations; the
+ * address space for the mapped files too. A GPU's own memory is checked when
+ * it is opened. */
+static int trace_fits(const char *dir, const mf_config *cfg, const mf_precision *prec, unsigned flags, bool on_gpu,
+                      int max_T, int threads, bool router_in, mf_error *err) {
+    mf_model_bytes mb;
+    int rc = mf_model_measure(dir, prec->weights, flags, &mb, err);
+    if (rc) return rc;
+    char what[4600];
+    if (on_gpu) {
+        const uint64_t host = mf_forward_gpu_host_bytes(cfg, max_T);
+        snprintf(what, sizeof what, "%s: a %d-token %s trace on a GPU (host side)", dir, max_T, prec->name);
+        return mf_mem_check(host, 0, what, err);
+    }
+    const uint64_t act = mf_forward_cpu_bytes(cfg, max_T, threads, router_in);
+    const uint64_t slack = (256u << 20) + (uint64_t)threads * (72u << 20);   /* stacks, malloc arenas */
+    snprintf(what, sizeof what, "%s: a %d-token %s trace (weights %.2f GiB in place + %.2f GiB converted, "
+             "activations %.2f GiB)", dir, max_T, prec->name, (double)mb.in_place / (1u << 30),
+             (double)mb.converted / (1u << 30), (double)act / (1u << 30));
+    return mf_mem_check(mb.in_place + mb.converted + act, mb.files + mb.converted + act + slack, what, err);
+}
+
 int mf_trace(const mf_trace_opts *o, mf_error *err) {
     mf_precision prec;
     mf_numerics numerics;
@@ -38,6 +62,10 @@ int mf_trace(const mf_trace_opts *o, mf_error *err) {
     mf_record record = mf_record_default(cfg.vocab);
     if (o->record && mf_record_parse(o->record, &record))
         return mf_fail(err, MF_EINVAL, "--record takes routing, topk, logits or full");
+    /* a run in the way is said before minutes of loading, not after */
+    char manifest[4200];
+    if (!o->resume && mf_path_join(manifest, sizeof manifest, o->out, "manifest.json") && mf_path_exists(manifest))
+        return mf_fail(err, MF_EINVAL, "%s: a run is already there (use --resume to continue it, or another --out)", o->out);
     mf_prompts prompts;
     if ((rc = mf_prompts_load(&prompts, o->input, cfg.vocab, err))) return rc;
     mf_model *model = NULL;
@@ -52,9 +80,11 @@ int mf_trace(const mf_trace_opts *o, mf_error *err) {
     int max_T = 0;
     for (size_t i = 0; i < prompts.n; i++) max_T = prompts.seq[i].T > max_T ? prompts.seq[i].T : max_T;
     /* a GPU reads the files once, hashing them as it uploads them, and converts on the device */
-    if ((rc = mf_model_load(&model, o->model_dir, prec.weights,
-                            mf_device_is_gpu(device) ? MF_LOAD_DEFER_DIGEST | MF_LOAD_NO_CONVERT : 0, err)))
+    const bool on_gpu = mf_device_is_gpu(device);
+    const unsigned flags = on_gpu ? MF_LOAD_DEFER_DIGEST | MF_LOAD_NO_CONVERT : 0;
+    if ((rc = trace_fits(o->model_dir, &cfg, &prec, flags, on_gpu, max_T, threads, record == MF_RECORD_FULL, err)))
         goto done;
+    if ((rc = mf_model_load(&model, o->model_dir, prec.weights, flags, err))) goto done;
     if (mf_device_is_gpu(device) && (rc = mf_gpu_open(&gpu, device, model, &prec, &numerics, max_T, err))) goto done;
     mf_run_info info = {o->model_dir, model, &prec, device, numerics.name, threads, record, o->input, &prompts,
                         o->shard_seqs, NULL, NULL, NULL, gpu ? mf_gpu_describe(gpu) : NULL};

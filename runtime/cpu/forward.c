@@ -191,18 +191,31 @@ static void moe(const fwd *f, mf_dtype D, mf_dtype DR, const mf_layer *L, const 
     mf_dispatch d;
     mf_dispatch_build(&d, ids, T, K, E);
     double *y = mf_xmalloc((size_t)T * K * H * sizeof(double));
-    double *xe = mf_xmalloc((size_t)T * H * sizeof(double));
-    for (int e = 0; e < E; e++) {
-        const int n = d.offset[e + 1] - d.offset[e];
-        if (!n) continue;
-        for (int i = 0; i < n; i++)
-            memcpy(xe + (size_t)i * H, x + (size_t)d.token[d.offset[e] + i] * H, (size_t)H * sizeof(double));
-        mf_ffn ffn = {&L->exp_gate[e], &L->exp_up[e], &L->exp_down[e], c->act};
-        mf_ffn_apply(&mm, &ffn, D, xe, n, y + (size_t)d.offset[e] * H);
+    /* With enough experts at work each thread takes whole experts (one
+     * product after another, no barrier between them); with few, each
+     * product is shared. Either way every expert's rows are computed alike. */
+    int active = 0;
+    for (int e = 0; e < E; e++) active += d.offset[e + 1] > d.offset[e];
+    const int threads = f->o->threads;
+    const bool by_expert = threads > 1 && active >= 4 * threads;
+    mf_mm mme = mm;
+    if (by_expert) mme.threads = 1;
+#pragma omp parallel num_threads(by_expert ? threads : 1)
+    {
+        double *xe = mf_xmalloc((size_t)T * H * sizeof(double));
+#pragma omp for schedule(dynamic, 1)
+        for (int e = 0; e < E; e++) {
+            const int n = d.offset[e + 1] - d.offset[e];
+            if (!n) continue;
+            for (int i = 0; i < n; i++)
+                memcpy(xe + (size_t)i * H, x + (size_t)d.token[d.offset[e] + i] * H, (size_t)H * sizeof(double));
+            mf_ffn ffn = {&L->exp_gate[e], &L->exp_up[e], &L->exp_down[e], c->act};
+            mf_ffn_apply(&mme, &ffn, D, xe, n, y + (size_t)d.offset[e] * H);
+        }
+        free(xe);
     }
     mf_combine_spec cs = {wdt == D ? D : f->O, f->O, D};
     mf_combine(&cs, &d, y, H, w, out);
-    free(xe);
     free(y);
     mf_dispatch_free(&d);
     if (c->has_shared_expert) {
@@ -255,6 +268,31 @@ void mf_seq_results_digest(const mf_seq_result *r, size_t n, char out[MF_SEQ_DIG
         if (r[s].shared_gate) mf_digest_update(d[4], r[s].shared_gate, slots * sizeof(double));
     }
     for (int i = 0; i < MF_SEQ_DIGESTS; i++) mf_digest_final(d[i], out[i]);
+}
+
+static uint64_t umax(uint64_t a, uint64_t b) { return a > b ? a : b; }
+
+uint64_t mf_forward_cpu_bytes(const mf_config *c, int T_, int threads, bool router_in) {
+    const uint64_t T = (uint64_t)(T_ > 0 ? T_ : 1), H = c->hidden, V = c->vocab, hd = c->head_dim;
+    const uint64_t nq = (uint64_t)c->n_heads * hd, nk = (uint64_t)c->n_kv_heads * hd, th = threads > 0 ? threads : 1;
+    const uint64_t E = c->n_experts > 0 ? c->n_experts : 1, K = c->top_k > 0 ? c->top_k : 1, nm = c->n_moe_layers;
+    const uint64_t I = umax(umax(c->intermediate, c->moe_intermediate), c->shared_intermediate);
+    const uint64_t result = T * V * 8 + nm * T * (E * 8 + K * 10 + 8) + (router_in ? nm * T * H * 8 : 0);
+    const uint64_t stream = 3 * T * H * 8 + 2 * T * hd * 8;
+    const uint64_t attn = T * (2 * nq + 2 * nk) * 8 + th * T * T * 8 + T * umax(nq, H) * 8;
+    const uint64_t ffn = th * (T * I * 16 + T * umax(I, H) * 8) + T * K * H * 8 + th * T * H * 8;
+    const uint64_t head = T * H * 4 + T * V * 4;
+    /* the run writer keeps a shard of up to 64 MB and a copy of the sequence's record */
+    return result + stream + umax(umax(attn, ffn), head) + result + (64u << 20);
+}
+
+uint64_t mf_forward_gpu_host_bytes(const mf_config *c, int T_) {
+    const uint64_t T = (uint64_t)(T_ > 0 ? T_ : 1), V = c->vocab, nm = c->n_moe_layers;
+    const uint64_t E = c->n_experts > 0 ? c->n_experts : 1, K = c->top_k > 0 ? c->top_k : 1;
+    const uint64_t route = nm * T * (E + K + 1) * 4 + nm * T * K * 2;
+    const uint64_t result = T * V * 8 + nm * T * (E * 8 + K * 10 + 8);
+    /* pinned: the upload's staging slots, the logits and the routing; then the result and the writer's copy */
+    return ((uint64_t)6 * (32u << 20)) + T * V * 4 + route + 2 * result + (64u << 20);
 }
 
 int mf_runtime_load(mf_model **out, const char *dir, const mf_precision *prec, mf_error *err) {
