@@ -84,17 +84,20 @@ int mf_trace(const mf_trace_opts *o, mf_error *err) {
     const unsigned flags = on_gpu ? MF_LOAD_DEFER_DIGEST | MF_LOAD_NO_CONVERT : 0;
     if ((rc = trace_fits(o->model_dir, &cfg, &prec, flags, on_gpu, max_T, threads, record == MF_RECORD_FULL, err)))
         goto done;
+    const double t_load = mf_now();
     if ((rc = mf_model_load(&model, o->model_dir, prec.weights, flags, err))) goto done;
     if (mf_device_is_gpu(device) && (rc = mf_gpu_open(&gpu, device, model, &prec, &numerics, max_T, err))) goto done;
     mf_run_info info = {o->model_dir, model, &prec, device, numerics.name, threads, record, o->input, &prompts,
                         o->shard_seqs, NULL, NULL, NULL, gpu ? mf_gpu_describe(gpu) : NULL};
     if ((rc = mf_run_create(&w, o->out, &info, o->resume, err))) goto done;
+    const double load_s = mf_now() - t_load;
     mf_run_opts ro = {prec, threads, record == MF_RECORD_FULL, &numerics};
     uint64_t total = 0, done_tokens = 0, computed = 0;
     for (size_t i = 0; i < prompts.n; i++) total += (uint64_t)prompts.seq[i].T;
     mf_progress bar;
     mf_progress_begin(&bar, o->label ? o->label : "trace", total);
     const double t0 = mf_now();
+    double forward_s = 0;
     for (size_t i = 0; i < prompts.n; i++) {
         const mf_prompt *p = &prompts.seq[i];
         if (mf_run_writer_has(w, p->id)) {
@@ -102,7 +105,9 @@ int mf_trace(const mf_trace_opts *o, mf_error *err) {
             continue;
         }
         mf_seq_result r;
+        const double tf = mf_now();
         rc = gpu ? mf_gpu_forward(gpu, p->tokens, p->T, MF_GPU_ALL, &r, err) : mf_forward_cpu(model, &ro, p->tokens, p->T, &r, err);
+        forward_s += mf_now() - tf;
         if (rc) {
             mf_fail_wrap(err, "sequence %s", p->id);
             break;
@@ -118,10 +123,11 @@ int mf_trace(const mf_trace_opts *o, mf_error *err) {
     if (!rc) rc = mf_run_writer_close(w, err);
     if (!rc && !o->silent) {
         const double secs = mf_now() - t0;
-        mf_log("moeflip: wrote %s: %zu sequences, %llu tokens (%llu computed in %.3f s, %.0f tokens/s), %s, %s on %s",
+        mf_log("moeflip: wrote %s: %zu sequences, %llu tokens (%llu computed in %.3f s, %.0f tokens/s; the forward "
+               "passes %.3f s, %.0f tokens/s; writing the run %.3f s); model loaded in %.2f s; %s, %s on %s",
                o->out, mf_run_writer_done(w), (unsigned long long)total, (unsigned long long)computed, secs,
-               secs > 0 ? (double)computed / secs : 0.0, prec.name, numerics.name,
-               gpu ? mf_gpu_describe(gpu) : "cpu");
+               secs > 0 ? (double)computed / secs : 0.0, forward_s, forward_s > 0 ? (double)computed / forward_s : 0.0,
+               secs - forward_s, load_s, prec.name, numerics.name, gpu ? mf_gpu_describe(gpu) : "cpu");
     }
 done:
     mf_run_writer_free(w);

@@ -542,8 +542,17 @@ int GPU_FN(gpu_open)(void **out, int device, mf_model *m, const mf_precision *pr
             goto done;
         }
     }
+    const double t_up = mf_now();
     if ((rc = GPU_FN(weights_upload)(G, err))) goto done;
-    if (max_T > 0) rc = warm_up(G, max_T, err);
+    const double up_s = mf_now() - t_up, t_warm = mf_now();
+    if (max_T > 0 && (rc = warm_up(G, max_T, err))) goto done;
+    {
+        size_t free_b = 0, total_b = 0;
+        if (!GPU_FN(mem_info)(G->ctx, &free_b, &total_b, msg, sizeof msg))
+            mf_log("moeflip: %s: weights %.2f GiB uploaded in %.2f s (%.1f GB/s), warm-up %.2f s; %.2f GiB of the GPU in "
+                   "use", G->desc, gib(G->weight_bytes), up_s, up_s > 0 ? (double)mf_checkpoint_bytes(m->ckpt) / up_s / 1e9 : 0.0,
+                   mf_now() - t_warm, gib(total_b - free_b));
+    }
 done:
     if (rc) {
         GPU_FN(gpu_close)(G);
