@@ -168,6 +168,16 @@ static inline double mf_round_to(mf_dtype t, double x) {
     }
 }
 
+/* The same for an fp32 value, as a float: mf_round_to(t, x) exactly (BF16 by
+ * its bits, nearest even; tests/test_dtype.c checks the two agree). */
+static inline float mf_roundf_to(mf_dtype t, float x) {
+    switch (t) {
+    case MF_BF16: return mf_bf16_to_f32(mf_f32_to_bf16(x));
+    case MF_F16: return (float)mf_round_f16(x);
+    default: return x;
+    }
+}
+
 /* Reads element i of a raw buffer of float dtype t as double (exact). */
 double mf_load_as_f64(const void *buf, mf_dtype t, size_t i);
 /* Stores x into element i of a buffer of float dtype t (RNE). */

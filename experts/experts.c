@@ -69,3 +69,44 @@ void mf_combine(const mf_combine_spec *spec, const mf_dispatch *d, const double 
         }
     }
 }
+
+/* The fp32 forms (activations held as floats; policies whose opmath is fp32):
+ * the same roundings, each product of two fp32 values exact in double and so
+ * equal to the float product, the activation computed in double as above. */
+void mf_ffn_apply_f32(const mf_mm *mm, const mf_ffn *f, mf_dtype act_dtype, const float *x, int M, float *y) {
+    const int I = f->gate->out;
+    float *g = mf_xmalloc((size_t)M * I * sizeof(float));
+    float *u = mf_xmalloc((size_t)M * I * sizeof(float));
+    mf_mm m = *mm;
+    m.out = act_dtype;
+    mf_linear_apply_f32(&m, f->gate, x, M, g);
+    mf_linear_apply_f32(&m, f->up, x, M, u);
+#pragma omp parallel for num_threads(mm->threads) if (mm->threads > 1 && (size_t)M * I >= 8192)
+    for (size_t i = 0; i < (size_t)M * I; i++) {
+        const float a = (float)mf_round_to(act_dtype, mf_act_apply(f->act, g[i]));
+        g[i] = mf_roundf_to(act_dtype, a * u[i]);
+    }
+    mf_linear_apply_f32(&m, f->down, g, M, y);
+    free(g);
+    free(u);
+}
+
+void mf_combine_f32(const mf_combine_spec *spec, const mf_dispatch *d, const float *y, int H, const double *w,
+                    float *out) {
+    const int T = d->n_tokens, k = d->top_k;
+#pragma omp parallel for if ((size_t)T * H * k >= 65536)
+    for (int t = 0; t < T; t++) {
+        float *o = out + (size_t)t * H;
+        float wt[k];   /* the weights, fp32 values (applied in fp32 or the activations' dtype) */
+        const int kk = k;
+        for (int s = 0; s < kk; s++) wt[s] = (float)w[t * k + s];
+        for (int h = 0; h < H; h++) {
+            float acc = 0;
+            for (int s = 0; s < kk; s++) {
+                const float p = mf_roundf_to(spec->product, y[(size_t)d->row_of[t * k + s] * H + h] * wt[s]);
+                acc = mf_roundf_to(spec->sum, acc + p);
+            }
+            o[h] = mf_roundf_to(spec->out, acc);
+        }
+    }
+}

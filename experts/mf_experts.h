@@ -42,4 +42,9 @@ typedef struct mf_combine_spec {
 void mf_combine(const mf_combine_spec *spec, const mf_dispatch *d, const double *y, int H, const double *w,
                 double *out);
 
+/* The same over fp32 activations (policies whose opmath is fp32). */
+void mf_ffn_apply_f32(const mf_mm *mm, const mf_ffn *f, mf_dtype act_dtype, const float *x, int M, float *y);
+void mf_combine_f32(const mf_combine_spec *spec, const mf_dispatch *d, const float *y, int H, const double *w,
+                    float *out);
+
 #endif

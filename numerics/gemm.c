@@ -657,8 +657,9 @@ static void group_dp(const mf_mat *w, int j0, int nc, int r0, int r1, const floa
 }
 
 /* A as swapped bf16 pairs, when every value is a dp-safe bf16: false otherwise. */
-static bool pack_a_pairs(int m, int k, const float *a, size_t lda, uint32_t *dst, size_t lda2) {
+static bool pack_a_pairs(int m, int k, const float *a, size_t lda, uint32_t *dst, size_t lda2, int threads) {
     unsigned bad = 0;
+#pragma omp parallel for schedule(static) reduction(| : bad) num_threads(threads) if (threads > 1 && (size_t)m * k >= 65536)
     for (int i = 0; i < m; i++) {
         const float *src = a + (size_t)i * lda;
         uint32_t *d = dst + (size_t)i * lda2;
@@ -668,9 +669,8 @@ static bool pack_a_pairs(int m, int k, const float *a, size_t lda, uint32_t *dst
             bad |= !dp_safe((uint16_t)(hi >> 16)) | !dp_safe((uint16_t)(lo >> 16));
             d[kk / 2] = (hi & 0xffff0000u) | lo >> 16;
         }
-        if (bad) return false;
     }
-    return true;
+    return !bad;
 }
 
 void mf_gemm_f32(int m, const float *a, size_t lda, const mf_mat *w, float *c, size_t ldc, int threads, mf_tri tri) {
@@ -692,7 +692,7 @@ void mf_gemm_f32(int m, const float *a, size_t lda, const mf_mat *w, float *c, s
     const size_t lda2 = (size_t)(k + 1) / 2;
     if (path == MF_GEMM_PATH_AVX512BF16 && k >= 2) {
         a2 = mf_xmalloc((size_t)m * lda2 * sizeof(uint32_t));
-        if (!pack_a_pairs(m, k, a, lda, a2, lda2)) {
+        if (!pack_a_pairs(m, k, a, lda, a2, lda2, par ? threads : 1)) {
             free(a2);
             a2 = NULL;
         }

@@ -17,9 +17,9 @@ void mf_linear_free(mf_linear *L) {
 
 /* The product as a vendor's instruction computes it: operands to their bit
  * patterns (exact: they hold bf16 or f16 values), the emulated GEMM over
- * blocks of W's columns, fp32 results. */
-static void emulate(const mf_kschedule *ks, const mf_mm *mm, const double *a, int M, size_t lda, const mf_mat *b,
-                    float *cf) {
+ * blocks of W's columns, fp32 results. A is doubles (ad) or floats (af). */
+static void emulate(const mf_kschedule *ks, const mf_mm *mm, const double *ad, const float *af, int M, size_t lda,
+                    const mf_mat *b, float *cf) {
     const int N = b->n, K = b->k;
     const bool bf = ks->instr.a_fmt == MF_FMT_BF16;
     const int nb = N < EMU_COLS ? N : EMU_COLS;
@@ -27,7 +27,7 @@ static void emulate(const mf_kschedule *ks, const mf_mm *mm, const double *a, in
     uint64_t *C = mf_xmalloc((size_t)M * nb * sizeof(uint64_t));
     for (int i = 0; i < M; i++)
         for (int k = 0; k < K; k++) {
-            double v = a[(size_t)i * lda + k];
+            double v = ad ? ad[(size_t)i * lda + k] : af[(size_t)i * lda + k];
             A[(size_t)i * K + k] = bf ? mf_f64_to_bf16(v) : mf_f64_to_f16(v);
         }
     for (int j0 = 0; j0 < N; j0 += nb) {
@@ -47,6 +47,38 @@ static void emulate(const mf_kschedule *ks, const mf_mm *mm, const double *a, in
     free(A);
     free(B);
     free(C);
+}
+
+/* epilogue: the fp32 sums (+ bias in fp32), then one rounding to the output
+ * dtype, into rows of doubles (cd) or floats (cs) */
+static void epilogue(const mf_mm *mm, float *cf, int M, int N, const double *bias, double *cd, float *cs, size_t ldc,
+                     bool par) {
+    const mf_dtype out = mm->out;
+#pragma omp parallel for num_threads(mm->threads) if (par)
+    for (int i = 0; i < M; i++) {
+        float *ci = cf + (size_t)i * N;
+        if (bias)
+            for (int j = 0; j < N; j++) ci[j] = ci[j] + (float)bias[j];
+        if (cs) {
+            float *co = cs + (size_t)i * ldc;
+            if (out == MF_BF16) {
+                for (int j = 0; j < N; j++) co[j] = mf_bf16_to_f32(mf_f32_to_bf16(ci[j]));
+            } else if (out == MF_F32 || out == MF_F64) {
+                if (co != ci) memcpy(co, ci, (size_t)N * sizeof(float));
+            } else {
+                for (int j = 0; j < N; j++) co[j] = (float)mf_round_to(out, ci[j]);
+            }
+            continue;
+        }
+        double *co = cd + (size_t)i * ldc;
+        if (out == MF_BF16) {
+            for (int j = 0; j < N; j++) co[j] = mf_bf16_to_f32(mf_f32_to_bf16(ci[j]));
+        } else if (out == MF_F32 || out == MF_F64) {
+            for (int j = 0; j < N; j++) co[j] = ci[j];
+        } else {
+            for (int j = 0; j < N; j++) co[j] = mf_round_to(out, ci[j]);
+        }
+    }
 }
 
 static void run(const mf_mm *mm, const double *a, int M, size_t lda, const mf_mat *b, const double *bias, double *c,
@@ -71,7 +103,7 @@ static void run(const mf_mm *mm, const double *a, int M, size_t lda, const mf_ma
     const bool par = mm->threads > 1 && (size_t)M * (K + N) >= (1u << 15);
     const mf_kschedule *ks = mm->numerics ? mf_numerics_schedule(mm->numerics, mm->in) : NULL;
     if (ks) {
-        emulate(ks, mm, a, M, lda, b, cf);
+        emulate(ks, mm, a, NULL, M, lda, b, cf);
     } else {
 #pragma omp parallel for num_threads(mm->threads) if (par)
         for (int i = 0; i < M; i++)
@@ -79,23 +111,30 @@ static void run(const mf_mm *mm, const double *a, int M, size_t lda, const mf_ma
         if (tri == MF_TRI_COLS) memset(cf, 0, (size_t)M * N * sizeof(float));
         mf_gemm_f32(M, af, (size_t)K, b, cf, (size_t)N, mm->threads, tri);
     }
-    /* epilogue: fp32 sum (+ bias in fp32), then one rounding to the output dtype */
-    const mf_dtype out = mm->out;
-#pragma omp parallel for num_threads(mm->threads) if (par)
-    for (int i = 0; i < M; i++) {
-        float *ci = cf + (size_t)i * N;
-        double *co = c + (size_t)i * ldc;
-        if (bias)
-            for (int j = 0; j < N; j++) ci[j] = ci[j] + (float)bias[j];
-        if (out == MF_BF16) {
-            for (int j = 0; j < N; j++) co[j] = mf_bf16_to_f32(mf_f32_to_bf16(ci[j]));
-        } else if (out == MF_F32 || out == MF_F64) {
-            for (int j = 0; j < N; j++) co[j] = ci[j];
-        } else {
-            for (int j = 0; j < N; j++) co[j] = mf_round_to(out, ci[j]);
-        }
-    }
+    epilogue(mm, cf, M, N, bias, c, NULL, ldc, par);
     free(af);
+    free(cf);
+}
+
+/* The same with fp32 activations in and out (the compute type is fp32): no
+ * operand conversion; the sums land in the output itself where nothing is
+ * left to round. */
+static void run_f32(const mf_mm *mm, const float *a, int M, size_t lda, const mf_mat *b, const double *bias, float *c,
+                    size_t ldc, mf_tri tri) {
+    const int N = b->n;
+    if (M <= 0 || N <= 0) return;
+    const bool par = mm->threads > 1 && (size_t)M * (b->k + N) >= (1u << 15);
+    const mf_kschedule *ks = mm->numerics ? mf_numerics_schedule(mm->numerics, mm->in) : NULL;
+    const bool in_place = !ks && !bias && (mm->out == MF_F32 || mm->out == MF_F64) && ldc == (size_t)N;
+    float *cf = in_place ? c : mf_xmalloc((size_t)M * N * sizeof(float));
+    if (ks) {
+        emulate(ks, mm, NULL, a, M, lda, b, cf);
+    } else {
+        if (tri == MF_TRI_COLS) memset(cf, 0, (size_t)M * N * sizeof(float));
+        mf_gemm_f32(M, a, lda, b, cf, (size_t)N, mm->threads, tri);
+    }
+    if (in_place) return;
+    epilogue(mm, cf, M, N, bias, NULL, c, ldc, par);
     free(cf);
 }
 
@@ -105,6 +144,14 @@ void mf_linear_apply(const mf_mm *mm, const mf_linear *L, const double *x, int M
 
 void mf_matmul(const mf_mm *mm, const double *a, int M, size_t lda, const mf_mat *b, double *c, size_t ldc, mf_tri tri) {
     run(mm, a, M, lda, b, NULL, c, ldc, tri);
+}
+
+void mf_linear_apply_f32(const mf_mm *mm, const mf_linear *L, const float *x, int M, float *y) {
+    run_f32(mm, x, M, (size_t)L->in, &L->w, L->bias, y, (size_t)L->out, MF_TRI_NONE);
+}
+
+void mf_matmul_f32(const mf_mm *mm, const float *a, int M, size_t lda, const mf_mat *b, float *c, size_t ldc, mf_tri tri) {
+    run_f32(mm, a, M, lda, b, NULL, c, ldc, tri);
 }
 
 double mf_sigmoid(double x) { return 1.0 / (1.0 + exp(-x)); }

@@ -193,6 +193,10 @@ typedef struct mf_mm {
 void mf_linear_apply(const mf_mm *mm, const mf_linear *L, const double *x, int M, double *y);
 /* C[M, N] = round_out(A[M, K] . B^T), B any matrix view (an activation). */
 void mf_matmul(const mf_mm *mm, const double *a, int M, size_t lda, const mf_mat *b, double *c, size_t ldc, mf_tri tri);
+/* The same with fp32 activations (compute type fp32): x holds fp32 values,
+ * y gets the results rounded to mm->out, as floats. */
+void mf_linear_apply_f32(const mf_mm *mm, const mf_linear *L, const float *x, int M, float *y);
+void mf_matmul_f32(const mf_mm *mm, const float *a, int M, size_t lda, const mf_mat *b, float *c, size_t ldc, mf_tri tri);
 /* Frees the bias (the view's data belongs to the model). */
 void mf_linear_free(mf_linear *L);
 

@@ -67,3 +67,28 @@ Test(dtype, names_and_sizes) {
     cr_assert_eq(mf_dtype_size(MF_F64), 8);
     cr_assert_eq(mf_dtype_size(MF_U16), 2);
 }
+
+/* The float executor rounds fp32 values with mf_roundf_to; it must be
+ * mf_round_to of the same value bit for bit, on every 97th bit pattern of
+ * fp32 (44 million values: every exponent, subnormals, ties, infinities) and
+ * on the edges named here. NaNs must stay NaNs. */
+Test(dtype, roundf_to_is_round_to_on_fp32_values) {
+    static const uint32_t edges[] = {0x00000000u, 0x80000000u, 0x00000001u, 0x007fffffu, 0x00800000u, 0x3f808000u,
+                                     0x3f818000u, 0x3f80ffffu, 0x7f7fffffu, 0x7f7f8000u, 0x7f800000u, 0xff800000u,
+                                     0x477fefffu, 0x477ff000u, 0x33800000u, 0x33000000u, 0xb3c00000u};
+    const mf_dtype dts[] = {MF_BF16, MF_F16, MF_F32};
+    const uint64_t sampled = ((1ull << 32) + 96) / 97, n_edges = sizeof edges / sizeof edges[0];
+    for (size_t d = 0; d < 3; d++) {
+        for (uint64_t i = 0; i < sampled + n_edges; i++) {
+            const uint32_t bits = i < sampled ? (uint32_t)(i * 97) : edges[i - sampled];
+            const float x = mf_bits_f32(bits);
+            const float a = mf_roundf_to(dts[d], x), b = (float)mf_round_to(dts[d], x);
+            if (isnan(x)) {
+                cr_assert(isnan(a) && isnan(b), "%s of a NaN", mf_dtype_name(dts[d]));
+                continue;
+            }
+            cr_assert(mf_f32_bits(a) == mf_f32_bits(b), "%s: x = %a (0x%08x): %a against %a", mf_dtype_name(dts[d]), x,
+                      bits, a, b);
+        }
+    }
+}

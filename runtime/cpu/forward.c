@@ -1,5 +1,6 @@
 /* The CPU forward pass, read top to bottom like a transformers modeling
- * file. Activations are held in double. Each part (norm, attention, MLP,
+ * file (forward_body.h, over double activations for fp64 runs and float
+ * ones otherwise). Each part (norm, attention, MLP,
  * router, head) computes in its own dtype D under the precision policy:
  * rd(D, x) rounds to it (a no-op in fp64 runs) and ro() to PyTorch's fp32
  * opmath (also a no-op in fp64), placed exactly where transformers rounds.
@@ -21,7 +22,6 @@ typedef struct fwd {
     mf_dtype O;    /* opmath dtype */
     mf_mm mm;      /* matrix products: compute type, threads, numerics */
     int T;
-    double *cos_t, *sin_t;
 } fwd;
 
 static inline double rd(mf_dtype D, double x) { return mf_round_to(D, x); }
@@ -34,206 +34,40 @@ static mf_mm mm_in(const fwd *f, mf_dtype D) {
     return m;
 }
 
-static void cast(mf_dtype D, double *x, size_t n) {
-    for (size_t i = 0; i < n; i++) x[i] = rd(D, x[i]);
-}
 
-/* RMSNorm over rows of n values (row stride ld), Llama cast points:
- * y32 = x32 * rsqrt(mean(x32^2) + eps); out = w * y32.to(input dtype). */
-static void rmsnorm(const fwd *f, mf_dtype D, double *x, int rows, int n, size_t ld, const double *w) {
-    const double eps = ro(f, f->c->rms_eps);
-#pragma omp parallel for num_threads(f->o->threads) if (f->o->threads > 1 && (size_t)rows * n >= 16384)
-    for (int r = 0; r < rows; r++) {
-        double *v = x + (size_t)r * ld;
-        double ss = 0;
-        for (int i = 0; i < n; i++) ss += v[i] * v[i];
-        double var = ro(f, ss / n);
-        double inv = f->O == MF_F64 ? 1.0 / sqrt(var + eps) : (double)(1.0f / sqrtf((float)(var + eps)));
-        for (int i = 0; i < n; i++) v[i] = rd(D, w[i] * rd(D, ro(f, v[i] * inv)));
-    }
-}
+#define FN(name) name##_f64
+#define ACT double
+#define ACT_DTYPE MF_F64
+#define ACT_IS_DOUBLE 1
+#define LINEAR mf_linear_apply
+#define MATMUL mf_matmul
+#define FFN mf_ffn_apply
+#define COMBINE mf_combine
+#define RDA(D, x) rd(D, x)
+#define ROA(x) ro(f, x)
+#include "forward_body.h"
+#undef FN
+#undef ACT
+#undef ACT_DTYPE
+#undef ACT_IS_DOUBLE
+#undef LINEAR
+#undef MATMUL
+#undef FFN
+#undef COMBINE
+#undef RDA
+#undef ROA
 
-/* A norm module: inputs cast to its dtype D, output cast to the stream dtype S. */
-static void norm_module(const fwd *f, mf_dtype D, mf_dtype S, const double *x, int rows, int n, const double *w,
-                        double *out) {
-    for (size_t i = 0; i < (size_t)rows * n; i++) out[i] = rd(D, x[i]);
-    rmsnorm(f, D, out, rows, n, (size_t)n, w);
-    cast(S, out, (size_t)rows * n);
-}
-
-/* q' = q*cos + rotate_half(q)*sin, three roundings, on `heads` heads of a row. */
-static void rope(const fwd *f, mf_dtype D, double *x, int heads, size_t row_stride) {
-    const int hd = f->c->head_dim, half = hd / 2;
-#pragma omp parallel for num_threads(f->o->threads) if (f->o->threads > 1 && (size_t)f->T * heads * hd >= 16384)
-    for (int t = 0; t < f->T; t++) {
-        double tmp[hd];
-        const double *cs = f->cos_t + (size_t)t * hd, *sn = f->sin_t + (size_t)t * hd;
-        for (int h = 0; h < heads; h++) {
-            double *v = x + (size_t)t * row_stride + (size_t)h * hd;
-            for (int i = 0; i < hd; i++) {
-                double rot = i < half ? -v[i + half] : v[i - half];
-                tmp[i] = rd(D, rd(D, v[i] * cs[i]) + rd(D, rot * sn[i]));
-            }
-            memcpy(v, tmp, sizeof tmp);
-        }
-    }
-}
-
-/* Eager attention computing in D: S = (Q K^T) * scale, causal (and sliding)
- * mask, softmax in fp32 opmath, P V; each step rounded to D. x holds D values. */
-static void attention(const fwd *f, mf_dtype D, const mf_layer *L, int layer, const double *x, double *out) {
-    const mf_config *c = f->c;
-    const int T = f->T, H = c->hidden, hd = c->head_dim, nh = c->n_heads, nkv = c->n_kv_heads;
-    const int nq = nh * hd, nk = nkv * hd, group = nh / nkv;
-    double *q = mf_xmalloc((size_t)T * nq * sizeof(double));
-    double *k = mf_xmalloc((size_t)T * nk * sizeof(double));
-    double *v = mf_xmalloc((size_t)T * nk * sizeof(double));
-    double *ctx = mf_xmalloc((size_t)T * nq * sizeof(double));
-    const mf_mm mm = mm_in(f, D);
-    mf_linear_apply(&mm, &L->q, x, T, q);
-    mf_linear_apply(&mm, &L->k, x, T, k);
-    mf_linear_apply(&mm, &L->v, x, T, v);
-    if (c->qk_norm == MF_QK_NORM_FULL) {
-        rmsnorm(f, D, q, T, nq, (size_t)nq, L->q_norm);
-        rmsnorm(f, D, k, T, nk, (size_t)nk, L->k_norm);
-    }
-    if (c->clip_qkv > 0) {   /* clamp of a D tensor: the bound is rounded to D */
-        const double cl = rd(D, c->clip_qkv);
-        for (size_t i = 0; i < (size_t)T * nq; i++) q[i] = fmin(fmax(q[i], -cl), cl);
-        for (size_t i = 0; i < (size_t)T * nk; i++) {
-            k[i] = fmin(fmax(k[i], -cl), cl);
-            v[i] = fmin(fmax(v[i], -cl), cl);
-        }
-    }
-    if (c->qk_norm == MF_QK_NORM_PER_HEAD) {
-        rmsnorm(f, D, q, T * nh, hd, (size_t)hd, L->q_norm);
-        rmsnorm(f, D, k, T * nkv, hd, (size_t)hd, L->k_norm);
-    }
-    rope(f, D, q, nh, (size_t)nq);
-    rope(f, D, k, nkv, (size_t)nk);
-    const double scale = ro(f, pow((double)hd, -0.5));   /* head_dim ** -0.5, a Python float */
-    const int window = c->layer_sliding[layer] ? c->sliding_window : 0;
-    mf_mm mm1 = mm;
-    mm1.threads = 1;   /* heads run in parallel instead */
-#pragma omp parallel for schedule(dynamic) num_threads(f->o->threads) if (f->o->threads > 1 && nh > 1)
-    for (int h = 0; h < nh; h++) {
-        const int kh = h / group;
-        /* K_kh [T, hd] and V_kh^T [hd, T] read in place */
-        const mf_mat kp = {k + (size_t)kh * hd, MF_F64, T, hd, (size_t)nk, 1};
-        const mf_mat vp = {v + (size_t)kh * hd, MF_F64, hd, T, 1, (size_t)nk};
-        double *s = mf_xmalloc((size_t)T * T * sizeof(double));
-        mf_matmul(&mm1, q + (size_t)h * hd, T, (size_t)nq, &kp, s, (size_t)T, MF_TRI_COLS);
-        for (int i = 0; i < T; i++) {
-            double *row = s + (size_t)i * T;
-            int j0 = window > 0 && i - window + 1 > 0 ? i - window + 1 : 0;   /* sees itself + window-1 before */
-            double mx = -INFINITY;
-            for (int j = j0; j <= i; j++) {
-                row[j] = rd(D, ro(f, row[j] * scale));
-                mx = row[j] > mx ? row[j] : mx;
-            }
-            for (int j = 0; j < j0; j++) row[j] = 0;
-            for (int j = i + 1; j < T; j++) row[j] = 0;
-            if (f->O == MF_F64) {
-                double sum = 0;
-                for (int j = j0; j <= i; j++) sum += (row[j] = exp(row[j] - mx));
-                for (int j = j0; j <= i; j++) row[j] /= sum;
-            } else {
-                float sum = 0;
-                for (int j = j0; j <= i; j++) {
-                    float e = (float)exp((double)((float)row[j] - (float)mx));
-                    row[j] = e;
-                    sum += e;
-                }
-                for (int j = j0; j <= i; j++) row[j] = rd(D, (float)row[j] / sum);
-            }
-        }
-        mf_matmul(&mm1, s, T, (size_t)T, &vp, ctx + (size_t)h * hd, (size_t)nq, MF_TRI_K);
-        free(s);
-    }
-    mf_linear_apply(&mm, &L->o, ctx, T, out);
-    (void)H;
-    free(q);
-    free(k);
-    free(v);
-    free(ctx);
-}
-
-static void dense_mlp(const fwd *f, mf_dtype D, const mf_layer *L, const double *x, double *out) {
-    mf_ffn ffn = {&L->mlp_gate, &L->mlp_up, &L->mlp_down, f->c->act};
-    const mf_mm mm = mm_in(f, D);
-    mf_ffn_apply(&mm, &ffn, D, x, f->T, out);
-}
-
-/* The sparse MoE block computing in D, its router in DR: router, canonical
- * top-k, experts grouped per expert, grouped_mm combine, and Qwen2-MoE's
- * sigmoid-gated shared expert. Records the router's logits, choices and
- * weights at slot `mi` of the result. x holds D values. */
-static void moe(const fwd *f, mf_dtype D, mf_dtype DR, const mf_layer *L, const double *x, double *out,
-                mf_seq_result *r, int mi) {
-    const mf_config *c = f->c;
-    const int T = f->T, H = c->hidden, E = c->n_experts, K = c->top_k;
-    double *logits = r->router + (size_t)mi * T * E;
-    const mf_mm mm = mm_in(f, D), mr = mm_in(f, DR);
-    mf_linear_apply(&mr, &L->router, x, T, logits);
-    /* transformers v5: Mixtral keeps the top-k weights in fp32; OLMoE and the
-     * Qwen MoEs cast them to the router logits' dtype. A product y * w of two
-     * dtypes is computed in the wider one (fp32 opmath). */
-    const mf_dtype wdt = c->route_rule == MF_ROUTE_SOFTMAX_TOPK_RENORM ? f->O : DR;
-    mf_route_spec spec = {MF_ROUTE_KIND_SOFTMAX_TOPK, E, K, c->norm_topk_prob, f->O, wdt};
-    uint16_t *ids = r->topk_ids + (size_t)mi * T * K;
-    double *w = r->topk_w + (size_t)mi * T * K;
-    double *probs = mf_xmalloc((size_t)E * sizeof(double));
-    for (int t = 0; t < T; t++) {
-        mf_route_out ro_ = {ids + (size_t)t * K, w + (size_t)t * K, 0, 0, false};
-        mf_route(&spec, logits + (size_t)t * E, probs, &ro_);
-    }
-    free(probs);
-    mf_dispatch d;
-    mf_dispatch_build(&d, ids, T, K, E);
-    double *y = mf_xmalloc((size_t)T * K * H * sizeof(double));
-    /* With enough experts at work each thread takes whole experts (one
-     * product after another, no barrier between them); with few, each
-     * product is shared. Either way every expert's rows are computed alike. */
-    int active = 0;
-    for (int e = 0; e < E; e++) active += d.offset[e + 1] > d.offset[e];
-    const int threads = f->o->threads;
-    const bool by_expert = threads > 1 && active >= 4 * threads;
-    mf_mm mme = mm;
-    if (by_expert) mme.threads = 1;
-#pragma omp parallel num_threads(by_expert ? threads : 1)
-    {
-        double *xe = mf_xmalloc((size_t)T * H * sizeof(double));
-#pragma omp for schedule(dynamic, 1)
-        for (int e = 0; e < E; e++) {
-            const int n = d.offset[e + 1] - d.offset[e];
-            if (!n) continue;
-            for (int i = 0; i < n; i++)
-                memcpy(xe + (size_t)i * H, x + (size_t)d.token[d.offset[e] + i] * H, (size_t)H * sizeof(double));
-            mf_ffn ffn = {&L->exp_gate[e], &L->exp_up[e], &L->exp_down[e], c->act};
-            mf_ffn_apply(&mme, &ffn, D, xe, n, y + (size_t)d.offset[e] * H);
-        }
-        free(xe);
-    }
-    mf_combine_spec cs = {wdt == D ? D : f->O, f->O, D};
-    mf_combine(&cs, &d, y, H, w, out);
-    free(y);
-    mf_dispatch_free(&d);
-    if (c->has_shared_expert) {
-        double *s = mf_xmalloc((size_t)T * H * sizeof(double));
-        double *g = r->shared_gate + (size_t)mi * T;
-        mf_ffn ffn = {&L->sh_gate, &L->sh_up, &L->sh_down, c->act};
-        mf_ffn_apply(&mm, &ffn, D, x, T, s);
-        mf_linear_apply(&mm, &L->sh_router, x, T, g);
-        for (int t = 0; t < T; t++) {
-            g[t] = rd(D, mf_sigmoid(g[t]));
-            for (int h = 0; h < H; h++) {
-                size_t i = (size_t)t * H + h;
-                out[i] = rd(D, out[i] + rd(D, g[t] * s[i]));
-            }
-        }
-        free(s);
-    }
-}
+#define FN(name) name##_f32
+#define ACT float
+#define ACT_DTYPE MF_F32
+#define ACT_IS_DOUBLE 0
+#define LINEAR mf_linear_apply_f32
+#define MATMUL mf_matmul_f32
+#define FFN mf_ffn_apply_f32
+#define COMBINE mf_combine_f32
+#define RDA(D, x) mf_roundf_to(D, x)
+#define ROA(x) (x)
+#include "forward_body.h"
 
 void mf_seq_result_free(mf_seq_result *r) {
     free(r->topk_ids);
@@ -299,78 +133,10 @@ int mf_runtime_load(mf_model **out, const char *dir, const mf_precision *prec, m
     return mf_model_load(out, dir, prec->weights, 0, err);
 }
 
+
 int mf_forward_cpu(const mf_model *m, const mf_run_opts *o, const int32_t *tokens, int T, mf_seq_result *r,
                    mf_error *err) {
-    const mf_config *c = &m->cfg;
-    const int H = c->hidden, V = c->vocab;
-    memset(r, 0, sizeof *r);
-    if (T <= 0) return mf_fail(err, MF_EINVAL, "empty sequence");
-    if (c->rope.partial_rotary_factor != 1.0)
-        return mf_fail(err, MF_EUNSUPPORTED, "partial_rotary_factor %g is not supported for %s",
-                       c->rope.partial_rotary_factor, c->model_type);
-    for (int t = 0; t < T; t++)
-        if (tokens[t] < 0 || tokens[t] >= V)
-            return mf_fail(err, MF_EINVAL, "position %d: token id %d outside the vocabulary [0, %d)", t, tokens[t], V);
-    const mf_precision *P = &o->prec;
-    fwd f = {m, c, o, P->act, P->opmath, {P->compute, P->act, o->threads, o->numerics, P->act}, T, NULL, NULL};
-    mf_seq_result_shape(r, c, T);
-    if (r->n_moe) {
-        r->topk_ids = mf_xcalloc((size_t)r->n_moe * T * r->k, sizeof(uint16_t));
-        r->topk_w = mf_xcalloc((size_t)r->n_moe * T * r->k, sizeof(double));
-        r->router = mf_xcalloc((size_t)r->n_moe * T * r->E, sizeof(double));
-        if (c->has_shared_expert) r->shared_gate = mf_xcalloc((size_t)r->n_moe * T, sizeof(double));
-        if (o->record_router_in) r->router_in = mf_xcalloc((size_t)r->n_moe * T * H, sizeof(double));
-    }
-    r->logits = mf_xmalloc((size_t)T * V * sizeof(double));
-
-    /* RoPE tables, cast to the model's dtype as the rotary module does (parts
-     * computing in fp32 take these values as they are) */
-    f.cos_t = mf_xmalloc((size_t)T * c->head_dim * sizeof(double));
-    f.sin_t = mf_xmalloc((size_t)T * c->head_dim * sizeof(double));
-    mf_rope_tables(c, P, T, f.cos_t, f.sin_t);
-    cast(f.R, f.cos_t, (size_t)T * c->head_dim);
-    cast(f.R, f.sin_t, (size_t)T * c->head_dim);
-
-    const size_t TH = (size_t)T * H;
-    double *h = mf_xmalloc(TH * sizeof(double));
-    double *x = mf_xmalloc(TH * sizeof(double));
-    double *y = mf_xmalloc(TH * sizeof(double));
-    for (int t = 0; t < T; t++)   /* embedding gather, no scaling */
-        for (int i = 0; i < H; i++)
-            h[(size_t)t * H + i] = rd(f.R, mf_round_to(m->weight_round, mf_load_as_f64(m->embed->data, m->embed->dtype,
-                                                                                      (size_t)tokens[t] * H + i)));
-    int mi = 0;
-    for (int l = 0; l < c->n_layers; l++) {
-        const mf_layer *L = &m->layers[l];
-        /* a layer in a fp32 block range computes everything, residual adds too, in fp32 */
-        const bool blk = mf_precision_layer_fp32(P, l, c->n_layers);
-        const mf_dtype S = blk ? MF_F32 : f.R;
-        const mf_dtype DN = blk ? MF_F32 : P->part[MF_PART_NORM], DA = blk ? MF_F32 : P->part[MF_PART_ATTN];
-        const mf_dtype DM = blk ? MF_F32 : P->part[MF_PART_MLP], DR = blk ? MF_F32 : P->part[MF_PART_ROUTER];
-        norm_module(&f, DN, S, h, T, H, L->attn_norm, x);
-        cast(DA, x, TH);
-        attention(&f, DA, L, l, x, y);
-        for (size_t i = 0; i < TH; i++) h[i] = rd(S, h[i] + rd(S, y[i]));
-        norm_module(&f, DN, S, h, T, H, L->ffn_norm, x);
-        cast(DM, x, TH);
-        if (L->is_moe) {
-            if (r->router_in) memcpy(r->router_in + (size_t)mi * TH, x, TH * sizeof(double));
-            moe(&f, DM, DM == MF_F32 ? MF_F32 : DR, L, x, y, r, mi++);
-        } else {
-            dense_mlp(&f, DM, L, x, y);
-        }
-        for (size_t i = 0; i < TH; i++) h[i] = rd(S, h[i] + rd(S, y[i]));
-        cast(f.R, h, TH);   /* the layer's output, back in the stream's dtype */
-    }
-    norm_module(&f, P->part[MF_PART_NORM], f.R, h, T, H, m->final_norm, x);
-    const mf_dtype DH = P->part[MF_PART_HEAD];
-    cast(DH, x, TH);
-    const mf_mm mh = mm_in(&f, DH);
-    mf_linear_apply(&mh, &m->head, x, T, r->logits);
-    free(h);
-    free(x);
-    free(y);
-    free(f.cos_t);
-    free(f.sin_t);
-    return MF_OK;
+    /* fp32 activations need every product in fp32 compute (the fp64 policy alone computes in double) */
+    return o->prec.compute == MF_F64 || o->prec.opmath == MF_F64 ? forward_f64(m, o, tokens, T, r, err)
+                                                                 : forward_f32(m, o, tokens, T, r, err);
 }
