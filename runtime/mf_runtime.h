@@ -30,6 +30,11 @@ typedef struct mf_seq_result {
     double *shared_gate;    /* [n_moe, T], sigmoid gate of the shared expert, or NULL */
     double *router_in;      /* [n_moe, T, H] or NULL */
     double *logits;         /* [T, V] */
+    /* or, where logits is NULL, the logits [T, V] as the device handed them
+     * over (a GPU's host buffer, of logits_raw_dtype), borrowed: valid until
+     * that device's next forward, never freed here */
+    const void *logits_raw;
+    mf_dtype logits_raw_dtype;
 } mf_seq_result;
 
 /* Loads a model for a run of the given precision (weights rounded to the

@@ -170,7 +170,7 @@ static void write_run_experts(const char *dir, const hand *h, int experts) {
     mf_run_info info = {"hand", NULL, &prec, "cpu", "native", 1, MF_RECORD_LOGITS, "hand", &ps, 0, &cfg, "w", "hand", NULL};
     mf_run_writer *w;
     cr_assert_eq(mf_run_create(&w, dir, &info, false, &err), MF_OK, "%s", err.msg);
-    mf_seq_result r = {4, 3, 4, experts, 384, 64, NULL, NULL, NULL, NULL, NULL, NULL};
+    mf_seq_result r = {.T = 4, .n_moe = 3, .k = 4, .E = experts, .V = 384, .H = 64};
     r.topk_ids = (uint16_t *)h->ids;
     r.router = (double *)h->router;
     r.logits = (double *)h->logits;

@@ -3,7 +3,7 @@
 
     python3 tools/gpu_record_compare.py NEW.json [tests/fixtures/gpu/h200-check.json]
 
-A check is matched by (case, precision, gpu_numerics, cpu_numerics); its GPU digests (logits, router logits, expert
+A check is matched by (source, case, precision, gpu_numerics, cpu_numerics); its GPU digests (logits, router logits, expert
 ids, weights, shared gates) must be equal, and it must pass. Prints one line per difference and a summary; exit 0
 when every recorded check is there with the same digests, 1 otherwise.
 """
@@ -12,7 +12,7 @@ import sys
 
 
 def key(c):
-    return (c.get("case"), c.get("precision"), c.get("gpu_numerics"), c.get("cpu_numerics"))
+    return (c.get("source"), c.get("case"), c.get("precision"), c.get("gpu_numerics"), c.get("cpu_numerics"))
 
 
 def main():

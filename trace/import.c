@@ -115,7 +115,7 @@ int mf_import_crova(const char *src_dir, const char *model_dir, const char *out_
         for (size_t i = 0; i < n && !rc; i++) {
             const mf_st_tensor *lg = mf_st_find(files[i], "logits"), *rl = mf_st_find(files[i], "router_logits");
             const int T = prompts.seq[i].T;
-            mf_seq_result r = {T, L, K, E, V, cfg.hidden, NULL, NULL, NULL, NULL, NULL, NULL};
+            mf_seq_result r = {.T = T, .n_moe = L, .k = K, .E = E, .V = V, .H = cfg.hidden};
             r.logits = mf_xmalloc(sizeof(double) * (size_t)T * V + 1);
             for (size_t j = 0; j < (size_t)T * V; j++) r.logits[j] = mf_load_as_f64(lg->data, lg->dtype, j);
             if (L > 0) {

@@ -373,14 +373,36 @@ static void add_tensor(mf_st_writer *st, const char *id, const char *field, mf_d
     free(buf);
 }
 
+/* The logits of a result as tensor <id>/logits of dtype t: from its doubles,
+ * or as the device handed them over (copied as they are when of t). */
+static void add_logits(mf_st_writer *st, const char *id, const mf_seq_result *r, mf_dtype t, const int64_t *shape) {
+    if (r->logits || r->logits_raw_dtype != t) {
+        const size_t n = (size_t)shape[0] * (size_t)shape[1];
+        double *v = r->logits ? r->logits : mf_xmalloc(n * sizeof(double));
+        if (!r->logits)
+            for (size_t i = 0; i < n; i++) v[i] = mf_load_as_f64(r->logits_raw, r->logits_raw_dtype, i);
+        add_tensor(st, id, "logits", t, 2, shape, v);
+        if (!r->logits) free(v);
+        return;
+    }
+    char name[MF_MAX_SEQ_ID + 64];
+    snprintf(name, sizeof name, "%s/logits", id);
+    mf_st_writer_add(st, name, t, 2, shape, r->logits_raw);
+}
+
 static void add_topk_logits(mf_st_writer *st, const char *id, const mf_seq_result *r, mf_dtype t) {
     const int T = r->T, V = r->V, K = V < MF_TOPK_LOGITS ? V : MF_TOPK_LOGITS;
     double *vals = mf_xmalloc((size_t)T * K * sizeof(double));
     int32_t *toks = mf_xmalloc((size_t)T * K * sizeof(int32_t));
     double *lse = mf_xmalloc((size_t)T * sizeof(double));
     uint16_t *ids = NULL;
+    /* positions are independent: each thread takes whole rows */
+#pragma omp parallel for schedule(dynamic, 4) if ((size_t)T * V >= (1u << 20))
     for (int p = 0; p < T; p++) {
-        const double *row = r->logits + (size_t)p * V;
+        double *wide = r->logits ? NULL : mf_xmalloc((size_t)V * sizeof(double));
+        if (wide)
+            for (int j = 0; j < V; j++) wide[j] = mf_load_as_f64(r->logits_raw, r->logits_raw_dtype, (size_t)p * V + j);
+        const double *row = wide ? wide : r->logits + (size_t)p * V;
         /* simple selection: K passes would be O(KV); use a partial insertion list instead */
         int len = 0;
         for (int j = 0; j < V; j++) {
@@ -399,6 +421,7 @@ static void add_topk_logits(mf_st_writer *st, const char *id, const mf_seq_resul
         double mx = vals[(size_t)p * K], s = 0;
         for (int j = 0; j < V; j++) s += exp(row[j] - mx);
         lse[p] = mx + log(s);
+        free(wide);
     }
     (void)ids;
     int64_t shape[2] = {T, K};
@@ -439,7 +462,7 @@ int mf_run_writer_add(mf_run_writer *w, const mf_prompt *p, const mf_seq_result 
     if (w->info.record == MF_RECORD_LOGITS || w->info.record == MF_RECORD_FULL) {
         shape[0] = T;
         shape[1] = r->V;
-        add_tensor(w->pending, p->id, "logits", prec->part[MF_PART_HEAD], 2, shape, r->logits);
+        add_logits(w->pending, p->id, r, prec->part[MF_PART_HEAD], shape);
     } else if (w->info.record == MF_RECORD_TOPK) {
         add_topk_logits(w->pending, p->id, r, prec->part[MF_PART_HEAD]);
     }

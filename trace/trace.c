@@ -106,7 +106,10 @@ int mf_trace(const mf_trace_opts *o, mf_error *err) {
         }
         mf_seq_result r;
         const double tf = mf_now();
-        rc = gpu ? mf_gpu_forward(gpu, p->tokens, p->T, MF_GPU_ALL, &r, err) : mf_forward_cpu(model, &ro, p->tokens, p->T, &r, err);
+        /* a GPU's logits go to the run as it hands them over (bf16 in a bf16 run), not widened to doubles */
+        rc = gpu ? mf_gpu_forward(gpu, p->tokens, p->T, MF_GPU_ROUTING, &r, err)
+                 : mf_forward_cpu(model, &ro, p->tokens, p->T, &r, err);
+        if (!rc && gpu) r.logits_raw = mf_gpu_host_logits(gpu, &r.logits_raw_dtype);
         forward_s += mf_now() - tf;
         if (rc) {
             mf_fail_wrap(err, "sequence %s", p->id);

@@ -160,6 +160,8 @@ void GPU_FN(epilogue_packed)(gk_ctx *c, void *dst, const float *C, int M, int N,
 /* ---- weight upload (runtime/gpu/upload.c) ---- */
 /* Free and total memory of the context's device. Returns 0, or nonzero with a message. */
 int GPU_FN(mem_info)(gk_ctx *c, size_t *free_bytes, size_t *total_bytes, char *msg, size_t msg_n);
+/* Makes the context's device the calling thread's (before its first call on a new thread). */
+int GPU_FN(bind_thread)(gk_ctx *c);
 /* Pinned host memory to the device on the main stream, not waited for. */
 int GPU_FN(copy_async)(gk_ctx *c, void *dst, const void *src, size_t bytes);
 /* Staging slots (0 .. GK_SLOTS - 1): slot_record marks the copies queued so

@@ -213,6 +213,8 @@ extern "C" int GPU_FN(mem_info)(gk_ctx *c, size_t *free_bytes, size_t *total_byt
     return e != gpuSuccess ? fail(msg, msg_n, "reading the GPU's free memory", e) : 0;
 }
 
+extern "C" int GPU_FN(bind_thread)(gk_ctx *c) { return gpuSetDevice(c->device) != gpuSuccess; }
+
 extern "C" int GPU_FN(copy_async)(gk_ctx *c, void *dst, const void *src, size_t bytes) {
     return gpuMemcpyAsync(dst, src, bytes, gpuMemcpyHostToDevice, c->stream) != gpuSuccess;
 }

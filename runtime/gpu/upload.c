@@ -247,18 +247,26 @@ static int queue_chunk(gpu *G, const segs *S, size_t *first, size_t f, size_t cs
     return 0;
 }
 
-/* Streams file f: reader threads pread chunks into the pinned slots, this
- * thread hashes them in order and queues their copies. */
-static int stream_file(gpu *G, const segs *S, size_t *first, size_t f, uint8_t **host, void **stage, bool hash,
-                       char hex[33], mf_error *err) {
+/* Time spent, for MOEFLIP_UPLOAD_STATS=1 */
+typedef struct upload_stats {
+    double read_s, queue_s, hash_s, wait_s;
+    size_t bytes;
+} upload_stats;
+
+/* Streams file f: reader threads pread chunks into the pinned slots and
+ * queue their copies (CUDA's calls are thread-safe; the copies are
+ * independent), while this thread hashes the slots in file order; a slot is
+ * filled again once it is hashed and its copies are done. */
+static int stream_file(gpu *G, const segs *S, size_t first, size_t f, uint8_t **host, void **stage, bool hash,
+                       char hex[33], upload_stats *st, mf_error *err) {
     const mf_st_file *sf = G->m->ckpt->files[f];
     const size_t size = sf->map.size;
     int fd = open(sf->path, O_RDONLY | O_CLOEXEC);
     if (fd < 0) return mf_fail(err, MF_EIO, "%s: cannot open: %s", sf->path, strerror(errno));
     posix_fadvise(fd, 0, 0, POSIX_FADV_SEQUENTIAL);
     size_t nchunks;
-    size_t *ends = chunk_ends(S, *first, f, size, &nchunks);
-    /* slot i holds chunk ready[i]; consumed[i] is the last chunk done with it */
+    size_t *ends = chunk_ends(S, first, f, size, &nchunks);
+    /* slot i holds chunk ready[i] (read and its copies queued); consumed[i] is the last chunk hashed out of it */
     atomic_long ready[SLOTS], consumed[SLOTS];
     for (int i = 0; i < SLOTS; i++) {
         atomic_init(&ready[i], -1);
@@ -270,24 +278,28 @@ static int stream_file(gpu *G, const segs *S, size_t *first, size_t f, uint8_t *
     mf_digest_state *d = hash ? mf_digest_new() : NULL;
     int readers = omp_get_num_procs() - 1;
     readers = readers < 1 ? 1 : readers > SLOTS - 1 ? SLOTS - 1 : readers;
-#pragma omp parallel num_threads(readers + 1)
+    double read_s = 0, queue_s = 0, hash_s = 0, wait_s = 0;
+#pragma omp parallel num_threads(readers + 1) reduction(+ : read_s, queue_s)
     {
         const int tid = omp_get_thread_num(), nt = omp_get_num_threads();
-        if (tid == 0) {
+        if (tid == 0 && nt > 1) {
             for (size_t ch = 0; ch < nchunks; ch++) {
                 const int slot = (int)(ch % SLOTS);
+                const double t0 = mf_now();
                 while (atomic_load(&ready[slot]) != (long)ch && !atomic_load(&failed)) pause_briefly();
                 if (atomic_load(&failed)) break;
+                const double t1 = mf_now();
                 const size_t cs = ch ? ends[ch - 1] : 0, ce = ends[ch];
                 if (d) mf_digest_update(d, host[slot], ce - cs);
-                if (queue_chunk(G, S, first, f, cs, ce, host[slot], stage[slot]) || GPU_FN(slot_record)(G->ctx, slot)) {
-                    atomic_store(&failed, 2);
-                    break;
-                }
+                wait_s += t1 - t0;
+                hash_s += mf_now() - t1;
                 atomic_store(&consumed[slot], (long)ch);
             }
         } else {
-            for (size_t ch = (size_t)tid - 1; ch < nchunks && !atomic_load(&failed); ch += (size_t)(nt - 1)) {
+            const int me = nt > 1 ? tid - 1 : 0, step = nt > 1 ? nt - 1 : 1;
+            if (GPU_FN(bind_thread)(G->ctx)) atomic_store(&failed, 2);   /* a new thread's device is device 0 */
+            /* this reader's chunks: me, me + step, ... */
+            for (size_t ch = (size_t)me; ch < nchunks && !atomic_load(&failed); ch += (size_t)step) {
                 const int slot = (int)(ch % SLOTS);
                 while (atomic_load(&consumed[slot]) != (long)ch - SLOTS && !atomic_load(&failed)) pause_briefly();
                 if (atomic_load(&failed)) break;
@@ -296,6 +308,7 @@ static int stream_file(gpu *G, const segs *S, size_t *first, size_t f, uint8_t *
                     break;
                 }
                 const size_t cs = ch ? ends[ch - 1] : 0, ce = ends[ch];
+                const double t0 = mf_now();
                 size_t got = 0;
                 while (got < ce - cs) {
                     const ssize_t r = pread(fd, host[slot] + got, ce - cs - got, (off_t)(cs + got));
@@ -306,13 +319,33 @@ static int stream_file(gpu *G, const segs *S, size_t *first, size_t f, uint8_t *
                     }
                     got += (size_t)r;
                 }
-                if (got == ce - cs) atomic_store(&ready[slot], (long)ch);
+                if (got < ce - cs) break;
+                const double t1 = mf_now();
+                /* the chunk's segments: from the first that can reach it */
+                size_t at = first;
+                while (at < S->n && S->v[at].file == f && S->v[at].off + S->v[at].bytes <= cs) at++;
+                if (queue_chunk(G, S, &at, f, cs, ce, host[slot], stage[slot]) || GPU_FN(slot_record)(G->ctx, slot)) {
+                    atomic_store(&failed, 2);
+                    break;
+                }
+                read_s += t1 - t0;
+                queue_s += mf_now() - t1;
+                atomic_store(&ready[slot], (long)ch);
+                if (nt == 1) {   /* alone: the hashing is this thread's too, chunk after chunk */
+                    if (d) mf_digest_update(d, host[slot], ce - cs);
+                    atomic_store(&consumed[slot], (long)ch);
+                }
             }
         }
     }
     close(fd);
     free(ends);
     if (d) mf_digest_final(d, hex);
+    st->read_s += read_s;
+    st->queue_s += queue_s;
+    st->hash_s += hash_s;
+    st->wait_s += wait_s;
+    st->bytes += size;
     const int why = atomic_load(&failed);
     if (why == 1)
         return mf_fail(err, MF_EIO, "%s: read failed: %s", sf->path,
@@ -375,13 +408,20 @@ int GPU_FN(weights_upload)(gpu *G, mf_error *err) {
     const bool hash = !ck->weights_digest[0];
     char(*hex)[33] = mf_xcalloc(ck->nfiles ? ck->nfiles : 1, sizeof *hex);
     size_t first = 0;
+    upload_stats st = {0};
+    const double t0 = mf_now();
     for (size_t f = 0; f < ck->nfiles && !rc; f++) {
         while (first < S.n && S.v[first].file < f) first++;
-        rc = stream_file(G, &S, &first, f, host, stage, hash, hex[f], err);
+        rc = stream_file(G, &S, first, f, host, stage, hash, hex[f], &st, err);
     }
     char msg[256];
     if (!rc && GPU_FN(sync)(G->ctx, msg, sizeof msg)) rc = mf_fail(err, MF_EIO, "%s: weight upload: %s", G->desc, msg);
     if (!rc && hash) mf_checkpoint_digest_finish(ck, hex);
+    const char *stats = getenv("MOEFLIP_UPLOAD_STATS");
+    if (!rc && stats && *stats && strcmp(stats, "0"))
+        mf_log("moeflip: upload of %.2f GB in %.2f s: readers %.2f s reading and %.2f s queueing (summed over "
+               "threads), hashing %.2f s, waiting for reads %.2f s", (double)st.bytes / 1e9, mf_now() - t0, st.read_s,
+               st.queue_s, st.hash_s, st.wait_s);
     free(hex);
     for (int i = 0; i < SLOTS; i++) {
         GPU_FN(host_free)(host[i]);
