@@ -203,6 +203,144 @@ __global__ static void k_emu(gk_gemm g, int *flag) {
     }
 }
 
+#if defined(GPU_CUDA)
+/* ---- the instruction models again, register-tiled (CUDA): the same values as k_emu
+ *
+ * k_emu spends its time in frexp, ldexp and trunc, one output per thread.
+ * Here each thread holds a 4 x 4 tile of outputs; operands are decoded once
+ * per block (value as double, exponent as int) into shared memory; and
+ * truncating a term to a multiple of a power of two Q is one add and one
+ * subtract of a "magic" M = 1.5 * 2^52 * Q in the right rounding mode (the
+ * sum's last place is Q, so rounding it toward zero, or down, is the
+ * truncation; the subtraction is exact). A chunk's terms, so truncated, add
+ * up exactly in double (at most 37 bits above Q). Per product: one multiply,
+ * three adds, a sign, an exponent sum and a max.
+ *   NVIDIA fused: E = max(c's exponent, the products'); terms (c among them)
+ *     truncated toward zero at Q = 2^(E - F); the sum rounded toward zero to
+ *     fp32 (__double2float_rz, subnormals included) is k_emu's normalisation.
+ *   AMD CDNA3 grouped: Ep = the products' largest exponent; products truncated
+ *     toward zero at 2^(Ep - 24) and summed; E = max(Ep, c's exponent); the
+ *     sum rounded down at 2^(E - 31), c at 2^(E - 24), both added and rounded
+ *     to fp32 to nearest. */
+#define EM_T 4                 /* outputs per thread along each side */
+#define EM_B (16 * EM_T)       /* block tile: 64 x 64 */
+#define EM_K 16                /* K staged per step */
+
+/* M = 1.5 * 2^x: its last place is 2^(x - 52) */
+__device__ static double magic(int x) { return __longlong_as_double((long long)(1023 + x) << 52 | (1ll << 51)); }
+
+/* x truncated toward zero to a multiple of the last place of m (m > 0) */
+__device__ static double trunc_to(double x, double m) {
+    const double ms = copysign(m, x);
+    return __dadd_rz(x, ms) - ms;
+}
+
+/* x rounded down (toward minus infinity) to a multiple of the last place of m */
+__device__ static double floor_to(double x, double m) { return __dadd_rd(x, m) - m; }
+
+/* MMA-Sim's exponent of an fp32 value: unbiased for normal numbers, -126 for subnormals and zero */
+__device__ static int f32_exp(float v) {
+    const int e = (int)((__float_as_uint(v) >> 23) & 0xffu);
+    return e == 0 ? -126 : e - 127;
+}
+
+/* One operand: its value (0 for a non-finite one, which is flagged) and exponent */
+__device__ static void em_decode(uint16_t bits, int fmt, int zero_e, double *v, int *e, bool *bad) {
+    if (fmt == GK_F16) {
+        const int ex = (bits >> 10) & 0x1f;
+        *bad |= ex == 0x1f;
+        *v = ex == 0x1f ? 0.0 : (double)mf_f16_to_f32(bits);
+        *e = (bits & 0x7fffu) == 0 ? zero_e : ex == 0x1f ? -126 : ex == 0 ? -14 : ex - 15;
+    } else {
+        const int ex = (bits >> 7) & 0xff;
+        *bad |= ex == 0xff;
+        *v = ex == 0xff ? 0.0 : (double)mf_bf16_to_f32(bits);
+        *e = (bits & 0x7fffu) == 0 ? zero_e : ex == 0xff ? -126 : ex == 0 ? -126 : ex - 127;
+    }
+}
+
+__global__ static void __launch_bounds__(256) k_emu_tiled(gk_gemm g, int *flag) {
+    __shared__ double Av[EM_B][EM_K + 1], Bv[EM_B][EM_K + 1];
+    __shared__ int Ae[EM_B][EM_K + 1], Be[EM_B][EM_K + 1];
+    int e, r0, r1;
+    if (!tile_rows(&g, blockIdx.y, EM_B, &e, &r0, &r1)) return;
+    const int b = blockIdx.z, tx = threadIdx.x, ty = threadIdx.y, tid = ty * 16 + tx, n0 = blockIdx.x * EM_B;
+    const uint16_t *A = (const uint16_t *)g.A + (size_t)b * g.a_bstride;
+    const uint16_t *B = (const uint16_t *)g.B + (size_t)b * g.b_bstride + (size_t)e * g.b_bstride * (g.offsets != NULL);
+    const bool nv = g.emu_kind == GK_EMU_NV_FUSED;
+    const int zero_e = nv && g.emu_zero_excluded ? -1000000 : -126;
+    const int Kq = (g.K + g.emu_k - 1) / g.emu_k * g.emu_k, chunk = g.emu_chunk, F = g.emu_frac;
+    float acc[EM_T][EM_T];
+    for (int i = 0; i < EM_T; i++)
+        for (int j = 0; j < EM_T; j++) acc[i][j] = 0.0f;
+    bool bad = false;
+    int emax = INT_MIN;   /* the largest product exponent met: past 125 the model's range is left */
+    for (int k0 = 0; k0 < Kq; k0 += EM_K) {
+        for (int x = tid; x < EM_B * EM_K; x += 256) {
+            const int rr = x / EM_K, kk = x % EM_K, ar = r0 + rr, bc = n0 + rr, kg = k0 + kk;
+            const uint16_t ab = ar < r1 && kg < g.Kp ? A[(size_t)ar * g.Kp + kg] : 0;
+            const uint16_t bb = bc < g.N && kg < g.Kp ? B[(size_t)bc * g.Kp + kg] : 0;
+            em_decode(ab, g.fmt, zero_e, &Av[rr][kk], &Ae[rr][kk], &bad);
+            em_decode(bb, g.fmt, zero_e, &Bv[rr][kk], &Be[rr][kk], &bad);
+        }
+        __syncthreads();
+        for (int c0 = 0; c0 < EM_K && k0 + c0 < Kq; c0 += chunk) {
+            int E[EM_T][EM_T];
+            for (int i = 0; i < EM_T; i++)
+                for (int j = 0; j < EM_T; j++) E[i][j] = nv ? (acc[i][j] == 0.0f ? -126 : f32_exp(acc[i][j])) : INT_MIN;
+            for (int kk = c0; kk < c0 + chunk; kk++) {
+                int ea[EM_T], eb[EM_T];
+                for (int i = 0; i < EM_T; i++) ea[i] = Ae[ty + 16 * i][kk];
+                for (int j = 0; j < EM_T; j++) eb[j] = Be[tx + 16 * j][kk];
+                for (int i = 0; i < EM_T; i++)
+                    for (int j = 0; j < EM_T; j++) {
+                        const int ep = ea[i] + eb[j];
+                        E[i][j] = ep > E[i][j] ? ep : E[i][j];
+                        emax = ep > emax ? ep : emax;
+                    }
+            }
+            double M[EM_T][EM_T], S[EM_T][EM_T];
+            for (int i = 0; i < EM_T; i++)
+                for (int j = 0; j < EM_T; j++) {
+                    /* NVIDIA: Q = 2^(E - F); AMD: the products' Q = 2^(Ep - 24) */
+                    M[i][j] = magic(52 + E[i][j] - (nv ? F : 24));
+                    S[i][j] = nv ? trunc_to((double)acc[i][j], M[i][j]) : 0.0;
+                }
+            for (int kk = c0; kk < c0 + chunk; kk++) {
+                double av[EM_T], bv[EM_T];
+                for (int i = 0; i < EM_T; i++) av[i] = Av[ty + 16 * i][kk];
+                for (int j = 0; j < EM_T; j++) bv[j] = Bv[tx + 16 * j][kk];
+                for (int i = 0; i < EM_T; i++)
+                    for (int j = 0; j < EM_T; j++) S[i][j] += trunc_to(av[i] * bv[j], M[i][j]);
+            }
+            for (int i = 0; i < EM_T; i++)
+                for (int j = 0; j < EM_T; j++) {
+                    if (nv) {
+                        acc[i][j] = __double2float_rz(S[i][j]);
+                    } else {
+                        const int ec = acc[i][j] == 0.0f ? -126 : f32_exp(acc[i][j]);
+                        const int EE = E[i][j] > ec ? E[i][j] : ec;
+                        const double s31 = floor_to(S[i][j], magic(52 + EE - 31));
+                        const double c24 = floor_to((double)acc[i][j], magic(52 + EE - 24));
+                        acc[i][j] = __double2float_rn(s31 + c24);
+                    }
+                    bad |= !(fabsf(acc[i][j]) < 0x1p126f);
+                }
+        }
+        __syncthreads();
+    }
+    bad |= emax > 125;
+    float *C = g.C + (size_t)b * g.c_bstride;
+    for (int i = 0; i < EM_T; i++)
+        for (int j = 0; j < EM_T; j++) {
+            const int rr = r0 + ty + 16 * i, cc = n0 + tx + 16 * j;
+            if (rr < r1 && cc < g.N) C[(size_t)rr * g.N + cc] = acc[i][j];
+        }
+    /* the operands this thread decoded are the product's own (rows and columns past the product's are zeros) */
+    if (bad) atomicMin(flag, g.call_id);
+}
+#endif
+
 /* ---- tensor cores: a k16 chain of the hardware's own instruction */
 
 #if defined(GPU_CUDA)
@@ -484,6 +622,13 @@ extern "C" int GPU_FN(gemm)(gk_ctx *c, const gk_gemm *g, char *msg, size_t msg_n
             snprintf(msg, msg_n, "emulated product: chunk of %d products does not divide a 16-wide tile", g->emu_chunk);
             return 1;
         }
+#if defined(GPU_CUDA)
+        if (!getenv("MF_GPU_EMU_SIMPLE")) {   /* MF_GPU_EMU_SIMPLE=1: the one-output-per-thread kernel, for checks */
+            dim3 grid((g->N + EM_B - 1) / EM_B, row_tiles(g, EM_B), g->batch), block(16, 16);
+            k_emu_tiled<<<grid, block, 0, c->stream>>>(*g, c->flag);
+            break;
+        }
+#endif
         dim3 grid((g->N + ET - 1) / ET, row_tiles(g, ET), g->batch), block(ET, ET);
         k_emu<<<grid, block, 0, c->stream>>>(*g, c->flag);
         break;
