@@ -94,7 +94,85 @@ static int digest_file(const mf_st_file *f, char hex[33], mf_error *err) {
     return MF_OK;
 }
 
-void mf_checkpoint_digest_finish(mf_checkpoint *c, char (*file_hex)[33]) {
+/* ---- the digest cache ---------------------------------------------------- */
+
+static bool cache_path(char *dst, size_t n) {
+    const char *v = getenv("MOEFLIP_DIGEST_CACHE");
+    if (v && !strcmp(v, "0")) return false;
+    const char *dir = getenv("MOEFLIP_CACHE_DIR"), *xdg = getenv("XDG_CACHE_HOME"), *home = getenv("HOME");
+    int w;
+    if (dir && *dir) w = snprintf(dst, n, "%s/weights-digests", dir);
+    else if (xdg && *xdg) w = snprintf(dst, n, "%s/moeflip/weights-digests", xdg);
+    else if (home && *home) w = snprintf(dst, n, "%s/.cache/moeflip/weights-digests", home);
+    else return false;
+    return w > 0 && (size_t)w < n;
+}
+
+/* The cached digest of a file with this identity, or false. Lines: "IDENTITY HEX PATH". */
+static bool cache_lookup(const char *identity, char hex[33]) {
+    char path[4096];
+    if (!cache_path(path, sizeof path)) return false;
+    FILE *fp = fopen(path, "r");
+    if (!fp) return false;
+    char line[5000];
+    const size_t il = strlen(identity);
+    bool found = false;
+    while (!found && fgets(line, sizeof line, fp)) {
+        if (strncmp(line, identity, il) || line[il] != ' ') continue;
+        const char *h = line + il + 1;
+        bool ok = strlen(h) >= 33 && h[32] == ' ';
+        for (int i = 0; ok && i < 32; i++) ok = (h[i] >= '0' && h[i] <= '9') || (h[i] >= 'a' && h[i] <= 'f');
+        if (ok) {
+            memcpy(hex, h, 32);
+            hex[32] = 0;
+            found = true;
+        }
+    }
+    fclose(fp);
+    return found;
+}
+
+/* Adds the checkpoint's files to the cache (newest first, at most 2000 lines kept); failures are ignored: the
+ * cache only saves time. */
+static void cache_store(const mf_checkpoint *c, char (*file_hex)[33]) {
+    char path[4096];
+    if (!cache_path(path, sizeof path)) return;
+    char *old = NULL;
+    size_t len = 0;
+    mf_error ignore = {0};
+    if (mf_path_exists(path) && mf_read_file(path, &old, &len, &ignore)) old = NULL;
+    size_t cap = 4096 + (old ? len : 0), n = 0;
+    char *out = mf_xmalloc(cap);
+    int lines = 0;
+    for (size_t i = 0; i < c->nfiles; i++) {
+        const int w = snprintf(out + n, cap - n, "%s %s %s\n", c->files[i]->identity, file_hex[i], c->files[i]->path);
+        if (w > 0 && (size_t)w < cap - n) n += (size_t)w, lines++;
+    }
+    for (char *line = old, *next; line && *line && lines < 2000; line = next, lines++) {
+        next = strchr(line, '\n');
+        next = next ? next + 1 : line + strlen(line);
+        bool mine = false;
+        for (size_t i = 0; i < c->nfiles && !mine; i++) {
+            const size_t il = strlen(c->files[i]->identity);
+            mine = !strncmp(line, c->files[i]->identity, il) && line[il] == ' ';
+        }
+        if (mine) continue;
+        const size_t ll = (size_t)(next - line);
+        if (n + ll + 1 > cap) out = mf_xrealloc(out, cap = 2 * cap + ll);
+        memcpy(out + n, line, ll);
+        n += ll;
+    }
+    char dir[4096];
+    snprintf(dir, sizeof dir, "%s", path);
+    char *slash = strrchr(dir, '/');
+    if (slash) *slash = 0;
+    if (!mf_mkdir_p(dir, &ignore)) mf_write_file_atomic(path, out, n, &ignore);
+    free(out);
+    free(old);
+}
+
+/* The weights digest from the files' own: over (name, digest) in file order */
+static void combine(mf_checkpoint *c, char (*file_hex)[33]) {
     mf_digest_state *ds = mf_digest_new();
     for (size_t i = 0; i < c->nfiles; i++) {
         const char *slash = strrchr(c->files[i]->path, '/');
@@ -105,8 +183,23 @@ void mf_checkpoint_digest_finish(mf_checkpoint *c, char (*file_hex)[33]) {
     mf_digest_final(ds, c->weights_digest);
 }
 
+/* Whether the cache holds every file's digest; then the weights digest is made from them. */
+static bool digest_from_cache(mf_checkpoint *c) {
+    char(*hex)[33] = mf_xcalloc(c->nfiles ? c->nfiles : 1, sizeof *hex);
+    bool all = c->nfiles > 0;
+    for (size_t i = 0; i < c->nfiles && all; i++) all = cache_lookup(c->files[i]->identity, hex[i]);
+    if (all) combine(c, hex);
+    free(hex);
+    return all;
+}
+
+void mf_checkpoint_digest_finish(mf_checkpoint *c, char (*file_hex)[33]) {
+    cache_store(c, file_hex);
+    combine(c, file_hex);
+}
+
 int mf_checkpoint_digest(mf_checkpoint *c, mf_error *err) {
-    if (c->weights_digest[0]) return MF_OK;
+    if (c->weights_digest[0] || digest_from_cache(c)) return MF_OK;
     char(*hex)[33] = mf_xcalloc(c->nfiles ? c->nfiles : 1, sizeof *hex);
     int rc = MF_OK;
     for (size_t i = 0; i < c->nfiles && !rc; i++) rc = digest_file(c->files[i], hex[i], err);
@@ -133,7 +226,9 @@ int mf_checkpoint_open(mf_checkpoint **out, const char *dir, mf_error *err) {
 static int checkpoint_open(mf_checkpoint **out, const char *dir, bool map, mf_error *err);
 
 int mf_checkpoint_open_deferred(mf_checkpoint **out, const char *dir, mf_error *err) {
-    return checkpoint_open(out, dir, true, err);
+    int rc = checkpoint_open(out, dir, true, err);
+    if (!rc) digest_from_cache(*out);
+    return rc;
 }
 
 int mf_checkpoint_open_headers(mf_checkpoint **out, const char *dir, mf_error *err) {

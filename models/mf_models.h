@@ -30,6 +30,10 @@ typedef struct mf_st_file {
     mf_st_tensor *tensors;   /* sorted by name */
     size_t count;
     char *metadata_json;     /* the "__metadata__" object as JSON text, or NULL */
+    /* the file's identity when it was opened (device, inode, size, and the
+     * modification and change times to the nanosecond): what the weights
+     * digest cache is keyed by */
+    char identity[128];
 } mf_st_file;
 
 /* Maps a .safetensors file and validates its header completely: length,
@@ -76,7 +80,13 @@ int mf_checkpoint_open(mf_checkpoint **out, const char *dir, mf_error *err);
 int mf_checkpoint_open_deferred(mf_checkpoint **out, const char *dir, mf_error *err);
 /* The files' headers only, validated (nothing mapped: tensors' data NULL). */
 int mf_checkpoint_open_headers(mf_checkpoint **out, const char *dir, mf_error *err);
-/* Computes the weights digest now (a no-op when it is known). */
+/* Computes the weights digest now (a no-op when it is known). Each file's
+ * XXH3-128 is kept in a cache ($MOEFLIP_CACHE_DIR, else $XDG_CACHE_HOME/moeflip,
+ * else ~/.cache/moeflip: weights-digests), keyed by the file's device, inode,
+ * size, modification and change times (any write changes the change time),
+ * so a checkpoint is hashed once; MOEFLIP_DIGEST_CACHE=0 turns it off. Opening
+ * a checkpoint (deferred or not) takes the digest from the cache when every
+ * file is there. */
 int mf_checkpoint_digest(mf_checkpoint *c, mf_error *err);
 /* Sets the weights digest from each file's XXH3-128 (hex, c->files order),
  * for a caller that hashed the files as it read them. */

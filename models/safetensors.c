@@ -106,6 +106,9 @@ static int st_open(mf_st_file **out, const char *path, bool map, mf_error *err) 
         rc = mf_fail(err, MF_EIO, "%s: not a regular file", path);
         goto fail;
     }
+    snprintf(f->identity, sizeof f->identity, "%llu:%llu:%lld:%lld.%09ld:%lld.%09ld", (unsigned long long)st.st_dev,
+             (unsigned long long)st.st_ino, (long long)st.st_size, (long long)st.st_mtim.tv_sec, st.st_mtim.tv_nsec,
+             (long long)st.st_ctim.tv_sec, st.st_ctim.tv_nsec);
     const size_t size = (size_t)st.st_size;
     uint8_t lenbuf[8];
     if (size < 8 || pread(fd, lenbuf, 8, 0) != 8) {

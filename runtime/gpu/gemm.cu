@@ -244,8 +244,8 @@ __device__ static int f32_exp(float v) {
     return e == 0 ? -126 : e - 127;
 }
 
-/* One operand: its value (0 for a non-finite one, which is flagged) and exponent */
-__device__ static void em_decode(uint16_t bits, int fmt, int zero_e, double *v, int *e, bool *bad) {
+/* One operand: its value (0 for a non-finite one, which is flagged), exponent and sign (as bit 31) */
+__device__ static void em_decode(uint16_t bits, int fmt, int zero_e, double *v, int *e, unsigned *sg, bool *bad) {
     if (fmt == GK_F16) {
         const int ex = (bits >> 10) & 0x1f;
         *bad |= ex == 0x1f;
@@ -257,11 +257,16 @@ __device__ static void em_decode(uint16_t bits, int fmt, int zero_e, double *v, 
         *v = ex == 0xff ? 0.0 : (double)mf_bf16_to_f32(bits);
         *e = (bits & 0x7fffu) == 0 ? zero_e : ex == 0xff ? -126 : ex == 0 ? -126 : ex - 127;
     }
+    *sg = (unsigned)(bits & 0x8000u) << 16;
 }
+
+/* The high word of M = 1.5 * 2^x (its low word is zero) */
+__device__ static int magic_hi(int x) { return (1023 + x) << 20 | 1 << 19; }
 
 __global__ static void __launch_bounds__(256) k_emu_tiled(gk_gemm g, int *flag) {
     __shared__ double Av[EM_B][EM_K + 1], Bv[EM_B][EM_K + 1];
     __shared__ int Ae[EM_B][EM_K + 1], Be[EM_B][EM_K + 1];
+    __shared__ unsigned As[EM_B][EM_K + 1], Bs[EM_B][EM_K + 1];
     int e, r0, r1;
     if (!tile_rows(&g, blockIdx.y, EM_B, &e, &r0, &r1)) return;
     const int b = blockIdx.z, tx = threadIdx.x, ty = threadIdx.y, tid = ty * 16 + tx, n0 = blockIdx.x * EM_B;
@@ -274,14 +279,13 @@ __global__ static void __launch_bounds__(256) k_emu_tiled(gk_gemm g, int *flag) 
     for (int i = 0; i < EM_T; i++)
         for (int j = 0; j < EM_T; j++) acc[i][j] = 0.0f;
     bool bad = false;
-    int emax = INT_MIN;   /* the largest product exponent met: past 125 the model's range is left */
     for (int k0 = 0; k0 < Kq; k0 += EM_K) {
         for (int x = tid; x < EM_B * EM_K; x += 256) {
             const int rr = x / EM_K, kk = x % EM_K, ar = r0 + rr, bc = n0 + rr, kg = k0 + kk;
             const uint16_t ab = ar < r1 && kg < g.Kp ? A[(size_t)ar * g.Kp + kg] : 0;
             const uint16_t bb = bc < g.N && kg < g.Kp ? B[(size_t)bc * g.Kp + kg] : 0;
-            em_decode(ab, g.fmt, zero_e, &Av[rr][kk], &Ae[rr][kk], &bad);
-            em_decode(bb, g.fmt, zero_e, &Bv[rr][kk], &Be[rr][kk], &bad);
+            em_decode(ab, g.fmt, zero_e, &Av[rr][kk], &Ae[rr][kk], &As[rr][kk], &bad);
+            em_decode(bb, g.fmt, zero_e, &Bv[rr][kk], &Be[rr][kk], &Bs[rr][kk], &bad);
         }
         __syncthreads();
         for (int c0 = 0; c0 < EM_K && k0 + c0 < Kq; c0 += chunk) {
@@ -293,29 +297,40 @@ __global__ static void __launch_bounds__(256) k_emu_tiled(gk_gemm g, int *flag) 
                 for (int i = 0; i < EM_T; i++) ea[i] = Ae[ty + 16 * i][kk];
                 for (int j = 0; j < EM_T; j++) eb[j] = Be[tx + 16 * j][kk];
                 for (int i = 0; i < EM_T; i++)
-                    for (int j = 0; j < EM_T; j++) {
-                        const int ep = ea[i] + eb[j];
-                        E[i][j] = ep > E[i][j] ? ep : E[i][j];
-                        emax = ep > emax ? ep : emax;
-                    }
+                    for (int j = 0; j < EM_T; j++) E[i][j] = max(E[i][j], ea[i] + eb[j]);
             }
-            double M[EM_T][EM_T], S[EM_T][EM_T];
+            int Mh[EM_T][EM_T];
+            double S[EM_T][EM_T];
             for (int i = 0; i < EM_T; i++)
                 for (int j = 0; j < EM_T; j++) {
+                    bad |= !nv && E[i][j] > 125;   /* past the model's exact range (NVIDIA's E holds c's too) */
                     /* NVIDIA: Q = 2^(E - F); AMD: the products' Q = 2^(Ep - 24) */
-                    M[i][j] = magic(52 + E[i][j] - (nv ? F : 24));
-                    S[i][j] = nv ? trunc_to((double)acc[i][j], M[i][j]) : 0.0;
+                    Mh[i][j] = magic_hi(52 + E[i][j] - (nv ? F : 24));
+                    S[i][j] = nv ? trunc_to((double)acc[i][j], __hiloint2double(Mh[i][j], 0)) : 0.0;
                 }
             for (int kk = c0; kk < c0 + chunk; kk++) {
                 double av[EM_T], bv[EM_T];
-                for (int i = 0; i < EM_T; i++) av[i] = Av[ty + 16 * i][kk];
-                for (int j = 0; j < EM_T; j++) bv[j] = Bv[tx + 16 * j][kk];
+                unsigned as[EM_T], bs[EM_T];
+                for (int i = 0; i < EM_T; i++) {
+                    av[i] = Av[ty + 16 * i][kk];
+                    as[i] = As[ty + 16 * i][kk];
+                }
+                for (int j = 0; j < EM_T; j++) {
+                    bv[j] = Bv[tx + 16 * j][kk];
+                    bs[j] = Bs[tx + 16 * j][kk];
+                }
+                /* the product rounded toward zero once, after the product's own sign's magic is added
+                 * (a fused multiply-add: the product is exact), then the magic taken off: exact */
                 for (int i = 0; i < EM_T; i++)
-                    for (int j = 0; j < EM_T; j++) S[i][j] += trunc_to(av[i] * bv[j], M[i][j]);
+                    for (int j = 0; j < EM_T; j++) {
+                        const double ms = __hiloint2double((int)((as[i] ^ bs[j]) | (unsigned)Mh[i][j]), 0);
+                        S[i][j] += __fma_rz(av[i], bv[j], ms) - ms;
+                    }
             }
             for (int i = 0; i < EM_T; i++)
                 for (int j = 0; j < EM_T; j++) {
                     if (nv) {
+                        bad |= E[i][j] > 125;
                         acc[i][j] = __double2float_rz(S[i][j]);
                     } else {
                         const int ec = acc[i][j] == 0.0f ? -126 : f32_exp(acc[i][j]);
@@ -329,7 +344,6 @@ __global__ static void __launch_bounds__(256) k_emu_tiled(gk_gemm g, int *flag) 
         }
         __syncthreads();
     }
-    bad |= emax > 125;
     float *C = g.C + (size_t)b * g.c_bstride;
     for (int i = 0; i < EM_T; i++)
         for (int j = 0; j < EM_T; j++) {
