@@ -496,6 +496,116 @@ __attribute__((target("avx512f,avx512bf16"))) static void kdp_avx512(int mr, int
 }
 #endif
 
+#ifdef MF_HAVE_X86
+/* The same two kernels reading and writing C itself (rows ldc apart, nc <= 32
+ * columns, masked): the running sums start from C's values when `load`, from
+ * zero otherwise, so no tile is copied through a buffer between k blocks. */
+__attribute__((target("avx512f"))) static inline void cmasks(int nc, __mmask16 *m0, __mmask16 *m1) {
+    *m0 = nc >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << nc) - 1);
+    *m1 = nc >= 32 ? (__mmask16)0xffff : nc > 16 ? (__mmask16)((1u << (nc - 16)) - 1) : (__mmask16)0;
+}
+
+__attribute__((target("avx512f,avx512bf16"))) static void kdp_avx512_c(int mr, int kc2, const uint32_t *a, size_t lda2,
+                                                                       const uint32_t *b, float *C, size_t ldc, int nc,
+                                                                       bool load) {
+    __m512 c[MR_WIDE][2];
+    __mmask16 m0, m1;
+    cmasks(nc, &m0, &m1);
+    for (int i = 0; i < mr; i++) {
+        c[i][0] = load ? _mm512_maskz_loadu_ps(m0, C + (size_t)i * ldc) : _mm512_setzero_ps();
+        c[i][1] = load ? _mm512_maskz_loadu_ps(m1, C + (size_t)i * ldc + 16) : _mm512_setzero_ps();
+    }
+    if (mr == MR_WIDE) {
+        for (int p = 0; p < kc2; p++) {
+            const __m512bh b0 = (__m512bh)_mm512_loadu_si512(b + (size_t)p * 32);
+            const __m512bh b1 = (__m512bh)_mm512_loadu_si512(b + (size_t)p * 32 + 16);
+#pragma GCC unroll 12
+            for (int i = 0; i < MR_WIDE; i++) {
+                const __m512bh x = (__m512bh)_mm512_set1_epi32((int)a[(size_t)i * lda2 + p]);
+                c[i][0] = _mm512_dpbf16_ps(c[i][0], x, b0);
+                c[i][1] = _mm512_dpbf16_ps(c[i][1], x, b1);
+            }
+        }
+    } else {
+        for (int p = 0; p < kc2; p++) {
+            const __m512bh b0 = (__m512bh)_mm512_loadu_si512(b + (size_t)p * 32);
+            const __m512bh b1 = (__m512bh)_mm512_loadu_si512(b + (size_t)p * 32 + 16);
+            for (int i = 0; i < mr; i++) {
+                const __m512bh x = (__m512bh)_mm512_set1_epi32((int)a[(size_t)i * lda2 + p]);
+                c[i][0] = _mm512_dpbf16_ps(c[i][0], x, b0);
+                c[i][1] = _mm512_dpbf16_ps(c[i][1], x, b1);
+            }
+        }
+    }
+    for (int i = 0; i < mr; i++) {
+        _mm512_mask_storeu_ps(C + (size_t)i * ldc, m0, c[i][0]);
+        _mm512_mask_storeu_ps(C + (size_t)i * ldc + 16, m1, c[i][1]);
+    }
+}
+
+__attribute__((target("avx512f"))) static void kf32_avx512_c(int mr, int kc, const float *a, size_t lda, const float *b,
+                                                             float *C, size_t ldc, int nc, bool load) {
+    __m512 c[MR_WIDE][2];
+    __mmask16 m0, m1;
+    cmasks(nc, &m0, &m1);
+    for (int i = 0; i < mr; i++) {
+        c[i][0] = load ? _mm512_maskz_loadu_ps(m0, C + (size_t)i * ldc) : _mm512_setzero_ps();
+        c[i][1] = load ? _mm512_maskz_loadu_ps(m1, C + (size_t)i * ldc + 16) : _mm512_setzero_ps();
+    }
+    if (mr == MR_WIDE) {
+        for (int kk = 0; kk < kc; kk++) {
+            const __m512 b0 = _mm512_loadu_ps(b + (size_t)kk * 32), b1 = _mm512_loadu_ps(b + (size_t)kk * 32 + 16);
+#pragma GCC unroll 12
+            for (int i = 0; i < MR_WIDE; i++) {
+                const __m512 x = _mm512_set1_ps(a[(size_t)i * lda + kk]);
+                c[i][0] = _mm512_fmadd_ps(x, b0, c[i][0]);
+                c[i][1] = _mm512_fmadd_ps(x, b1, c[i][1]);
+            }
+        }
+    } else {
+        for (int kk = 0; kk < kc; kk++) {
+            const __m512 b0 = _mm512_loadu_ps(b + (size_t)kk * 32), b1 = _mm512_loadu_ps(b + (size_t)kk * 32 + 16);
+            for (int i = 0; i < mr; i++) {
+                const __m512 x = _mm512_set1_ps(a[(size_t)i * lda + kk]);
+                c[i][0] = _mm512_fmadd_ps(x, b0, c[i][0]);
+                c[i][1] = _mm512_fmadd_ps(x, b1, c[i][1]);
+            }
+        }
+    }
+    for (int i = 0; i < mr; i++) {
+        _mm512_mask_storeu_ps(C + (size_t)i * ldc, m0, c[i][0]);
+        _mm512_mask_storeu_ps(C + (size_t)i * ldc + 16, m1, c[i][1]);
+    }
+}
+
+/* A's rows as swapped bf16 pairs, 32 values at a time; false when a value is not a dp-safe bf16 */
+__attribute__((target("avx512f,avx512bw"))) static bool pack_row_avx512(int k, const float *src, uint32_t *d) {
+    const __m512i lowbits = _mm512_set1_epi32(0xffff), mag = _mm512_set1_epi16(0x7fff);
+    const __m512i lo = _mm512_set1_epi16(72 << 7), hi = _mm512_set1_epi16(0x7f80);
+    /* the high halves of two vectors of 16 floats, in order: words 1, 3, ..., 31 of x then of y */
+    const __m512i sel = _mm512_set_epi16(63, 61, 59, 57, 55, 53, 51, 49, 47, 45, 43, 41, 39, 37, 35, 33, 31, 29, 27, 25,
+                                         23, 21, 19, 17, 15, 13, 11, 9, 7, 5, 3, 1);
+    __mmask32 bad = 0;
+    __mmask16 low = 0;
+    int kk = 0;
+    for (; kk + 32 <= k; kk += 32) {
+        const __m512i x = _mm512_loadu_si512(src + kk), y = _mm512_loadu_si512(src + kk + 16);
+        low |= _mm512_test_epi32_mask(x, lowbits) | _mm512_test_epi32_mask(y, lowbits);
+        const __m512i h = _mm512_permutex2var_epi16(x, sel, y);   /* 32 bf16 values, k order */
+        const __m512i a = _mm512_and_si512(h, mag);
+        bad |= _mm512_test_epi16_mask(a, a) & (_mm512_cmplt_epu16_mask(a, lo) | _mm512_cmpge_epu16_mask(a, hi));
+        _mm512_storeu_si512(d + kk / 2, _mm512_rol_epi32(h, 16));   /* element k to the high half */
+    }
+    if (bad || low) return false;
+    for (; kk < k; kk += 2) {
+        const uint32_t h1 = mf_f32_bits(src[kk]), l1 = kk + 1 < k ? mf_f32_bits(src[kk + 1]) : 0;
+        if ((h1 | l1) & 0xffffu || !dp_safe((uint16_t)(h1 >> 16)) || !dp_safe((uint16_t)(l1 >> 16))) return false;
+        d[kk / 2] = (h1 & 0xffff0000u) | l1 >> 16;
+    }
+    return true;
+}
+#endif
+
 /* ---- the self-check of the pair kernel -------------------------------------- */
 
 #ifdef MF_HAVE_X86
@@ -622,33 +732,24 @@ static void group_dp(const mf_mat *w, int j0, int nc, int r0, int r1, const floa
                      size_t lda2, float *c, size_t ldc, mf_tri tri, int kc_max, uint32_t *pp, float *pf) {
 #ifdef MF_HAVE_X86
     const int k = w->k, nr = NR_F32W;
-    float acc[MR_WIDE * 32];
-    bool pairs_ok = true;
-    for (int k0 = 0; k0 < k; k0 += kc_max) {
+    bool pairs_ok = a2 != NULL;
+    for (int k0 = 0; k0 < k || k0 == 0; k0 += kc_max) {
         const int kc = k - k0 < kc_max ? k - k0 : kc_max;
         if (tri == MF_TRI_K && k0 > 0 && k0 >= r1) break;
         if (pairs_ok) pairs_ok = panel_pairs(w, j0, nc, k0, kc, k, nr, pp, true);
-        if (!pairs_ok) panel_f32(w, j0, nc, k0, kc, nr, pf, true);
+        if (!pairs_ok && kc > 0) panel_f32(w, j0, nc, k0, kc, nr, pf, true);
         for (int i0 = r0; i0 < r1; i0 += MR_WIDE) {
             const int mr = r1 - i0 < MR_WIDE ? r1 - i0 : MR_WIDE;
             if (tri == MF_TRI_COLS && j0 > i0 + mr - 1) continue;
             const int kend = tri == MF_TRI_K && i0 + mr < k ? i0 + mr : k;
             if (k0 > 0 && k0 >= kend) continue;
             const int kcc = kend - k0 < kc ? kend - k0 : kc;
-            for (int i = 0; i < mr; i++) {
-                float *ai = acc + (size_t)i * nr;
-                if (k0 == 0) memset(ai, 0, (size_t)nr * sizeof(float));
-                else {
-                    memcpy(ai, c + (size_t)(i0 + i) * ldc + j0, (size_t)nc * sizeof(float));
-                    memset(ai + nc, 0, (size_t)(nr - nc) * sizeof(float));
-                }
-            }
+            float *ct = c + (size_t)i0 * ldc + j0;
             /* the pairs past kend hold zeros of A (TRI_K: A[i, kk] = 0 for kk > i) or of the padding: exact */
-            if (pairs_ok) kdp_avx512(mr, (kcc + 1) / 2, a2 + (size_t)i0 * lda2 + k0 / 2, lda2, pp, acc);
-            else kf32_avx512(mr, kcc, a + (size_t)i0 * lda + k0, lda, pf, acc);
-            for (int i = 0; i < mr; i++)
-                memcpy(c + (size_t)(i0 + i) * ldc + j0, acc + (size_t)i * nr, (size_t)nc * sizeof(float));
+            if (pairs_ok) kdp_avx512_c(mr, (kcc + 1) / 2, a2 + (size_t)i0 * lda2 + k0 / 2, lda2, pp, ct, ldc, nc, k0 > 0);
+            else kf32_avx512_c(mr, kcc, a + (size_t)i0 * lda + k0, lda, pf, ct, ldc, nc, k0 > 0);
         }
+        if (k == 0) break;
     }
 #else
     (void)w, (void)j0, (void)nc, (void)r0, (void)r1, (void)a, (void)lda, (void)a2, (void)lda2, (void)c, (void)ldc;
@@ -662,6 +763,9 @@ static bool pack_a_pairs(int m, int k, const float *a, size_t lda, uint32_t *dst
 #pragma omp parallel for schedule(static) reduction(| : bad) num_threads(threads) if (threads > 1 && (size_t)m * k >= 65536)
     for (int i = 0; i < m; i++) {
         const float *src = a + (size_t)i * lda;
+#ifdef MF_HAVE_X86
+        bad |= !pack_row_avx512(k, src, dst + (size_t)i * lda2);   /* the pair kernel's path: AVX-512 is there */
+#else
         uint32_t *d = dst + (size_t)i * lda2;
         for (int kk = 0; kk < k; kk += 2) {
             const uint32_t hi = mf_f32_bits(src[kk]), lo = kk + 1 < k ? mf_f32_bits(src[kk + 1]) : 0;
@@ -669,6 +773,7 @@ static bool pack_a_pairs(int m, int k, const float *a, size_t lda, uint32_t *dst
             bad |= !dp_safe((uint16_t)(hi >> 16)) | !dp_safe((uint16_t)(lo >> 16));
             d[kk / 2] = (hi & 0xffff0000u) | lo >> 16;
         }
+#endif
     }
     return !bad;
 }
@@ -709,7 +814,8 @@ void mf_gemm_f32(int m, const float *a, size_t lda, const mf_mat *w, float *c, s
             const int j0 = g * nr, nc = n - j0 < nr ? n - j0 : nr;
             const int r0 = ch * pl.chunk_rows, r1 = r0 + pl.chunk_rows < m ? r0 + pl.chunk_rows : m;
             if (r0 >= r1) continue;
-            if (a2) group_dp(w, j0, nc, r0, r1, a, lda, a2, lda2, c, ldc, tri, kc, pp, panel);
+            /* AVX-512: the kernels read and write C themselves (the pair kernel where A allows it) */
+            if (wide) group_dp(w, j0, nc, r0, r1, a, lda, a2, lda2, c, ldc, tri, kc, pp, panel);
             else group_f32(w, j0, nc, r0, r1, a, lda, c, ldc, tri, kc, nr, mr, panel, kern, wide);
         }
         free(panel);
