@@ -288,7 +288,7 @@ double mf_rng_normal(mf_rng *r);             /* Box-Muller, standard normal */
 
 /* ---- small helpers ----------------------------------------------------- */
 
-void *mf_xmalloc(size_t n);          /* aborts on out of memory: allocation failure is not recoverable here */
+void *mf_xmalloc(size_t n);          /* on out of memory: one line on stderr and exit 1 (commands check memory first) */
 void *mf_xcalloc(size_t n, size_t size);
 void *mf_xrealloc(void *p, size_t n);
 char *mf_xstrdup(const char *s);

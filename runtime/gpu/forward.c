@@ -199,7 +199,12 @@ typedef struct prod {
 } prod;
 
 static int engine_for(const gpu *G, int fmt, bool grouped) {
+#if defined(MF_GPU_BACKEND_HIP)
+    /* the HIP backend has no BLAS engine: its fp32 products are the fp32 fma chain */
+    if (fmt == GK_F32) return GK_ENGINE_CHAIN32;
+#else
     if (fmt == GK_F32) return G->num.kind == MF_NUMERICS_NATIVE && !grouped ? GK_ENGINE_BLAS : GK_ENGINE_CHAIN32;
+#endif
     if (G->engine16 == GK_ENGINE_BLAS && grouped) return GK_ENGINE_MMA;   /* grouped_mm is a tensor-core kernel, not cuBLAS */
     return G->engine16;
 }
