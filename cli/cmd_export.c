@@ -48,7 +48,7 @@ int cmd_export(int argc, char **argv) {
             mf_atomic_abort(&af);
             status = 1;
         } else if (mf_atomic_commit(&af, &err)) status = 1;
-    } else if (mf_run_export(r, fmt, stdout, &err)) {
+    } else if (mf_run_export(r, fmt, stdout, &err) && !ferror(stdout)) {
         status = 1;
     } else if (fflush(stdout) != 0 || ferror(stdout)) {
         mf_run_close(r);

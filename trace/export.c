@@ -7,6 +7,7 @@
  * here is there with the shape the manifest declares. */
 #include "mf_trace.h"
 
+#include <errno.h>
 #include <math.h>
 #include <string.h>
 
@@ -160,6 +161,6 @@ int mf_run_export(mf_run *r, mf_export_format fmt, FILE *out, mf_error *err) {
         if (fmt == MF_EXPORT_JSONL) export_jsonl(r, s, &st, out);
         else export_csv(r, s, &st, out);
     }
-    if (ferror(out)) return mf_fail(err, MF_EIO, "write error while exporting %s", r->dir);
+    if (ferror(out)) return mf_fail(err, MF_EIO, "exporting %s: writing failed: %s", r->dir, strerror(errno ? errno : EIO));
     return MF_OK;
 }
