@@ -49,8 +49,11 @@ size_t mf_utf8_length(const char *s) {
 }
 
 /* A message cut by the buffer's size loses what is left of a character split at the end, and bytes that are
- * not UTF-8 (read from a file) become '?': every message is valid UTF-8. */
+ * not UTF-8 (read from a file) or control characters (a line break a parser quoted from its input) become '?':
+ * every message is one line of valid UTF-8. */
 static void tidy(char *msg) {
+    for (char *p = msg; *p; p++)
+        if ((unsigned char)*p < 0x20 || *p == 0x7f) *p = '?';
     size_t len = strlen(msg), start = len;
     while (start > 0 && len - start < 3 && ((unsigned char)msg[start - 1] & 0xc0) == 0x80) start--;
     if (start > 0 && (unsigned char)msg[start - 1] >= 0xc0 &&

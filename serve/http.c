@@ -329,6 +329,8 @@ void conn_error(conn *c, int status, const char *fmt, ...) {
     if (start > 0 && (unsigned char)msg[start - 1] >= 0xc0 && mf_utf8_char((const unsigned char *)msg + start - 1, n - start + 1) == 0)
         msg[start - 1] = 0;
     mf_utf8_scrub(msg);
+    for (char *p = msg; *p; p++)
+        if ((unsigned char)*p < 0x20 || *p == 0x7f) *p = '?';   /* one line */
     json_t *j = json_pack("{ss}", "error", msg);
     conn_json(c, status, j);
 }
