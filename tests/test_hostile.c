@@ -555,6 +555,13 @@ Test(diff, metrics_that_are_not_numbers_are_null_with_a_warning) {
     cr_assert(strstr(sum, "forward_kl") && strstr(sum, "null (not a number)") && strstr(sum, "warning:"), "%s", sum);
     free(sum);
     cr_assert(strstr(err, "warning: target 1"), "the warning is logged: %s", err);
+    /* and the report says it too */
+    char html[4500];
+    snprintf(html, sizeof html, "%s/r.html", d);
+    cr_assert_eq(run_moeflip(err, sizeof err, "report '%s' -o '%s'", out, html), 0, "%s", err);
+    cr_assert_eq(mf_read_file(html, &sum, &sl, &e), MF_OK);
+    cr_assert(strstr(sum, "Warnings") && strstr(sum, "forward_kl is not a number"), "the report does not say it");
+    free(sum);
 }
 
 /* A diff that fails after writing diff.json leaves no diff.json that looks valid. */
