@@ -22,6 +22,8 @@ int cmd_push(int argc, char **argv);
 
 /* Prints "moeflip: <message>" and returns 1. */
 int cli_fail(const mf_error *err);
+/* Prints "moeflip: <what>: writing to standard output failed: <errno's reason>" and returns 1. */
+int cli_stdout_error(const char *what);
 /* Prints "moeflip <cmd>: <message>", the usage hint, and returns 2. */
 int cli_usage_error(const char *cmd, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 /* Parses a positive int option value; false if malformed. */

@@ -4,8 +4,10 @@
 
 #include <getopt.h>
 #include <jansson.h>
+#include <errno.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 static const char *help =
     "usage: moeflip diff REF TARGET [TARGET...] [-o diff.json] [--positions FILE.csv] [--slots FILE.csv]\n"
@@ -39,6 +41,19 @@ static char *config_key(mf_run *r) {
         s = NULL;
     json_decref(m);
     return s;
+}
+
+/* The outputs of a diff are written whole or not at all: each under a temporary name first, all renamed into
+ * place once every one is written, the temporaries removed when anything failed. */
+typedef struct output {
+    const char *path;
+    char tmp[4200];
+} output;
+
+static void output_init(output *o, const char *path) {
+    o->path = path;
+    o->tmp[0] = 0;
+    if (path) snprintf(o->tmp, sizeof o->tmp, "%s.tmp.diff.%ld", path, (long)getpid());
 }
 
 int cmd_diff(int argc, char **argv) {
@@ -78,6 +93,7 @@ int cmd_diff(int argc, char **argv) {
     mf_diff_acc **accs = mf_xcalloc((size_t)nt, sizeof *accs);
     mf_diff_acc *floor_acc = NULL;
     int status = 1;
+    output outs[3] = {{0}};
     if (mf_run_open(&ref, argv[optind], &err)) goto done;
     for (int i = 0; i < nt; i++)
         if (mf_run_open(&targets[i], argv[optind + 1 + i], &err)) goto done;
@@ -105,16 +121,32 @@ int cmd_diff(int argc, char **argv) {
         }
         free(rk);
     }
-    mf_diff_opts o = {(int)boot, (uint64_t)seed};
-    if (mf_diff_write_json(out, ref, targets, accs, nt, floor_acc, floor_run, &o, &err)) goto done;
-    if (positions && mf_diff_write_positions(positions, accs, nt, &err)) goto done;
-    if (slots && mf_diff_write_slots(slots, accs, nt, &err)) goto done;
+    /* the runs are the user's own: token texts come from the tokenizer.json of the reference's model directory */
+    mf_diff_opts o = {(int)boot, (uint64_t)seed, true};
+    if (strlen(out) >= 4000 || (positions && strlen(positions) >= 4000) || (slots && strlen(slots) >= 4000)) {
+        mf_fail(&err, MF_EINVAL, "an output path is too long");
+        goto done;
+    }
+    for (int i = 0; i < 3; i++) output_init(&outs[i], i == 0 ? out : i == 1 ? positions : slots);
+    if (mf_diff_write_json(outs[0].tmp, ref, targets, accs, nt, floor_acc, floor_run, &o, &err)) goto done;
+    if (positions && mf_diff_write_positions(outs[1].tmp, accs, nt, &err)) goto done;
+    if (slots && mf_diff_write_slots(outs[2].tmp, accs, nt, &err)) goto done;
+    for (int i = 0; i < 3; i++) {
+        if (!outs[i].path) continue;
+        if (rename(outs[i].tmp, outs[i].path) != 0) {
+            mf_fail(&err, MF_EIO, "%s: cannot rename into place: %s", outs[i].path, strerror(errno));
+            goto done;
+        }
+        outs[i].tmp[0] = 0;
+    }
     if (!quiet) {
         mf_diff_print_summary(stdout, ref, targets, accs, nt, &o);
         printf("\nwrote %s%s%s\n", out, positions ? " and " : "", positions ? positions : "");
     }
     status = 0;
 done:
+    for (int i = 0; i < 3; i++)
+        if (outs[i].tmp[0]) unlink(outs[i].tmp);
     if (status) cli_fail(&err);
     bool floor_owned = floor_path != NULL;
     for (int i = 0; i < nt; i++) {

@@ -48,8 +48,11 @@ int cmd_export(int argc, char **argv) {
             mf_atomic_abort(&af);
             status = 1;
         } else if (mf_atomic_commit(&af, &err)) status = 1;
-    } else if (mf_run_export(r, fmt, stdout, &err) || fflush(stdout)) {
+    } else if (mf_run_export(r, fmt, stdout, &err) && !ferror(stdout)) {
         status = 1;
+    } else if (fflush(stdout) != 0 || ferror(stdout)) {
+        mf_run_close(r);
+        return cli_stdout_error("export");
     }
     mf_run_close(r);
     return status ? cli_fail(&err) : 0;

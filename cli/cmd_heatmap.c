@@ -50,6 +50,10 @@ int cmd_heatmap(int argc, char **argv) {
         snprintf(def, sizeof def, "%s.png", kind_s);
         out = def;
     }
+    /* the extension picks the format: an unknown one is a usage error, found before any work */
+    const char *dot = strrchr(out, '.'), *slash = strrchr(out, '/');
+    if (!dot || (slash && dot < slash) || (strcmp(dot, ".png") && strcmp(dot, ".svg") && strcmp(dot, ".pdf")))
+        return cli_usage_error("heatmap", "-o %s: the extension must be .png, .svg or .pdf", out);
     mf_error err = {0};
     char *text;
     size_t len;

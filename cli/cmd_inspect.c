@@ -10,7 +10,15 @@ static const char *help =
     "usage: moeflip inspect RUN [--json]\n"
     "\n"
     "Describes a run directory: model, device, numerics, precision, what was recorded, sequences and\n"
-    "sizes. Every shard's digest is verified. --json prints the manifest with a summary added.\n";
+    "sizes. The run is validated whole first (docs/readers.md): the manifest against itself, every shard's\n"
+    "size and digest, every tensor's shape, every token and expert id. --json prints the manifest with a\n"
+    "summary added.\n";
+
+/* A manifest string for display: what mf_run_open did not require may be absent or of another type. */
+static const char *str(json_t *o, const char *key) {
+    const char *s = json_string_value(json_object_get(o, key));
+    return s ? s : "?";
+}
 
 int cmd_inspect(int argc, char **argv) {
     bool as_json = false;
@@ -51,25 +59,25 @@ int cmd_inspect(int argc, char **argv) {
                *prec = json_object_get(man, "precision");
         printf("run        %s\n", dir);
         printf("model      %s (%s), %lld parameters, %d layers (%d MoE), %d experts, top-%d, vocab %d\n",
-               r->arch, json_string_value(json_object_get(model, "dir")),
+               r->arch, str(model, "dir"),
                (long long)json_integer_value(json_object_get(model, "parameters")), r->n_layers, r->n_moe,
                r->n_experts, r->top_k, r->vocab);
-        printf("digests    config %s, weights %s\n", json_string_value(json_object_get(model, "config_digest")),
-               json_string_value(json_object_get(model, "weights_digest")));
-        printf("device     %s (%s), %lld threads, kernel %s\n", json_string_value(json_object_get(dev, "kind")),
-               json_string_value(json_object_get(dev, "name")),
+        printf("digests    config %s, weights %s\n", str(model, "config_digest"),
+               str(model, "weights_digest"));
+        printf("device     %s (%s), %lld threads, kernel %s\n", str(dev, "kind"),
+               str(dev, "name"),
                (long long)json_integer_value(json_object_get(dev, "threads")),
-               json_string_value(json_object_get(dev, "kernel")));
-        printf("numerics   %s\n", json_string_value(json_object_get(man, "numerics")));
+               str(dev, "kernel"));
+        printf("numerics   %s\n", str(man, "numerics"));
         printf("precision  %s (activations %s, weights %s, opmath %s)\n", r->precision,
-               json_string_value(json_object_get(prec, "activations")), json_string_value(json_object_get(prec, "weights")),
-               json_string_value(json_object_get(prec, "opmath")));
+               str(prec, "activations"), str(prec, "weights"),
+               str(prec, "opmath"));
         printf("record     %s\n", r->record);
         printf("sequences  %zu of %zu%s, %llu tokens\n", r->n_seqs, expected, r->complete ? " (complete)" : " (incomplete)",
                (unsigned long long)tokens);
-        printf("shards     %zu, %llu bytes, digests verified\n", r->n_shards, (unsigned long long)bytes);
-        printf("created    %s by %s\n", json_string_value(json_object_get(man, "created")),
-               json_string_value(json_object_get(man, "tool")));
+        printf("shards     %zu, %llu bytes, digests, shapes and ids verified\n", r->n_shards, (unsigned long long)bytes);
+        printf("created    %s by %s\n", str(man, "created"),
+               str(man, "tool"));
     }
     json_decref(man);
     mf_run_close(r);

@@ -1,6 +1,7 @@
 /* moeflip: entry point and subcommand table. */
 #include "cli.h"
 
+#include <errno.h>
 #include <stdarg.h>
 #include <stdlib.h>
 #include <string.h>
@@ -31,7 +32,13 @@ static void usage(FILE *out) {
 }
 
 int cli_fail(const mf_error *err) {
-    fprintf(stderr, "moeflip: %s\n", err->msg);
+    /* every failure has its message; a path that lost it still says what kind of failure it was */
+    fprintf(stderr, "moeflip: %s\n", err->msg[0] ? err->msg : mf_strerror(err->code ? err->code : MF_EIO));
+    return 1;
+}
+
+int cli_stdout_error(const char *what) {
+    fprintf(stderr, "moeflip: %s: writing to standard output failed: %s\n", what, strerror(errno ? errno : EIO));
     return 1;
 }
 
@@ -67,7 +74,15 @@ int main(int argc, char **argv) {
         return 0;
     }
     for (size_t i = 0; i < sizeof commands / sizeof commands[0]; i++)
-        if (!strcmp(argv[1], commands[i].name)) return commands[i].run(argc - 1, argv + 1);
+        if (!strcmp(argv[1], commands[i].name)) {
+            int status = commands[i].run(argc - 1, argv + 1);
+            /* what a command printed must have reached stdout (a full disk, a closed pipe): else it failed */
+            errno = 0;
+            if (fflush(stdout) != 0 || ferror(stdout)) {
+                if (status == 0) status = cli_stdout_error(commands[i].name);
+            }
+            return status;
+        }
     fprintf(stderr, "moeflip: unknown command \"%s\"\n", argv[1]);
     usage(stderr);
     return EXIT_USAGE;

@@ -11,21 +11,34 @@
 #include <unistd.h>
 #include <lzma.h>
 
-int mf_mmap_open(mf_mmap *m, const char *path, mf_error *err) {
-    m->data = NULL;
-    m->size = 0;
-    int fd = open(path, O_RDONLY | O_CLOEXEC);
+/* Opens path for reading if it is a regular file. O_NONBLOCK: opening a FIFO (or a device) must not wait for a
+ * writer, and it is refused as soon as fstat says what it is. */
+static int open_regular(const char *path, struct stat *st, mf_error *err) {
+    int fd = open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK | O_NOCTTY);
     if (fd < 0) return mf_fail(err, MF_EIO, "%s: cannot open: %s", path, strerror(errno));
-    struct stat st;
-    if (fstat(fd, &st) != 0) {
+    if (fstat(fd, st) != 0) {
         int e = errno;
         close(fd);
         return mf_fail(err, MF_EIO, "%s: cannot stat: %s", path, strerror(e));
     }
-    if (!S_ISREG(st.st_mode)) {
+    if (!S_ISREG(st->st_mode)) {
         close(fd);
-        return mf_fail(err, MF_EIO, "%s: not a regular file", path);
+        return mf_fail(err, MF_EIO, "%s: not a regular file (%s)", path,
+                       S_ISFIFO(st->st_mode) ? "a FIFO" : S_ISDIR(st->st_mode) ? "a directory" : S_ISSOCK(st->st_mode) ? "a socket"
+                       : "a device");
     }
+    /* reads of a regular file do not block anyway; the flag is cleared so that nothing below sees EAGAIN */
+    int fl = fcntl(fd, F_GETFL);
+    if (fl >= 0) (void)fcntl(fd, F_SETFL, fl & ~O_NONBLOCK);
+    return fd;
+}
+
+int mf_mmap_open(mf_mmap *m, const char *path, mf_error *err) {
+    m->data = NULL;
+    m->size = 0;
+    struct stat st;
+    int fd = open_regular(path, &st, err);
+    if (fd < 0) return fd;
     if (st.st_size == 0) {   /* mmap of length 0 fails; an empty file is simply empty */
         close(fd);
         return MF_OK;
@@ -47,8 +60,15 @@ void mf_mmap_close(mf_mmap *m) {
 
 int mf_read_file(const char *path, char **out, size_t *len, mf_error *err) {
     *out = NULL;
-    FILE *fp = fopen(path, "rb");
-    if (!fp) return mf_fail(err, MF_EIO, "%s: cannot open: %s", path, strerror(errno));
+    struct stat st;
+    int fd = open_regular(path, &st, err);
+    if (fd < 0) return fd;
+    FILE *fp = fdopen(fd, "rb");
+    if (!fp) {
+        int e = errno;
+        close(fd);
+        return mf_fail(err, MF_EIO, "%s: cannot open: %s", path, strerror(e));
+    }
     size_t cap = 1 << 16, n = 0;
     char *buf = mf_xmalloc(cap);
     for (;;) {

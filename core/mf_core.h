@@ -39,6 +39,19 @@ int mf_fail(mf_error *err, int code, const char *fmt, ...)
 int mf_fail_wrap(mf_error *err, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 const char *mf_strerror(int code);
 
+/* ---- UTF-8 -------------------------------------------------------------
+ * Messages carry names read from files (ids, paths, manifest strings): they
+ * are cut only between characters, and bytes that are not UTF-8 are shown as
+ * '?', so that every message can go into JSON (the collector's answers). */
+
+/* Length of the well-formed UTF-8 character at p (RFC 3629: no overlong forms, no surrogates, at most
+ * U+10FFFF) within the n bytes left, 0 when there is none. */
+int mf_utf8_char(const unsigned char *p, size_t n);
+/* Makes s (NUL-terminated) valid UTF-8 in place: every byte that starts no character becomes '?'. */
+void mf_utf8_scrub(char *s);
+/* The number of characters in the valid UTF-8 string s (bytes that start none count as one each). */
+size_t mf_utf8_length(const char *s);
+
 /* ---- dtypes ------------------------------------------------------------ */
 
 typedef enum mf_dtype {

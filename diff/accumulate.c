@@ -109,6 +109,23 @@ int mf_diff_align(mf_run *ref, mf_run *tgt, mf_error *err) {
     }
     json_decref(ra);
     json_decref(rb);
+    /* The digests name the model, but it is the shapes the comparison indexes by: a target whose manifest gives
+     * the same digests and other shapes (made by hand, or by a writer that lies) is refused here, before any
+     * tensor of it is read against the reference's shapes. */
+    const struct { const char *what; long long a, b; } facts[] = {
+        {"layers", ref->n_layers, tgt->n_layers},   {"MoE layers", ref->n_moe, tgt->n_moe},
+        {"experts", ref->n_experts, tgt->n_experts}, {"top-k", ref->top_k, tgt->top_k},
+        {"vocabulary", ref->vocab, tgt->vocab},     {"hidden size", ref->hidden, tgt->hidden},
+        {"shared experts", ref->has_shared, tgt->has_shared},
+    };
+    for (size_t k = 0; k < sizeof facts / sizeof facts[0]; k++)
+        if (facts[k].a != facts[k].b)
+            return mf_fail(err, MF_EMISMATCH, "%s and %s name the same model but disagree on its shape: %s %lld vs %lld", ref->dir,
+                           tgt->dir, facts[k].what, facts[k].a, facts[k].b);
+    for (int l = 0; l < ref->n_moe; l++)
+        if (ref->moe_layers[l] != tgt->moe_layers[l])
+            return mf_fail(err, MF_EMISMATCH, "%s and %s name the same model but disagree on its shape: MoE layer %d is layer %d vs %d",
+                           ref->dir, tgt->dir, l, ref->moe_layers[l], tgt->moe_layers[l]);
     for (size_t i = 0; i < ref->n_seqs; i++) {
         const char *id = ref->seqs[i].id;
         int j = find_seq(tgt, id);
@@ -284,6 +301,25 @@ static int view(mf_run *r, size_t s, seq_view *v, mf_error *err) {
     return MF_OK;
 }
 
+/* The n (<= 5) largest of v[0..V) in rank order, as mf_topk ranks (NaN first, then larger, equal values by lower
+ * index), with int indices: mf_topk's are u16, and token ids of a vocabulary past 65,535 must not alias. */
+static void top_tokens(const double *v, int V, int n, int32_t *ids) {
+    int len = 0;
+    for (int i = 0; i < V; i++) {
+        int pos = len;
+        while (pos > 0) {
+            const double a = v[i], b = v[ids[pos - 1]];
+            const bool before = isnan(a) != isnan(b) ? isnan(a) : a > b || (a == b && i < ids[pos - 1]);
+            if (!before) break;
+            pos--;
+        }
+        if (pos >= n) continue;
+        for (int j = len < n ? len : n - 1; j > pos; j--) ids[j] = ids[j - 1];
+        ids[pos] = i;
+        if (len < n) len++;
+    }
+}
+
 /* CroVA's logit statistics for one position (computed in double from the
  * stored values; CroVA sums fp32 blocks, which agrees to ~1e-7 relative). */
 static void logit_stats(const mf_st_tensor *A, const mf_st_tensor *B, size_t off, int V, double *sq, double *psq,
@@ -310,10 +346,10 @@ static void logit_stats(const mf_st_tensor *A, const mf_st_tensor *B, size_t off
         ps += (pb - pa) * (pb - pa);
         k += pa * (lpa - lpb);
     }
-    uint16_t ta[5], tb[5];
+    int32_t ta[5], tb[5];
     int n5 = V < 5 ? V : 5;
-    mf_topk(a, V, n5, ta);
-    mf_topk(b, V, n5, tb);
+    top_tokens(a, V, n5, ta);
+    top_tokens(b, V, n5, tb);
     int ord = 1, set = 1;
     for (int i = 0; i < n5; i++) {
         ord &= ta[i] == tb[i];

@@ -105,6 +105,9 @@ int mf_diff_align(mf_run *ref, mf_run *tgt, mf_error *err);
 typedef struct mf_diff_opts {
     int bootstrap;          /* resamples (0: no intervals) */
     uint64_t seed;
+    /* token texts from the tokenizer.json in the model directory the reference's manifest names: only for runs
+     * the caller trusts (its own); false reads no file a manifest names (the collector) */
+    bool model_tokenizer;
 } mf_diff_opts;
 
 /* Writes diff.json for the reference and targets (accs[i] = target i vs the

@@ -346,14 +346,53 @@ static json_t *run_info(mf_run *r) {
     return o;
 }
 
-static json_t *metrics_json(const mf_diff_acc *a, const mf_diff_acc *base, const int *plan, int B) {
+/* Whether metric m is defined for a (some case has a denominator): an undefined metric (no logits, no bf16
+ * logits, no shared expert) is left out of diff.json; a defined one is a number, or null with a warning. */
+static bool defined(const mf_diff_acc *a, int m) {
+    double den;
+    sum_num(a, m, NULL, a->n_cases, &den);
+    return den > 0;
+}
+
+/* The first case (in id order) whose numerator of metric m is not a number, for the warning; NULL if none. */
+static const char *first_bad_case(const mf_diff_acc *a, int m) {
+    for (size_t i = 0; i < a->n_cases; i++) {
+        double x, y;
+        num_den(&a->cases[i], m, a->K, &x, &y);
+        if (!isfinite(x)) return a->cases[i].id;
+    }
+    return NULL;
+}
+
+/* "who: metric is not a number (...)": a metric that is defined and came out NaN or infinite (logits that
+ * overflow, NaN router scores) is written as null, and said so. */
+static void warn_not_a_number(json_t *warnings, const char *who, const char *what, const mf_diff_acc *a, const mf_diff_acc *base,
+                              int m) {
+    const char *bad = first_bad_case(a, m), *bad_base = base ? first_bad_case(base, m) : NULL;
+    char line[1024];
+    if (bad || bad_base)
+        snprintf(line, sizeof line, "%s: %s is not a number (sequence %s of %s is not finite); written as null", who, what,
+                 bad ? bad : bad_base, bad ? "this run's comparison" : "the one it is compared with");
+    else
+        snprintf(line, sizeof line, "%s: %s is not a number (its sums overflow); written as null", who, what);
+    mf_utf8_scrub(line);
+    json_array_append_new(warnings, json_string(line));
+}
+
+static json_t *metrics_json(const mf_diff_acc *a, const mf_diff_acc *base, const int *plan, int B, json_t *warnings,
+                            const char *who) {
     json_t *o = json_object();
     for (int m = 0; m < M_COUNT; m++) {
+        if (!defined(a, m) || (base && !defined(base, m))) continue;   /* undefined for these runs */
         mctx c = {a, base, m, 0, false};
         double ci[2], v = pooled(a, m, NULL, a->n_cases);
         if (base) v -= pooled(base, m, NULL, base->n_cases);
-        if (isnan(v)) continue;   /* undefined for these runs (no logits, no bf16 logits, no shared expert) */
-        ci_of(f_metric, &c, plan, a->n_cases, B, ci);
+        if (!isfinite(v)) {
+            warn_not_a_number(warnings, who, metrics[m].name, a, base, m);
+            ci[0] = ci[1] = NAN;
+        } else {
+            ci_of(f_metric, &c, plan, a->n_cases, B, ci);
+        }
         json_object_set_new(o, metrics[m].name, value_ci(v, ci));
     }
     return o;
@@ -376,7 +415,8 @@ static double f_count_diff(const void *p, const int *idx, size_t n) {
 }
 
 /* CroVA's paired_bootstrap: relative change of error sums, and count differences. */
-static json_t *crova_paired(const mf_diff_acc *a, const mf_diff_acc *b, const int *plan, int B) {
+static json_t *crova_paired(const mf_diff_acc *a, const mf_diff_acc *b, const int *plan, int B, json_t *warnings,
+                            const char *who) {
     json_t *o = json_object();
     static const struct { const char *key; int m; bool rel; } items[] = {
         {"sq_err_rel_change_pct", M_RAW_LOGIT_MSE, true}, {"kl_rel_change_pct", M_FORWARD_KL, true},
@@ -391,8 +431,10 @@ static json_t *crova_paired(const mf_diff_acc *a, const mf_diff_acc *b, const in
         if (!(den > 0)) continue;   /* undefined for these runs */
         pctx c = {a, b, items[i].m};
         double (*f)(const void *, const int *, size_t) = items[i].rel ? f_rel_change : f_count_diff;
-        double ci[2];
-        ci_of(f, &c, plan, n, B, ci);
+        double ci[2] = {NAN, NAN};
+        const double x = sum_num(a, items[i].m, NULL, n, NULL), y = sum_num(b, items[i].m, NULL, n, NULL);
+        if (!isfinite(x) || !isfinite(y)) warn_not_a_number(warnings, who, items[i].key, b, a, items[i].m);
+        else ci_of(f, &c, plan, n, B, ci);
         json_object_set_new(o, items[i].key, value_ci(f(&c, NULL, n), ci));
     }
     return o;
@@ -621,14 +663,18 @@ static void sequences_text(sbuf *b, const mf_diff_acc *a, const mf_tokenizer *tk
 #define SEQ_MARK_DUMPED "\"\\u0001moeflip-sequences-"
 
 static json_t *target_json(mf_run *run, mf_diff_acc *a, mf_diff_acc *first, mf_diff_acc *floor_acc,
-                           const int *plan, int B, int index) {
+                           const int *plan, int B, int index, json_t *warnings) {
     json_t *t = run_info(run);
     const int L = a->L, E = a->E;
-    json_object_set_new(t, "metrics", metrics_json(a, NULL, plan, B));
+    char who[600], who_p[700], who_f[700];
+    snprintf(who, sizeof who, "target %d (%s)", index + 1, run->dir);
+    snprintf(who_p, sizeof who_p, "%s against the first target", who);
+    snprintf(who_f, sizeof who_f, "%s over the noise floor", who);
+    json_object_set_new(t, "metrics", metrics_json(a, NULL, plan, B, warnings, who));
     if (first && first != a) {
         json_t *p = json_object();
-        json_object_set_new(p, "difference", metrics_json(a, first, plan, B));
-        json_object_set_new(p, "crova", crova_paired(first, a, plan, B));
+        json_object_set_new(p, "difference", metrics_json(a, first, plan, B, warnings, who_p));
+        json_object_set_new(p, "crova", crova_paired(first, a, plan, B, warnings, who_p));
         json_object_set_new(t, "paired_vs_first_target", p);
     }
     json_t *layers = json_array(), *experts = json_array();
@@ -703,7 +749,8 @@ static json_t *target_json(mf_run *run, mf_diff_acc *a, mf_diff_acc *first, mf_d
     json_object_set_new(fl, "transitions", tr);
     json_object_set_new(fl, "spearman_flipped_slots_vs_kl", num_or_null(spearman(a)));
     json_object_set_new(t, "flips", fl);
-    if (floor_acc && floor_acc != a) json_object_set_new(t, "floor", json_pack("{s:o}", "excess", metrics_json(a, floor_acc, plan, B)));
+    if (floor_acc && floor_acc != a)
+        json_object_set_new(t, "floor", json_pack("{s:o}", "excess", metrics_json(a, floor_acc, plan, B, warnings, who_f)));
     json_object_set_new(t, "sequences", json_sprintf(SEQ_MARK "%d", index));
     return t;
 }
@@ -728,17 +775,28 @@ int mf_diff_write_json(const char *path, mf_run *ref, mf_run **targets, mf_diff_
     json_t *man = json_loads(ref->manifest_text, 0, NULL);
     const char *mdir = json_string_value(json_object_get(json_object_get(man, "model"), "dir"));
     char tpath[4200];
-    if (mdir && mf_path_join(tpath, sizeof tpath, mdir, "tokenizer.json") && mf_path_exists(tpath))
+    if (o->model_tokenizer && mdir && mf_path_join(tpath, sizeof tpath, mdir, "tokenizer.json") && mf_path_exists(tpath))
         mf_tokenizer_load(&tk, tpath, NULL);
     json_decref(man);
-    json_t *ts = json_array();
+    json_t *ts = json_array(), *warnings = json_array();
     for (int i = 0; i < n_targets; i++)
-        json_array_append_new(ts, target_json(targets[i], accs[i], accs[0], floor_acc, plan, o->bootstrap, i));
+        json_array_append_new(ts, target_json(targets[i], accs[i], accs[0], floor_acc, plan, o->bootstrap, i, warnings));
     json_object_set_new(root, "targets", ts);
     if (floor_acc) {
         json_t *f = run_info(floor_run);
-        json_object_set_new(f, "metrics", metrics_json(floor_acc, NULL, plan, o->bootstrap));
+        char who[600];
+        snprintf(who, sizeof who, "the noise floor (%s)", floor_run->dir);
+        json_object_set_new(f, "metrics", metrics_json(floor_acc, NULL, plan, o->bootstrap, warnings, who));
         json_object_set_new(root, "floor", f);
+    }
+    /* every metric is a number or null: the nulls of metrics that are defined are listed here (and logged) */
+    if (json_array_size(warnings)) {
+        size_t i;
+        json_t *w;
+        json_array_foreach(warnings, i, w) mf_log("moeflip diff: warning: %s", json_string_value(w));
+        json_object_set_new(root, "warnings", warnings);
+    } else {
+        json_decref(warnings);
     }
     free(plan);
     char *text = json_dumps(root, JSON_INDENT(1) | JSON_PRESERVE_ORDER | JSON_REAL_PRECISION(17));
@@ -785,10 +843,19 @@ void mf_diff_print_summary(FILE *out, mf_run *ref, mf_run **targets, mf_diff_acc
         json_decref(man);
         static const int show[] = {M_FORWARD_KL, M_TOP1, M_RAW_LOGIT_MSE, M_ROUTER_SET, M_ROUTER_POS_ALL, M_FLIPPED,
                                    M_PRIMARY, M_KL_0, M_KL_1, M_KL_2};
+        int not_numbers = 0;
         for (size_t s = 0; s < sizeof show / sizeof show[0]; s++) {
+            if (!defined(a, show[s])) continue;   /* undefined for these runs */
             double v = pooled(a, show[s], NULL, a->n_cases);
-            if (!isnan(v)) fprintf(out, "  %-40s %.6g\n", metrics[show[s]].name, v);
+            if (isfinite(v)) fprintf(out, "  %-40s %.6g\n", metrics[show[s]].name, v);
+            else {
+                fprintf(out, "  %-40s null (not a number)\n", metrics[show[s]].name);
+                not_numbers++;
+            }
         }
+        if (not_numbers)
+            fprintf(out, "  warning: %d metric%s above %s not a number%s (diff.json's \"warnings\" say which sequences)\n",
+                    not_numbers, not_numbers > 1 ? "s" : "", not_numbers > 1 ? "are" : "is", not_numbers > 1 ? "s" : "");
         if (a->L) {
             fprintf(out, "  %-8s %8s %8s %8s %10s\n", "layer", "flips", "primary", "ties", "sigma");
             for (int l = 0; l < a->L; l++)

@@ -104,8 +104,17 @@ static int parse_rope(ctx *c, mf_config *cfg, double default_theta) {
     if ((rc = get_num(c, src, "mscale_all_dim", 0.0, &r->mscale_all_dim))) return rc;
     if ((rc = get_num(c, src, "attention_factor", 0.0, &r->attention_factor))) return rc;
     if ((rc = get_bool(c, src, "truncate", true, &r->truncate))) return rc;
-    if (r->type != MF_ROPE_DEFAULT && !(r->factor > 0))
+    if (r->type != MF_ROPE_DEFAULT && !(r->factor > 0 && isfinite(r->factor)))
         return mf_fail(c->err, MF_EFORMAT, "%s: rope \"factor\" must be positive", c->origin);
+    if (r->type == MF_ROPE_YARN && !(isfinite(r->beta_fast) && isfinite(r->beta_slow) &&
+                                     isfinite(r->mscale) && isfinite(r->mscale_all_dim) && r->attention_factor >= 0 &&
+                                     isfinite(r->attention_factor)))
+        return mf_fail(c->err, MF_EFORMAT,
+                       "%s: yarn rope needs finite beta_fast and beta_slow, finite mscale values and a non-negative "
+                       "attention_factor", c->origin);
+    if (r->type == MF_ROPE_LLAMA3 && !(r->low_freq_factor > 0 && r->high_freq_factor > 0 && isfinite(r->low_freq_factor) &&
+                                       isfinite(r->high_freq_factor)))
+        return mf_fail(c->err, MF_EFORMAT, "%s: llama3 rope needs positive low_freq_factor and high_freq_factor", c->origin);
     if (r->type == MF_ROPE_LLAMA3 && (r->original_max_pos <= 0 || r->high_freq_factor == r->low_freq_factor))
         return mf_fail(c->err, MF_EFORMAT,
                        "%s: llama3 rope needs original_max_position_embeddings and distinct low/high_freq_factor",
@@ -168,6 +177,25 @@ int mf_config_parse(mf_config *cfg, const char *text, size_t len, const char *or
     }
     if ((rc = get_num(&c, root, "rms_norm_eps", d->rms_eps, &cfg->rms_eps))) goto done;
     if ((rc = parse_rope(&c, cfg, d->rope_theta))) goto done;
+    /* values that can only give NaN or infinities: RMSNorm divides by sqrt(mean + eps), RoPE raises theta to
+     * negative powers */
+    if (!(cfg->rms_eps > 0 && isfinite(cfg->rms_eps))) {
+        rc = mf_fail(err, MF_EFORMAT, "%s: \"rms_norm_eps\" must be a positive number (it is %g)", origin, cfg->rms_eps);
+        goto done;
+    }
+    if (!(cfg->rope.theta > 0 && isfinite(cfg->rope.theta))) {
+        rc = mf_fail(err, MF_EFORMAT, "%s: \"rope_theta\" must be a positive number (it is %g)", origin, cfg->rope.theta);
+        goto done;
+    }
+    if (!(cfg->rope.partial_rotary_factor > 0 && cfg->rope.partial_rotary_factor <= 1)) {
+        rc = mf_fail(err, MF_EFORMAT, "%s: \"partial_rotary_factor\" must be in (0, 1] (it is %g)", origin,
+                     cfg->rope.partial_rotary_factor);
+        goto done;
+    }
+    if (cfg->max_pos <= 0) {
+        rc = mf_fail(err, MF_EFORMAT, "%s: \"max_position_embeddings\" must be positive", origin);
+        goto done;
+    }
     json_t *act = json_object_get(root, "hidden_act");
     const char *as = json_is_string(act) ? json_string_value(act) : "silu";
     if (!strcmp(as, "silu") || !strcmp(as, "swish")) cfg->act = MF_ACT_SILU;
@@ -187,6 +215,10 @@ int mf_config_parse(mf_config *cfg, const char *text, size_t len, const char *or
     if (cfg->arch == MF_ARCH_LLAMA && (rc = get_bool(&c, root, "mlp_bias", false, &cfg->mlp_bias))) goto done;
     cfg->qk_norm = d->qk_norm;
     if (cfg->arch == MF_ARCH_OLMOE && (rc = get_num(&c, root, "clip_qkv", 0.0, &cfg->clip_qkv))) goto done;
+    if (!(cfg->clip_qkv >= 0 && isfinite(cfg->clip_qkv))) {
+        rc = mf_fail(err, MF_EFORMAT, "%s: \"clip_qkv\" must be a non-negative number", origin);
+        goto done;
+    }
 
     /* MoE */
     if (d->is_moe) {
@@ -210,8 +242,13 @@ int mf_config_parse(mf_config *cfg, const char *text, size_t len, const char *or
                          cfg->n_experts, cfg->top_k, cfg->moe_intermediate);
             goto done;
         }
-        if (cfg->n_experts > 65535) {
-            rc = mf_fail(err, MF_EUNSUPPORTED, "%s: %d experts (at most 65535)", origin, cfg->n_experts);
+        if (cfg->n_experts > MF_MAX_EXPERTS || cfg->top_k > MF_MAX_TOP_K) {
+            rc = mf_fail(err, MF_EUNSUPPORTED, "%s: %d experts, top-%d (at most %d experts, top-%d)", origin, cfg->n_experts,
+                         cfg->top_k, MF_MAX_EXPERTS, MF_MAX_TOP_K);
+            goto done;
+        }
+        if (cfg->has_shared_expert && cfg->shared_intermediate <= 0) {
+            rc = mf_fail(err, MF_EFORMAT, "%s: \"shared_expert_intermediate_size\" must be positive", origin);
             goto done;
         }
         int step = 1;

@@ -132,6 +132,8 @@ typedef struct mf_rope {
 } mf_rope;
 
 #define MF_MAX_LAYERS 512
+#define MF_MAX_EXPERTS 1024   /* a diff keeps an experts x experts table per target */
+#define MF_MAX_TOP_K 64       /* experts chosen per token */
 
 typedef struct mf_config {
     mf_arch arch;

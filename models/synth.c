@@ -4,10 +4,14 @@
  * the dimensions of three real models for GPU benchmarks. */
 #include "archs.h"
 
+#include <dirent.h>
+#include <errno.h>
 #include <jansson.h>
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 typedef struct synth {
     mf_st_writer *st;
@@ -67,12 +71,65 @@ int mf_synth_size_from_name(const char *name) {
 #define NORM(n, ...) (snprintf(nm, sizeof nm, __VA_ARGS__), tensor(&s, nm, n, 0, 1.0, 0.1))
 #define BIAS(n, ...) (snprintf(nm, sizeof nm, __VA_ARGS__), tensor(&s, nm, n, 0, 0.0, 0.1))
 
+static int synth_into(const char *dir, mf_arch arch, mf_synth_size size, const mf_config *like, uint64_t seed,
+                      mf_error *err);
+
+/* Removes the files of dir (not below it) and dir. */
+static void remove_flat_dir(const char *dir) {
+    DIR *d = opendir(dir);
+    if (d) {
+        struct dirent *e;
+        char p[4400];
+        while ((e = readdir(d)))
+            if (strcmp(e->d_name, ".") && strcmp(e->d_name, "..") && mf_path_join(p, sizeof p, dir, e->d_name)) unlink(p);
+        closedir(d);
+    }
+    rmdir(dir);
+}
+
+static bool dir_is_empty(const char *dir) {
+    DIR *d = opendir(dir);
+    if (!d) return false;
+    struct dirent *e;
+    bool empty = true;
+    while (empty && (e = readdir(d))) empty = !strcmp(e->d_name, ".") || !strcmp(e->d_name, "..");
+    closedir(d);
+    return empty;
+}
+
+/* A checkpoint appears whole or not at all: it is written into <dir>.tmp.<pid> and renamed to dir, which may
+ * exist only as an empty directory (synth never mixes its files with another checkpoint's). */
+int mf_synth_write_like(const char *dir, mf_arch arch, mf_synth_size size, const mf_config *like, uint64_t seed,
+                        mf_error *err) {
+    if (strlen(dir) > 4000) return mf_fail(err, MF_EINVAL, "%s: path too long", dir);
+    const bool exists = mf_path_exists(dir);
+    if (exists && !mf_is_dir(dir)) return mf_fail(err, MF_EINVAL, "%s: exists and is not a directory", dir);
+    if (exists && !dir_is_empty(dir))
+        return mf_fail(err, MF_EINVAL, "%s: exists and is not empty: synth writes a new checkpoint directory (give another -o)", dir);
+    char parent[4096], tmp[4200];
+    snprintf(parent, sizeof parent, "%s", dir);
+    char *slash = strrchr(parent, '/');
+    int rc;
+    if (slash && slash != parent) {
+        *slash = 0;
+        if ((rc = mf_mkdir_p(parent, err))) return rc;
+    }
+    snprintf(tmp, sizeof tmp, "%s.tmp.%ld", dir, (long)getpid());
+    if (mf_is_dir(tmp)) remove_flat_dir(tmp);   /* a synth killed with our pid (pids repeat) */
+    if (mkdir(tmp, 0777) != 0) return mf_fail(err, MF_EIO, "%s: cannot create directory: %s", tmp, strerror(errno));
+    rc = synth_into(tmp, arch, size, like, seed, err);
+    if (!rc && exists && rmdir(dir) != 0) rc = mf_fail(err, MF_EIO, "%s: cannot replace the empty directory: %s", dir, strerror(errno));
+    if (!rc && rename(tmp, dir) != 0) rc = mf_fail(err, MF_EIO, "%s: cannot rename the checkpoint into place: %s", dir, strerror(errno));
+    if (rc) remove_flat_dir(tmp);
+    return rc;
+}
+
 int mf_synth_write(const char *dir, mf_arch arch, mf_synth_size size, uint64_t seed, mf_error *err) {
     return mf_synth_write_like(dir, arch, size, NULL, seed, err);
 }
 
-int mf_synth_write_like(const char *dir, mf_arch arch, mf_synth_size size, const mf_config *like, uint64_t seed,
-                        mf_error *err) {
+static int synth_into(const char *dir, mf_arch arch, mf_synth_size size, const mf_config *like, uint64_t seed,
+                      mf_error *err) {
     const bool small = size == MF_SYNTH_SMALL;
     int H = small ? 256 : 64, L = small ? 4 : 3, nh = 4, V = small ? 4096 : 384;
     int nkv = (arch == MF_ARCH_OLMOE) ? nh : 2, hd = H / nh;
@@ -110,8 +167,7 @@ int mf_synth_write_like(const char *dir, mf_arch arch, mf_synth_size size, const
      * models; at real widths the deviation shrinks as 1/sqrt(hidden) */
     const double std = big ? 0.8 / sqrt((double)H) : 0.05;
     const mf_arch_desc *d = &mf_arch_table[arch];
-    int rc = mf_mkdir_p(dir, err);
-    if (rc) return rc;
+    int rc;
 
     json_t *cfg = json_object();
     static const char *classes[MF_ARCH_COUNT] = {"LlamaForCausalLM", "OlmoeForCausalLM", "Qwen2MoeForCausalLM",

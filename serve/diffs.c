@@ -24,6 +24,7 @@
 #include <unistd.h>
 
 #define MAX_TARGETS 16
+#define MAX_BOOTSTRAP_DRAWS 20000000u   /* resamples x sequences of one diff (80 MB of plan) */
 
 static const char *kinds[] = {"layer-expert", "layer-position", "margin", "flips-kl"};
 #define N_KINDS 4
@@ -58,9 +59,23 @@ static int compute(diff_job *j, const char *dir, mf_error *err) {
     mf_diff_acc *accs[MAX_TARGETS] = {0};
     int rc = mf_run_open(&ref, j->ref_dir, err);
     for (int i = 0; i < j->nt && !rc; i++) rc = mf_run_open(&tg[i], j->target_dirs[i], err);
+    /* the bootstrap's plan holds resamples x sequences indices, and every metric is pooled over each draw */
+    if (!rc && (uint64_t)j->bootstrap * ref->n_seqs > MAX_BOOTSTRAP_DRAWS)
+        rc = mf_fail(err, MF_EINVAL, "%s has %zu sequences: %d bootstrap resamples of them are more than this server computes "
+                     "(resamples x sequences at most %u); ask for fewer", j->ref, ref->n_seqs, j->bootstrap, MAX_BOOTSTRAP_DRAWS);
     for (int i = 0; i < j->nt && !rc; i++) {
         if ((rc = mf_diff_align(ref, tg[i], err))) {
-            mf_fail(err, rc, "%s cannot be compared with %s: they differ in model or tokens", j->targets[i], j->ref);
+            /* the reason, with the runs by their names (the directories are the server's) */
+            char why[sizeof err->msg];
+            snprintf(why, sizeof why, "%s", err->msg);
+            const char *dirs[2] = {j->ref_dir, j->target_dirs[i]}, *names[2] = {j->ref, j->targets[i]};
+            for (int k = 0; k < 2; k++)
+                for (char *p; (p = strstr(why, dirs[k]));) {
+                    const size_t dl = strlen(dirs[k]), nl = strlen(names[k]);
+                    memmove(p + nl, p + dl, strlen(p + dl) + 1);
+                    memcpy(p, names[k], nl);
+                }
+            mf_fail(err, rc, "%s cannot be compared with %s: %s", j->targets[i], j->ref, why);
             break;
         }
         accs[i] = mf_xcalloc(1, sizeof *accs[i]);
@@ -69,7 +84,8 @@ static int compute(diff_job *j, const char *dir, mf_error *err) {
     }
     char path[4400], out[4400];
     snprintf(path, sizeof path, "%s/diff.json", dir);
-    mf_diff_opts o = {j->bootstrap, 20260820};
+    /* a pushed manifest names directories of the machine it came from: no file is read from them here */
+    mf_diff_opts o = {j->bootstrap, 20260820, false};
     if (!rc) rc = mf_diff_write_json(path, ref, tg, accs, j->nt, NULL, NULL, &o, err);
     for (int i = 0; i < j->nt; i++) {
         if (accs[i]) mf_diff_acc_free(accs[i]);

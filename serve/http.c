@@ -321,13 +321,24 @@ void conn_error(conn *c, int status, const char *fmt, ...) {
     va_start(ap, fmt);
     vsnprintf(msg, sizeof msg, fmt, ap);
     va_end(ap);
+    /* messages carry what clients and files said (names, manifest strings): cut inside a character, or not
+     * UTF-8 at all, they would be refused by jansson; the end of a split character goes, other such bytes
+     * become '?' */
+    size_t n = strlen(msg), start = n;
+    while (start > 0 && n - start < 3 && ((unsigned char)msg[start - 1] & 0xc0) == 0x80) start--;
+    if (start > 0 && (unsigned char)msg[start - 1] >= 0xc0 && mf_utf8_char((const unsigned char *)msg + start - 1, n - start + 1) == 0)
+        msg[start - 1] = 0;
+    mf_utf8_scrub(msg);
+    for (char *p = msg; *p; p++)
+        if ((unsigned char)*p < 0x20 || *p == 0x7f) *p = '?';   /* one line */
     json_t *j = json_pack("{ss}", "error", msg);
     conn_json(c, status, j);
 }
 
 void conn_json(conn *c, int status, json_t *j) {
-    char *text = json_dumps(j, JSON_COMPACT);
+    char *text = j ? json_dumps(j, JSON_COMPACT) : NULL;
     json_decref(j);
+    if (!text) text = mf_xstrdup("{\"error\": \"the answer could not be encoded\"}");   /* never a NULL passed on */
     size_t n = strlen(text);
     text = mf_xrealloc(text, n + 2);
     text[n] = '\n';
@@ -455,6 +466,7 @@ static void begin_request(conn *c) {
     explicit_bzero(c->auth, sizeof c->auth);   /* the last request's token, if any */
     c->auth_len = 0;
     c->auth_overflow = false;
+    c->n_auth = 0;
     c->expect_continue = false;
     c->n_headers = 0;
     c->route = R_NONE;
@@ -564,6 +576,9 @@ static int on_header_value(http_parser *p, const char *at, size_t len) {
         c->hkind = H_OTHER;
         if (!c->hfield_overflow && !strcasecmp(c->hfield, "authorization")) {
             c->hkind = H_AUTH;
+            /* one Authorization header: a second one (wrong, then right: which one a proxy checked?) is refused at
+             * headers complete, never taken in place of the first */
+            c->n_auth++;
             c->auth_len = 0;
             c->auth_overflow = false;
         } else if (!c->hfield_overflow && !strcasecmp(c->hfield, "expect")) {
@@ -583,9 +598,9 @@ static int on_header_value(http_parser *p, const char *at, size_t len) {
     return 0;
 }
 
-/* "Bearer <token>" matching the secret */
+/* "Bearer <token>" matching the secret, in the request's only Authorization header */
 static bool authorized(conn *c, const char *secret) {
-    if (c->auth_overflow || c->auth_len < 7 || strncasecmp(c->auth, "Bearer ", 7) != 0) {
+    if (c->n_auth != 1 || c->auth_overflow || c->auth_len < 7 || strncasecmp(c->auth, "Bearer ", 7) != 0) {
         (void)ct_token_equal("", 0, secret);
         return false;
     }
@@ -659,6 +674,10 @@ static int on_headers_complete(http_parser *p) {
     }
     if (c->n_headers > MAX_HEADERS) {
         conn_error(c, 431, "more than %d header fields", MAX_HEADERS);
+        return 0;
+    }
+    if (c->n_auth > 1) {
+        conn_error(c, 400, "a request may carry one Authorization header; this one has %d", c->n_auth);
         return 0;
     }
     int method_ok;

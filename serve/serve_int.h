@@ -12,6 +12,7 @@
 #define MAX_URL 2048
 #define MAX_SMALL_BODY (64 * 1024)
 #define MAX_UPLOAD_FILES 4096
+#define MAX_MANIFEST_BYTES (64u << 20)   /* a manifest is parsed whole in memory, where the store keeps it */
 /* Upload sizes. The fuzz target is built with small ones (tests/CMakeLists.txt), so that its inputs, a few KB,
  * reach every path of a large upload: adopted buffers, batches, the pause, splicing. */
 #ifndef STAGE_FLUSH
@@ -48,6 +49,7 @@ typedef struct run_entry {
 void store_dir_of(const server *s, const char *name, char *out, size_t cap);
 run_entry *store_find(server *s, const char *name);
 void store_add(server *s, run_entry *e);   /* takes e */
+void store_replace(server *s, run_entry *e);   /* takes e, in place of the entry of its name (added if none) */
 /* The list endpoint's body, rebuilt only when the store changed. */
 const char *store_list_json(server *s, size_t *len);
 int store_open(server *s, mf_error *err);
@@ -125,6 +127,7 @@ struct conn {
     char auth[MF_SERVE_TOKEN_MAX + 16];
     size_t auth_len;
     bool auth_overflow;
+    int n_auth;              /* Authorization headers of the request */
     bool expect_continue;
     int n_headers;
     int route;               /* set at headers complete */

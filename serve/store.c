@@ -108,6 +108,18 @@ void store_add(server *s, run_entry *e) {
     s->list_cache = NULL;
 }
 
+void store_replace(server *s, run_entry *e) {
+    for (size_t i = 0; i < s->n_runs; i++)
+        if (!strcmp(s->runs[i]->name, e->name)) {
+            store_entry_free(s->runs[i]);
+            s->runs[i] = e;
+            free(s->list_cache);
+            s->list_cache = NULL;
+            return;
+        }
+    store_add(s, e);
+}
+
 static int by_name(const void *a, const void *b) {
     return strcmp((*(run_entry *const *)a)->name, (*(run_entry *const *)b)->name);
 }

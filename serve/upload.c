@@ -110,6 +110,7 @@ struct upload {
     int kind;
     /* result of the final step */
     int status;
+    bool replaces;            /* the entry takes the place of the store's entry of the name (a continued run) */
     json_t *reply;
     run_entry *entry;
     uv_work_t work;
@@ -408,6 +409,32 @@ static const char *written_digest(void *ud, const char *file) {
     return NULL;
 }
 
+/* The upload's verified directory takes the stored copy's place, in one step where the file system can
+ * (RENAME_EXCHANGE), and the stored copy, now under the upload's temporary name, is removed. what: "damaged" or
+ * "incomplete", for the messages. */
+static bool swap_in(upload *u, const char *what) {
+    bool swapped = renameat2(AT_FDCWD, u->tmp, AT_FDCWD, u->final, RENAME_EXCHANGE) == 0;
+    if (!swapped) {   /* no exchange here: the stored copy goes aside first */
+        char aside[4300];
+        snprintf(aside, sizeof aside, "%s-%s", u->tmp, what);
+        if (rename(u->final, aside) != 0) {
+            werr(u, 500, "run %s: the stored copy is %s and could not be replaced: %s", u->name, what, strerror(errno));
+            return false;
+        }
+        if (rename(u->tmp, u->final) != 0) {
+            werr(u, 500, "run %s: the stored copy is %s and could not be replaced: %s", u->name, what, strerror(errno));
+            (void)rename(aside, u->final);   /* as it was */
+            return false;
+        }
+        (void)rename(aside, u->tmp);   /* removed with the upload's directory below (else at the next start) */
+    }
+    char runs[4300];
+    snprintf(runs, sizeof runs, "%s/runs", u->s->root);
+    store_fsync_dir(runs);
+    store_remove_tree(u->tmp);   /* the old copy, now under the upload's temporary name */
+    return true;
+}
+
 static bool replace_damaged_locked(upload *u) {
     run_entry *old = NULL;
     mf_error err = {0};
@@ -420,26 +447,56 @@ static bool replace_damaged_locked(upload *u) {
         werr(u, 500, "run %s: the stored copy could not be read: %s", u->name, err.msg);
         return false;
     }
-    bool swapped = renameat2(AT_FDCWD, u->tmp, AT_FDCWD, u->final, RENAME_EXCHANGE) == 0;
-    if (!swapped) {   /* no exchange here: the damaged copy goes aside first */
-        char aside[4300];
-        snprintf(aside, sizeof aside, "%s-damaged", u->tmp);
-        if (rename(u->final, aside) != 0) {
-            werr(u, 500, "run %s: the stored copy is damaged and could not be replaced: %s", u->name, strerror(errno));
-            return false;
-        }
-        if (rename(u->tmp, u->final) != 0) {
-            werr(u, 500, "run %s: the stored copy is damaged and could not be replaced: %s", u->name, strerror(errno));
-            (void)rename(aside, u->final);   /* as it was */
-            return false;
-        }
-        (void)rename(aside, u->tmp);   /* removed with the upload's directory below (else at the next start) */
+    return swap_in(u, "damaged");
+}
+
+/* Whether the run of manifest neu continues the stored, incomplete run of manifest old: the same trace (every
+ * field that names the model, the precision, the numerics, the record level, the input, the device and the
+ * trace's start), every shard of old in neu with its bytes and digest (a writer never changes a shard it has
+ * named), every sequence of old in neu in the same shard, and more of them (or neu complete). A run pushed while
+ * it was traced is replaced by the finished one, and by nothing else. */
+static bool continues(json_t *old, json_t *neu) {
+    if (json_is_true(json_object_get(old, "complete"))) return false;
+    static const char *keys[][2] = {{"model", "architecture"}, {"model", "config_digest"}, {"model", "weights_digest"},
+                                    {"precision", "name"},      {NULL, "numerics"},           {NULL, "record"},
+                                    {"input", "digest"},        {"device", "kind"},           {NULL, "created"},
+                                    {NULL, "tool"}};
+    for (size_t i = 0; i < sizeof keys / sizeof keys[0]; i++) {
+        json_t *a = keys[i][0] ? json_object_get(json_object_get(old, keys[i][0]), keys[i][1]) : json_object_get(old, keys[i][1]);
+        json_t *b = keys[i][0] ? json_object_get(json_object_get(neu, keys[i][0]), keys[i][1]) : json_object_get(neu, keys[i][1]);
+        if (!a || !b || !json_equal(a, b)) return false;
     }
-    char runs[4300];
-    snprintf(runs, sizeof runs, "%s/runs", u->s->root);
-    store_fsync_dir(runs);
-    store_remove_tree(u->tmp);   /* the damaged copy, now under the upload's temporary name */
-    return true;
+    json_t *os = json_object_get(old, "shards"), *ns = json_object_get(neu, "shards");
+    json_t *oq = json_object_get(old, "sequences"), *nq = json_object_get(neu, "sequences");
+    if (json_array_size(os) > json_array_size(ns) || json_array_size(oq) > json_array_size(nq)) return false;
+    for (size_t i = 0; i < json_array_size(os); i++)
+        if (!json_equal(json_array_get(os, i), json_array_get(ns, i))) return false;
+    for (size_t i = 0; i < json_array_size(oq); i++)
+        if (!json_equal(json_array_get(oq, i), json_array_get(nq, i))) return false;
+    return json_array_size(nq) > json_array_size(oq) || json_is_true(json_object_get(neu, "complete"));
+}
+
+static bool replace_incomplete_locked(upload *u, const run_entry *e) {
+    char mp[4300], *text = NULL;
+    size_t len;
+    mf_error err = {0};
+    snprintf(mp, sizeof mp, "%s/manifest.json", u->final);
+    if (mf_read_file(mp, &text, &len, &err) != MF_OK) return false;
+    json_t *old = json_loadb(text, len, 0, NULL), *neu = json_loads(e->manifest, 0, NULL);
+    free(text);
+    const bool go = old && neu && continues(old, neu);
+    json_decref(old);
+    json_decref(neu);
+    return go && swap_in(u, "incomplete");
+}
+
+/* The name is taken by a run stored while it was still being traced: the upload of its continuation takes its
+ * place (the same lock as below: what is there is judged when the turn comes). */
+static bool replace_incomplete(upload *u, const run_entry *e) {
+    uv_mutex_lock(&u->s->replace_lock);
+    const bool done = replace_incomplete_locked(u, e);
+    uv_mutex_unlock(&u->s->replace_lock);
+    return done;
 }
 
 /* The name is taken by a directory the store did not list when the upload began: one left out as damaged when the
@@ -524,7 +581,14 @@ static void finalize(upload *u) {
             u->reply = json_pack("{sssbsssssO}", "name", u->name, "verified", 1, "stored", "existing", "digest", digest, "run",
                                  e->summary);
             u->entry = e;
-        } else {
+        } else if (replace_incomplete(u, e)) {
+            u->status = 201;
+            u->reply = json_pack("{sssbsssssO}", "name", u->name, "verified", 1, "stored", "continued", "digest", digest, "run",
+                                 e->summary);
+            u->entry = e;
+            u->replaces = true;
+            return;
+        } else if (!u->werr) {
             werr(u, 409, "a different run named %s is already stored (digest %s, this one %s)", u->name, have, digest);
         }
     }
@@ -595,7 +659,8 @@ static void after_cb(uv_work_t *w, int status) {
     }
     if (u->kind == W_FINAL) {
         if (u->entry) {
-            store_add(u->s, u->entry);
+            if (u->replaces) store_replace(u->s, u->entry);
+            else store_add(u->s, u->entry);
             u->entry = NULL;
         }
         if (c) c->up = NULL;
@@ -695,15 +760,25 @@ static bool header_line(upload *u) {
         u->fstate = F_DONE;
         return true;
     }
-    unsigned long long size;
+    /* "file <bytes> <name>": bytes are decimal digits only (sscanf's %llu would take "-5" as 2^64 - 5), at most 19 */
+    unsigned long long size = 0;
     int off = 0;
     char name[64];
-    if (sscanf(l, "file %llu %63s%n", &size, name, &off) != 2 || l[off] != 0 || !valid_file_name(name))
+    const char *dg = l + 5;
+    size_t nd = 0;
+    while (dg[nd] >= '0' && dg[nd] <= '9') nd++;
+    if (strncmp(l, "file ", 5) != 0 || nd == 0 || dg[nd] != ' ')
+        return refuse(u, 400, "a file header must be \"file <bytes> manifest.json|part-NNNNN.safetensors\" (bytes in decimal digits)");
+    if (nd > 19) return refuse(u, 413, "a file is larger than the server takes");
+    for (size_t i = 0; i < nd; i++) size = size * 10 + (unsigned)(dg[i] - '0');
+    if (sscanf(dg + nd, " %63s%n", name, &off) != 1 || dg[nd + (size_t)off] != 0 || !valid_file_name(name))
         return refuse(u, 400, "a file header must be \"file <bytes> manifest.json|part-NNNNN.safetensors\"");
     for (size_t i = 0; i < u->n_names; i++)
         if (!strcmp(u->names[i], name)) return refuse(u, 400, "a file is sent twice");
     if (u->n_names >= MAX_UPLOAD_FILES) return refuse(u, 400, "too many files");
     if (size > u->s->o.max_run_bytes) return refuse(u, 413, "a file is larger than the server takes");
+    if (!strcmp(name, "manifest.json") && size > MAX_MANIFEST_BYTES)
+        return refuse(u, 413, "the manifest is larger than the server takes (64 MiB)");
     u->names = mf_xrealloc(u->names, (u->n_names + 1) * sizeof *u->names);
     snprintf(u->names[u->n_names++], 40, "%s", name);
     stage_op(u, OP_OPEN, name, strlen(name), size);

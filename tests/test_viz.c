@@ -133,7 +133,11 @@ Test(viz, heatmap_command_writes_png_svg_pdf) {
     cr_assert(n > 1000 && !memcmp(t, "%PDF", 4));
     free(t);
     cr_assert_eq(run_moeflip(err, sizeof err, "heatmap %s --kind nope -o x.png", diff), 2);
-    cr_assert_eq(run_moeflip(err, sizeof err, "heatmap %s --kind margin -o %s/x.gif", diff, d), 1);
+    /* an unknown extension is bad usage (2), found before any work, with the one-line message of usage errors */
+    cr_assert_eq(run_moeflip(err, sizeof err, "heatmap %s --kind margin -o %s/x.gif", diff, d), 2);
+    cr_assert(strstr(err, "the extension must be .png, .svg or .pdf") && strchr(err, '\n') == err + strlen(err) - 1, "%s", err);
+    snprintf(out, sizeof out, "%s/x.gif", d);
+    cr_assert(!mf_path_exists(out));
 }
 
 /* Every string a manifest brings into the report (run names, numerics, precision, device, tool, architecture,

@@ -1,21 +1,42 @@
 /* Export a run as JSON lines or CSV (DESIGN.md §8). Numbers are printed with
- * enough digits to round-trip: 17 significant digits for F64, 9 otherwise. */
+ * enough digits to round-trip: 17 significant digits for F64, 9 otherwise.
+ * JSON has no NaN or infinities: JSON lines write a value that is not a
+ * number as null (CSV as NaN, Infinity, -Infinity, which CSV readers take).
+ * Ids are written as CSV fields, quoted when they hold a comma or a quote.
+ * The run was validated when it was opened (mf_run_open): every tensor used
+ * here is there with the shape the manifest declares. */
 #include "mf_trace.h"
 
+#include <errno.h>
 #include <math.h>
 #include <string.h>
 
-static void put_num(FILE *out, double v, mf_dtype t) {
-    if (isnan(v)) fputs("NaN", out);
+static void put_num(FILE *out, double v, mf_dtype t, bool json) {
+    if (!isfinite(v) && json) fputs("null", out);
+    else if (isnan(v)) fputs("NaN", out);
     else if (isinf(v)) fputs(v > 0 ? "Infinity" : "-Infinity", out);
     else fprintf(out, t == MF_F64 ? "%.17g" : "%.9g", v);
 }
 
-static void put_row(FILE *out, const mf_st_tensor *t, size_t off, int n, char sep) {
+static void put_row(FILE *out, const mf_st_tensor *t, size_t off, int n, char sep, bool json) {
     for (int i = 0; i < n; i++) {
         if (i) fputc(sep, out);
-        put_num(out, mf_load_as_f64(t->data, t->dtype, off + (size_t)i), t->dtype);
+        put_num(out, mf_load_as_f64(t->data, t->dtype, off + (size_t)i), t->dtype, json);
     }
+}
+
+/* A CSV field (RFC 4180): quoted, with quotes doubled, when it holds a separator or a quote. */
+static void put_csv_field(FILE *out, const char *s) {
+    if (!strpbrk(s, ",\"\r\n")) {
+        fputs(s, out);
+        return;
+    }
+    fputc('"', out);
+    for (; *s; s++) {
+        if (*s == '"') fputc('"', out);
+        fputc(*s, out);
+    }
+    fputc('"', out);
 }
 
 typedef struct seq_tensors {
@@ -33,16 +54,11 @@ static int get_all(mf_run *r, size_t s, seq_tensors *st, mf_error *err) {
         (rc = mf_run_tensor(r, s, "topk_tokens", &st->topk_tokens, err)) ||
         (rc = mf_run_tensor(r, s, "logsumexp", &st->lse, err)))
         return rc;
+    /* mf_run_open refused a run without these; this guards a caller that built an mf_run by other means */
     const int T = r->seqs[s].length;
-    if (!st->tokens || st->tokens->dtype != MF_I32 || mf_st_numel(st->tokens) != T)
-        return mf_fail(err, MF_EFORMAT, "%s: sequence %s: tokens missing or malformed", r->dir, r->seqs[s].id);
-    if (r->n_moe && (!st->ids || !st->w || !st->router || st->ids->dtype != MF_U16 ||
-                     mf_st_numel(st->ids) != (int64_t)r->n_moe * T * r->top_k ||
-                     mf_st_numel(st->router) != (int64_t)r->n_moe * T * r->n_experts ||
-                     mf_st_numel(st->w) != (int64_t)r->n_moe * T * r->top_k))
-        return mf_fail(err, MF_EFORMAT, "%s: sequence %s: routing tensors missing or malformed", r->dir, r->seqs[s].id);
-    if (st->logits && mf_st_numel(st->logits) != (int64_t)T * r->vocab)
-        return mf_fail(err, MF_EFORMAT, "%s: sequence %s: logits malformed", r->dir, r->seqs[s].id);
+    if (!st->tokens || mf_st_numel(st->tokens) != T || (r->n_moe && (!st->ids || !st->w || !st->router)) ||
+        (st->topk_logits && (!st->topk_tokens || !st->lse)))
+        return mf_fail(err, MF_EFORMAT, "%s: sequence %s: tensors missing", r->dir, r->seqs[s].id);
     return MF_OK;
 }
 
@@ -71,12 +87,12 @@ static void export_jsonl(mf_run *r, size_t s, const seq_tensors *st, FILE *out) 
         fprintf(out, "\", \"pos\": %d, \"token\": %d", p, token_at(st, p));
         if (st->logits) {
             fputs(", \"logits\": [", out);
-            put_row(out, st->logits, (size_t)p * V, V, ',');
+            put_row(out, st->logits, (size_t)p * V, V, ',', true);
             fputc(']', out);
         } else if (st->topk_logits) {
             int k = (int)st->topk_logits->shape[1];
             fputs(", \"topk_logits\": [", out);
-            put_row(out, st->topk_logits, (size_t)p * k, k, ',');
+            put_row(out, st->topk_logits, (size_t)p * k, k, ',', true);
             fputs("], \"topk_tokens\": [", out);
             for (int i = 0; i < k; i++) {
                 int32_t v;
@@ -84,7 +100,7 @@ static void export_jsonl(mf_run *r, size_t s, const seq_tensors *st, FILE *out) 
                 fprintf(out, i ? ",%d" : "%d", v);
             }
             fputs("], \"logsumexp\": ", out);
-            put_num(out, mf_load_as_f64(st->lse->data, MF_F64, (size_t)p), MF_F64);
+            put_num(out, mf_load_as_f64(st->lse->data, st->lse->dtype, (size_t)p), st->lse->dtype, true);
         }
         if (r->n_moe) {
             fputs(", \"layers\": [", out);
@@ -93,13 +109,13 @@ static void export_jsonl(mf_run *r, size_t s, const seq_tensors *st, FILE *out) 
                 fprintf(out, "%s{\"layer\": %d, \"experts\": [", m ? ", " : "", r->moe_layers[m]);
                 for (int i = 0; i < K; i++) fprintf(out, i ? ",%u" : "%u", id_at(st, slot * K + i));
                 fputs("], \"weights\": [", out);
-                put_row(out, st->w, slot * K, K, ',');
+                put_row(out, st->w, slot * K, K, ',', true);
                 fputs("], \"router_logits\": [", out);
-                put_row(out, st->router, slot * E, E, ',');
+                put_row(out, st->router, slot * E, E, ',', true);
                 fputc(']', out);
                 if (st->shared) {
                     fputs(", \"shared_gate\": ", out);
-                    put_num(out, mf_load_as_f64(st->shared->data, st->shared->dtype, slot), st->shared->dtype);
+                    put_num(out, mf_load_as_f64(st->shared->data, st->shared->dtype, slot), st->shared->dtype, true);
                 }
                 fputc('}', out);
             }
@@ -116,19 +132,21 @@ static void export_csv(mf_run *r, size_t s, const seq_tensors *st, FILE *out) {
     const int T = r->seqs[s].length, K = r->top_k, E = r->n_experts;
     for (int p = 0; p < T; p++) {
         if (!r->n_moe) {
-            fprintf(out, "%s,%d,%d,,,,,\n", r->seqs[s].id, p, token_at(st, p));
+            put_csv_field(out, r->seqs[s].id);
+            fprintf(out, ",%d,%d,,,,,\n", p, token_at(st, p));
             continue;
         }
         for (int m = 0; m < r->n_moe; m++) {
             size_t slot = (size_t)m * T + p;
-            fprintf(out, "%s,%d,%d,%d,", r->seqs[s].id, p, token_at(st, p), r->moe_layers[m]);
+            put_csv_field(out, r->seqs[s].id);
+            fprintf(out, ",%d,%d,%d,", p, token_at(st, p), r->moe_layers[m]);
             for (int i = 0; i < K; i++) fprintf(out, i ? ";%u" : "%u", id_at(st, slot * K + i));
             fputc(',', out);
-            put_row(out, st->w, slot * K, K, ';');
+            put_row(out, st->w, slot * K, K, ';', false);
             fputc(',', out);
-            put_row(out, st->router, slot * E, E, ';');
+            put_row(out, st->router, slot * E, E, ';', false);
             fputc(',', out);
-            if (st->shared) put_num(out, mf_load_as_f64(st->shared->data, st->shared->dtype, slot), st->shared->dtype);
+            if (st->shared) put_num(out, mf_load_as_f64(st->shared->data, st->shared->dtype, slot), st->shared->dtype, false);
             fputc('\n', out);
         }
     }
@@ -143,6 +161,6 @@ int mf_run_export(mf_run *r, mf_export_format fmt, FILE *out, mf_error *err) {
         if (fmt == MF_EXPORT_JSONL) export_jsonl(r, s, &st, out);
         else export_csv(r, s, &st, out);
     }
-    if (ferror(out)) return mf_fail(err, MF_EIO, "write error while exporting %s", r->dir);
+    if (ferror(out)) return mf_fail(err, MF_EIO, "exporting %s: writing failed: %s", r->dir, strerror(errno ? errno : EIO));
     return MF_OK;
 }

@@ -2,13 +2,21 @@
  * case, logits/<case>.safetensors with logits [m, V], response [m] and, for
  * MoE models, router_logits [L, m, E]; it never records the experts that ran,
  * so they are derived here from the scores, canonically, and the manifest says
- * they were derived. */
+ * they were derived.
+ *
+ * A capture is someone else's file: every case is checked before anything is
+ * written (its id, that is its file name, as prompt files take ids; its
+ * tensors' dtypes and shapes against the model's config; every response token
+ * in the vocabulary), and the run is built under a temporary name and renamed
+ * into place when it is whole, so a failed import leaves nothing behind. */
 #include "mf_trace.h"
 #include "mf_router.h"
 
 #include <dirent.h>
+#include <errno.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 static int cmp_str(const void *a, const void *b) { return strcmp(*(char *const *)a, *(char *const *)b); }
 
@@ -22,6 +30,16 @@ static int list_cases(const char *dir, char ***names, size_t *n, mf_error *err) 
     while ((e = readdir(d))) {
         size_t L = strlen(e->d_name);
         if (L <= 12 || strcmp(e->d_name + L - 12, ".safetensors")) continue;
+        char id[4096];
+        snprintf(id, sizeof id, "%.*s", (int)(L - 12), e->d_name);
+        if (!mf_seq_id_valid(id)) {
+            char shown[300];
+            snprintf(shown, sizeof shown, "%.200s", e->d_name);
+            closedir(d);
+            return mf_fail(err, MF_EINVAL,
+                           "%s: case %s: its name is not a sequence id (1 to %d bytes of UTF-8 without '\\' or control "
+                           "characters)", dir, shown, MF_MAX_SEQ_ID);
+        }
         if (*n == cap) *names = mf_xrealloc(*names, (cap *= 2) * sizeof **names);
         (*names)[(*n)++] = mf_xstrdup(e->d_name);
     }
@@ -79,6 +97,15 @@ int mf_import_crova(const char *src_dir, const char *model_dir, const char *out_
             rc = mf_fail(err, MF_EFORMAT, "%s: response must be I64 or I32", path);
             break;
         }
+        if (L > 0 && !mf_dtype_is_float(rl->dtype)) {
+            rc = mf_fail(err, MF_EFORMAT, "%s: router_logits must be a float tensor, not %s", path, mf_dtype_name(rl->dtype));
+            break;
+        }
+        if (rs->shape[0] < 1 || rs->shape[0] > MF_MAX_SEQ_TOKENS) {
+            rc = mf_fail(err, MF_EFORMAT, "%s: the response has %lld tokens (a case needs 1 to %d)", path,
+                         (long long)rs->shape[0], MF_MAX_SEQ_TOKENS);
+            break;
+        }
         logit_dtype = lg->dtype;
         if (rl) router_dtype = rl->dtype;
         mf_prompt *p = &prompts.seq[i];
@@ -94,13 +121,34 @@ int mf_import_crova(const char *src_dir, const char *model_dir, const char *out_
                 memcpy(&w, rs->data + 4 * (size_t)t, 4);
                 v = w;
             }
+            if (v < 0 || v >= V) {
+                rc = mf_fail(err, MF_EFORMAT, "%s: response position %d holds token %lld, outside the vocabulary [0, %d)", path, t,
+                             (long long)v, V);
+                break;
+            }
             p->tokens[t] = (int32_t)v;
         }
+        if (rc) break;
         mf_digest_update(ds, p->id, strlen(p->id) + 1);
         mf_digest_update(ds, p->tokens, sizeof(int32_t) * (size_t)p->T);
     }
     mf_digest_final(ds, prompts.digest);
     mf_run_writer *w = NULL;
+    /* the run is built at <out>.tmp.<pid> and renamed to out when it is whole */
+    char tmp[4200] = "";
+    if (!rc) {
+        char man[4300];
+        snprintf(man, sizeof man, "%s/manifest.json", out_dir);
+        if (strlen(out_dir) > 4000) rc = mf_fail(err, MF_EINVAL, "%s: path too long", out_dir);
+        else if (mf_path_exists(man)) rc = mf_fail(err, MF_EINVAL, "%s: a run is already there (import into another -o)", out_dir);
+        else if (mf_path_exists(out_dir) && !mf_is_dir(out_dir)) rc = mf_fail(err, MF_EINVAL, "%s: exists and is not a directory", out_dir);
+        else if (mf_is_dir(out_dir) && rmdir(out_dir) != 0)   /* an empty directory is taken over; anything else is not */
+            rc = mf_fail(err, MF_EINVAL, "%s: exists and is not an empty directory", out_dir);
+        if (!rc) {
+            mf_run_remove_stale(out_dir);
+            snprintf(tmp, sizeof tmp, "%s.tmp.%ld", out_dir, (long)getpid());
+        }
+    }
     if (!rc) {
         /* the precision the capture was made in, as far as the stored dtypes tell */
         mf_precision prec;
@@ -111,7 +159,7 @@ int mf_import_crova(const char *src_dir, const char *model_dir, const char *out_
         snprintf(from, sizeof from, "crova %s", src_dir);
         mf_run_info info = {model_dir, NULL, &prec, "imported", "unknown", 0, MF_RECORD_LOGITS, src_dir, &prompts, 0,
                             &cfg, wdigest, from, NULL};
-        rc = mf_run_create(&w, out_dir, &info, false, err);
+        rc = mf_run_create(&w, tmp, &info, false, err);
         for (size_t i = 0; i < n && !rc; i++) {
             const mf_st_tensor *lg = mf_st_find(files[i], "logits"), *rl = mf_st_find(files[i], "router_logits");
             const int T = prompts.seq[i].T;
@@ -145,8 +193,10 @@ int mf_import_crova(const char *src_dir, const char *model_dir, const char *out_
             mf_seq_result_free(&r);
         }
         if (!rc) rc = mf_run_writer_close(w, err);
+        if (!rc && rename(tmp, out_dir) != 0) rc = mf_fail(err, MF_EIO, "%s: cannot rename the import into place: %s", out_dir, strerror(errno));
     }
     mf_run_writer_free(w);
+    if (rc && tmp[0]) mf_run_remove_dir(tmp);
     for (size_t i = 0; i < n; i++) {
         mf_st_close(files[i]);
         free(names[i]);

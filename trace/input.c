@@ -15,11 +15,16 @@ void mf_prompts_free(mf_prompts *p) {
     memset(p, 0, sizeof *p);
 }
 
-static bool valid_id(const char *s) {
+bool mf_seq_id_valid(const char *s) {
     size_t n = strlen(s);
     if (n == 0 || n > MF_MAX_SEQ_ID) return false;
     for (size_t i = 0; i < n; i++)
         if ((unsigned char)s[i] < 0x20 || s[i] == '/' || s[i] == '\\' || s[i] == 0x7f) return false;
+    for (size_t i = 0; i < n;) {   /* UTF-8, as JSON strings are (a CroVA case's file name need not be) */
+        const int len = mf_utf8_char((const unsigned char *)s + i, n - i);
+        if (!len) return false;
+        i += (size_t)len;
+    }
     return true;
 }
 
@@ -60,9 +65,9 @@ int mf_prompts_load(mf_prompts *p, const char *path, int vocab, mf_error *err) {
             json_decref(o);
             goto fail;
         }
-        if (!json_is_string(id) || !valid_id(json_string_value(id))) {
+        if (!json_is_string(id) || !mf_seq_id_valid(json_string_value(id))) {
             rc = mf_fail(err, MF_EINVAL,
-                         "%s:%d: \"id\" must be a non-empty string of at most %d characters without '/', '\\' or "
+                         "%s:%d: \"id\" must be a non-empty string of at most %d bytes (UTF-8) without '/', '\\' or "
                          "control characters",
                          path, lineno, MF_MAX_SEQ_ID);
             json_decref(o);
@@ -74,8 +79,8 @@ int mf_prompts_load(mf_prompts *p, const char *path, int vocab, mf_error *err) {
             json_decref(o);
             goto fail;
         }
-        if (json_array_size(toks) > (1u << 20)) {
-            rc = mf_fail(err, MF_EINVAL, "%s:%d: sequence %s: more than %u tokens", path, lineno, sid, 1u << 20);
+        if (json_array_size(toks) > (size_t)MF_MAX_SEQ_TOKENS) {
+            rc = mf_fail(err, MF_EINVAL, "%s:%d: sequence %s: more than %d tokens", path, lineno, sid, MF_MAX_SEQ_TOKENS);
             json_decref(o);
             goto fail;
         }

@@ -14,7 +14,8 @@
 
 /* ---- prompts ----------------------------------------------------------- */
 
-#define MF_MAX_SEQ_ID 200
+#define MF_MAX_SEQ_ID 200          /* bytes of a sequence id (UTF-8) */
+#define MF_MAX_SEQ_TOKENS (1 << 20)   /* tokens of one sequence */
 
 typedef struct mf_prompt {
     char *id;
@@ -32,6 +33,9 @@ typedef struct mf_prompts {
  * anything runs: ids unique and well-formed, tokens integers in [0, vocab). */
 int mf_prompts_load(mf_prompts *p, const char *path, int vocab, mf_error *err);
 void mf_prompts_free(mf_prompts *p);
+/* A sequence id as prompt files and runs take it: 1 to MF_MAX_SEQ_ID bytes of UTF-8 without '/', '\\' or
+ * control characters. */
+bool mf_seq_id_valid(const char *id);
 
 /* ---- what a run records ------------------------------------------------ */
 
@@ -82,6 +86,12 @@ int mf_run_writer_add(mf_run_writer *w, const mf_prompt *p, const mf_seq_result 
 /* Writes what is pending and marks the run complete when every input sequence is in. */
 int mf_run_writer_close(mf_run_writer *w, mf_error *err);
 void mf_run_writer_free(mf_run_writer *w);
+/* Removes what writers of dir killed before their run appeared left: <dir>.tmp.<pid> directories of processes
+ * that are gone, when they hold only run files. */
+void mf_run_remove_stale(const char *dir);
+/* Removes the directory dir if it holds only run files (the manifest, shards, their temporaries); true when it
+ * is gone. */
+bool mf_run_remove_dir(const char *dir);
 
 /* ---- reading a run ----------------------------------------------------- */
 
@@ -109,8 +119,13 @@ typedef struct mf_run {
     bool complete;
     char precision[64];
     char record[32];
+    bool ids_checked;          /* token and expert ids were checked against the model (every open but the unhashed) */
 } mf_run;
 
+/* Opens a run and validates it whole (trace/run.c says what is checked, in which order): the manifest against
+ * itself, the shards against the manifest (sizes, digests), every sequence's tensors against the shapes the
+ * manifest declares and each other, and the ids against the vocabulary and the experts. Every reader opens
+ * runs here; a run that does not validate is refused with one message naming the file, sequence or tensor. */
 int mf_run_open(mf_run **out, const char *dir, mf_error *err);
 /* mf_run_open without reading the shards' bytes a second time: given(ud, file) returns the XXH3-128 digest
  * (32 hex digits) that the caller computed over exactly the bytes it wrote to that file (moeflip serve hashes
@@ -120,11 +135,12 @@ int mf_run_open(mf_run **out, const char *dir, mf_error *err);
 int mf_run_open_given(mf_run **out, const char *dir, const char *(*given)(void *ud, const char *file), void *ud,
                       mf_error *err);
 /* mf_run_open that hashes no shard, for a caller whose shards' bytes are checked elsewhere (moeflip push: the
- * server hashes what it receives and refuses a shard that differs from the manifest). */
+ * server hashes what it receives and refuses a shard that differs from the manifest). Everything else is checked
+ * but the ids' values (a damaged byte is the server's to name); mf_run_tensor checks those as it reads them. */
 int mf_run_open_unhashed(mf_run **out, const char *dir, mf_error *err);
 void mf_run_close(mf_run *r);
-/* Tensor <seq-id>/<field> of sequence i, or NULL with *err set to why: a
- * missing field is not an error (rc MF_OK, *t NULL). */
+/* Tensor <seq-id>/<field> of sequence i (its shape checked again), or NULL: a field the run does not record
+ * is not an error (rc MF_OK, *t NULL). */
 int mf_run_tensor(mf_run *r, size_t seq, const char *field, const mf_st_tensor **t, mf_error *err);
 
 /* ---- one trace, as the command runs it ---------------------------------- */

@@ -3,6 +3,7 @@
 
 #include <dirent.h>
 #include <errno.h>
+#include <signal.h>
 #include <sys/stat.h>
 #include <math.h>
 #include <jansson.h>
@@ -213,9 +214,69 @@ static int check_same(const char *dir, json_t *old, json_t *fresh, const char *o
     return MF_OK;
 }
 
+/* A file a run directory (or one being built) may hold: the manifest, shards, and temporaries of the two. */
+static bool run_file_name(const char *n) {
+    return !strcmp(n, "manifest.json") || !strncmp(n, "manifest.json.tmp.", 18) || !strncmp(n, "part-", 5);
+}
+
+bool mf_run_remove_dir(const char *d) {
+    DIR *dd = opendir(d);
+    if (!dd) return false;
+    struct dirent *e;
+    bool only_run_files = true;
+    while ((e = readdir(dd)) && only_run_files)
+        if (strcmp(e->d_name, ".") && strcmp(e->d_name, "..") && !run_file_name(e->d_name)) only_run_files = false;
+    if (only_run_files) {
+        rewinddir(dd);
+        char path[4400];
+        while ((e = readdir(dd)))
+            if (strcmp(e->d_name, ".") && strcmp(e->d_name, "..") && mf_path_join(path, sizeof path, d, e->d_name)) unlink(path);
+    }
+    closedir(dd);
+    return only_run_files && rmdir(d) == 0;
+}
+
+void mf_run_remove_stale(const char *dir) {
+    char parent[4096], base[4096];
+    snprintf(parent, sizeof parent, "%s", dir);
+    size_t n = strlen(parent);
+    while (n > 1 && parent[n - 1] == '/') parent[--n] = 0;
+    char *slash = strrchr(parent, '/');
+    if (slash) {
+        snprintf(base, sizeof base, "%s", slash + 1);
+        if (slash == parent) parent[1] = 0;
+        else *slash = 0;
+    } else {
+        snprintf(base, sizeof base, "%s", parent);
+        snprintf(parent, sizeof parent, ".");
+    }
+    const size_t bl = strlen(base);
+    DIR *d = opendir(parent);
+    if (!d || !bl) {
+        if (d) closedir(d);
+        return;
+    }
+    struct dirent *e;
+    while ((e = readdir(d))) {
+        /* <base>.tmp.<pid>: a run being built by that process; it is gone if the process is */
+        if (strncmp(e->d_name, base, bl) != 0 || strncmp(e->d_name + bl, ".tmp.", 5) != 0) continue;
+        const char *num = e->d_name + bl + 5;
+        char *end;
+        errno = 0;
+        long pid = strtol(num, &end, 10);
+        if (!*num || *end || errno || pid <= 0 || pid == (long)getpid()) continue;
+        if (kill((pid_t)pid, 0) == 0 || errno != ESRCH) continue;   /* alive, or not ours to judge */
+        char path[8300];
+        snprintf(path, sizeof path, "%s/%s", parent, e->d_name);
+        if (mf_is_dir(path)) mf_run_remove_dir(path);
+    }
+    closedir(d);
+}
+
 /* A new run directory appears with its manifest already in it: it is built
  * under a temporary name and renamed into place, so a run killed at any
- * moment is either absent or a valid (empty) run. */
+ * moment is either absent or a valid (empty) run. What a writer killed before
+ * the rename left (<dir>.tmp.<pid> of a process that is gone) is removed. */
 static int create_run_dir(const char *dir, const mf_run_info *info, mf_error *err) {
     char tmp[4096], path[4200], parent[4096];
     if (mf_is_dir(dir)) {
@@ -236,6 +297,7 @@ static int create_run_dir(const char *dir, const mf_run_info *info, mf_error *er
         int rc = mf_mkdir_p(parent, err);
         if (rc) return rc;
     }
+    mf_run_remove_stale(dir);
     snprintf(tmp, sizeof tmp, "%s.tmp.%ld", dir, (long)getpid());
     int made = mkdir(tmp, 0777);
     if (made != 0 && errno == EEXIST) {
@@ -497,7 +559,22 @@ void mf_run_writer_free(mf_run_writer *w) {
     free(w);
 }
 
-/* ---- reader ------------------------------------------------------------ */
+/* ---- reader ------------------------------------------------------------ *
+ *
+ * One validation that every reader goes through (export, inspect, diff, the
+ * collector, push, import's resume): a run is opened whole or refused with the
+ * first thing wrong, in this order:
+ *   1. the manifest against itself: every field a reader uses present and of
+ *      its type and range, moe_layers strictly increasing inside the model,
+ *      sequences and shards each listed once, counts that agree;
+ *   2. the shards against the manifest: names, sizes and digests;
+ *   3. every sequence's tensors against the shapes the manifest declares and
+ *      against each other (the record level says which must be there and
+ *      which may not), and nothing in a shard that no sequence of it owns;
+ *   4. the ids against the model: tokens and top-k token ids in the
+ *      vocabulary, expert ids below the expert count. (Not in the unhashed
+ *      open, whose caller checks the bytes elsewhere: a damaged byte there is
+ *      damage, not a lie, and the collector says so.) */
 
 void mf_run_close(mf_run *r) {
     if (!r) return;
@@ -517,7 +594,238 @@ void mf_run_close(mf_run *r) {
     free(r);
 }
 
-static int get_int(json_t *o, const char *k) { return (int)json_integer_value(json_object_get(o, k)); }
+/* An integer field of o in [lo, hi]; where says which object it is in ("model." or ""). */
+static int want_int(json_t *o, const char *where, const char *key, long long lo, long long hi, int *out, const char *path,
+                    mf_error *err) {
+    json_t *v = json_object_get(o, key);
+    if (!json_is_integer(v) || json_integer_value(v) < lo || json_integer_value(v) > hi)
+        return mf_fail(err, MF_EFORMAT, "%s: %s%s must be an integer from %lld to %lld", path, where, key, lo, hi);
+    *out = (int)json_integer_value(v);
+    return MF_OK;
+}
+
+static int want_str(json_t *o, const char *where, const char *key, const char **out, const char *path, mf_error *err) {
+    const char *s = json_string_value(json_object_get(o, key));
+    if (!s) return mf_fail(err, MF_EFORMAT, "%s: %s%s must be a string", path, where, key);
+    if (out) *out = s;
+    return MF_OK;
+}
+
+static bool is_hex32(const char *s) {
+    if (strlen(s) != 32) return false;
+    for (int i = 0; i < 32; i++)
+        if (!((s[i] >= '0' && s[i] <= '9') || (s[i] >= 'a' && s[i] <= 'f'))) return false;
+    return true;
+}
+
+/* part-NNNNN.safetensors (5 to 8 digits), as the writer names shards and the collector takes them */
+static bool shard_name_valid(const char *n) {
+    const size_t l = strlen(n);
+    if (l < 5 + 5 + 12 || l > 5 + 8 + 12 || strncmp(n, "part-", 5) != 0 || strcmp(n + l - 12, ".safetensors") != 0) return false;
+    for (size_t i = 5; i < l - 12; i++)
+        if (n[i] < '0' || n[i] > '9') return false;
+    return true;
+}
+
+/* 1. The manifest against itself: fills the model facts of r. */
+static int check_manifest(mf_run *r, json_t *man, const char *path, mf_error *err) {
+    const char *fmt = json_string_value(json_object_get(man, "format"));
+    json_t *fv = json_object_get(man, "format_version");
+    if (!fmt || strcmp(fmt, FORMAT_NAME) != 0 || !json_is_integer(fv) || json_integer_value(fv) != FORMAT_VERSION)
+        return mf_fail(err, MF_EFORMAT, "%s: not a moeflip run manifest (format %s version %lld)", path, fmt ? fmt : "?",
+                       json_is_integer(fv) ? (long long)json_integer_value(fv) : -1LL);
+    json_t *model = json_object_get(man, "model"), *shards = json_object_get(man, "shards"),
+           *seqs = json_object_get(man, "sequences"), *ml = json_object_get(model, "moe_layers");
+    if (!json_is_object(model) || !json_is_array(shards) || !json_is_array(seqs) || !json_is_array(ml))
+        return mf_fail(err, MF_EFORMAT, "%s: manifest lacks model, shards, sequences or moe_layers", path);
+    int rc;
+    const char *arch = NULL, *rec = NULL, *prec = NULL;
+    if ((rc = want_str(model, "model.", "architecture", &arch, path, err)) ||
+        (rc = want_str(model, "model.", "config_digest", NULL, path, err)) ||
+        (rc = want_str(model, "model.", "weights_digest", NULL, path, err)) ||
+        (rc = want_int(model, "model.", "n_layers", 1, MF_MAX_LAYERS, &r->n_layers, path, err)) ||
+        (rc = want_int(model, "model.", "hidden", 1, INT32_MAX, &r->hidden, path, err)) ||
+        (rc = want_int(model, "model.", "vocab", 1, INT32_MAX, &r->vocab, path, err)) ||
+        (rc = want_int(model, "model.", "n_experts", 0, MF_MAX_EXPERTS, &r->n_experts, path, err)) ||
+        (rc = want_int(model, "model.", "top_k", 0, MF_MAX_TOP_K, &r->top_k, path, err)) ||
+        (rc = want_str(json_object_get(man, "precision"), "precision.", "name", &prec, path, err)) ||
+        (rc = want_str(man, "", "record", &rec, path, err)))
+        return rc;
+    /* the descriptive fields (numerics, device, dates, ...) are shown, never indexed by: readers take them as they
+     * come, a string or nothing */
+    int n_input;
+    if ((rc = want_int(json_object_get(man, "input"), "input.", "n_sequences", 0, INT32_MAX, &n_input, path, err))) return rc;
+    if (!json_is_boolean(json_object_get(model, "has_shared_expert")) || !json_is_boolean(json_object_get(man, "complete")))
+        return mf_fail(err, MF_EFORMAT, "%s: model.has_shared_expert and complete must be true or false", path);
+    mf_record record;
+    if (mf_record_parse(rec, &record))
+        return mf_fail(err, MF_EFORMAT, "%s: record \"%s\" is not routing, topk, logits or full", path, rec);
+    snprintf(r->arch, sizeof r->arch, "%s", arch);
+    snprintf(r->precision, sizeof r->precision, "%s", prec);
+    snprintf(r->record, sizeof r->record, "%s", rec);
+    r->has_shared = json_is_true(json_object_get(model, "has_shared_expert"));
+    r->complete = json_is_true(json_object_get(man, "complete"));
+    /* the MoE layers: model layer indices, strictly increasing, inside the model */
+    if (json_array_size(ml) > (size_t)r->n_layers)
+        return mf_fail(err, MF_EFORMAT, "%s: model.moe_layers lists %zu layers of a %d-layer model", path, json_array_size(ml),
+                       r->n_layers);
+    r->n_moe = (int)json_array_size(ml);
+    r->moe_layers = mf_xcalloc((size_t)r->n_moe + 1, sizeof(int));
+    for (int i = 0; i < r->n_moe; i++) {
+        json_t *v = json_array_get(ml, (size_t)i);
+        if (!json_is_integer(v) || json_integer_value(v) < 0 || json_integer_value(v) >= r->n_layers ||
+            (i && json_integer_value(v) <= r->moe_layers[i - 1]))
+            return mf_fail(err, MF_EFORMAT,
+                           "%s: model.moe_layers[%d] must be a layer index from 0 to %d, above the one before it", path, i,
+                           r->n_layers - 1);
+        r->moe_layers[i] = (int)json_integer_value(v);
+    }
+    if (r->n_moe && (r->n_experts < 1 || r->top_k < 1 || r->top_k > r->n_experts))
+        return mf_fail(err, MF_EFORMAT, "%s: a MoE model needs 0 < top_k <= n_experts (top_k %d, n_experts %d)", path, r->top_k,
+                       r->n_experts);
+    const size_t n_seqs = json_array_size(seqs);
+    if (n_seqs > (size_t)n_input)
+        return mf_fail(err, MF_EFORMAT, "%s: %zu sequences listed, but the input has %d", path, n_seqs, n_input);
+    if (r->complete && n_seqs != (size_t)n_input)
+        return mf_fail(err, MF_EFORMAT, "%s: marked complete with %zu of the input's %d sequences", path, n_seqs, n_input);
+    return MF_OK;
+}
+
+/* The field table: each field's dtype and shape in the run's own terms: T
+ * positions, L MoE layers, K chosen experts, E experts, V vocabulary, H
+ * hidden, P min(V, MF_TOPK_LOGITS) top logits. The readers index by these. */
+enum { NEED_ROUTING = 1, NEED_LOGITS = 2, NEED_TOPK = 4, OPT_SHARED = 8, OPT_ROUTER_IN = 16, ALWAYS = 32 };
+static const struct field_shape {
+    const char *field, *dims;
+    mf_dtype dtype;   /* the integer fields' one dtype; MF_F64 for any float */
+    int when;
+} field_shapes[] = {
+    {"tokens", "T", MF_I32, ALWAYS},          {"topk_ids", "LTK", MF_U16, NEED_ROUTING},
+    {"topk_w", "LTK", MF_F64, NEED_ROUTING},  {"router", "LTE", MF_F64, NEED_ROUTING},
+    {"shared_gate", "LT", MF_F64, OPT_SHARED}, {"router_in", "LTH", MF_F64, OPT_ROUTER_IN},
+    {"logits", "TV", MF_F64, NEED_LOGITS},    {"topk_logits", "TP", MF_F64, NEED_TOPK},
+    {"topk_tokens", "TP", MF_I32, NEED_TOPK}, {"logsumexp", "T", MF_F64, NEED_TOPK},
+};
+#define N_FIELDS (sizeof field_shapes / sizeof field_shapes[0])
+
+static bool is_float(mf_dtype d) { return d == MF_F64 || d == MF_F32 || d == MF_BF16 || d == MF_F16; }
+
+static int64_t dim_of(const mf_run *r, size_t seq, char c) {
+    switch (c) {
+    case 'T': return r->seqs[seq].length;
+    case 'L': return r->n_moe;
+    case 'K': return r->top_k;
+    case 'E': return r->n_experts;
+    case 'V': return r->vocab;
+    case 'H': return r->hidden;
+    case 'P': return r->vocab < MF_TOPK_LOGITS ? r->vocab : MF_TOPK_LOGITS;
+    default: return -1;
+    }
+}
+
+/* Whether the run's record level and model make field f required (1), allowed (0) or not allowed (-1). */
+static int field_rule(const mf_run *r, const struct field_shape *f) {
+    mf_record rec = MF_RECORD_ROUTING;
+    mf_record_parse(r->record, &rec);
+    switch (f->when) {
+    case ALWAYS: return 1;
+    case NEED_ROUTING: return r->n_moe ? 1 : -1;
+    case OPT_SHARED: return r->n_moe && r->has_shared ? 0 : -1;
+    case OPT_ROUTER_IN: return r->n_moe && rec == MF_RECORD_FULL ? 0 : -1;
+    case NEED_LOGITS: return rec == MF_RECORD_LOGITS || rec == MF_RECORD_FULL ? 1 : -1;
+    case NEED_TOPK: return rec == MF_RECORD_TOPK ? 1 : -1;
+    default: return -1;
+    }
+}
+
+/* The tensor's dtype and shape against the field's. */
+static int check_shape(const mf_run *r, size_t seq, const struct field_shape *fs, const mf_st_tensor *t, mf_error *err) {
+    const int ndim = (int)strlen(fs->dims);
+    bool ok = t->ndim == ndim && (fs->dtype == MF_F64 ? is_float(t->dtype) : t->dtype == fs->dtype);
+    char have_s[160] = "", want_s[160] = "";
+    for (int d = 0; d < ndim; d++) {
+        const int64_t want = dim_of(r, seq, fs->dims[d]);
+        ok = ok && d < t->ndim && t->shape[d] == want;
+        snprintf(want_s + strlen(want_s), sizeof want_s - strlen(want_s), d ? ", %c=%lld" : "%c=%lld", fs->dims[d], (long long)want);
+    }
+    if (ok) return MF_OK;
+    for (int d = 0; d < t->ndim; d++)
+        snprintf(have_s + strlen(have_s), sizeof have_s - strlen(have_s), d ? ", %lld" : "%lld", (long long)t->shape[d]);
+    return mf_fail(err, MF_EFORMAT, "%s, sequence %s: %s is %s [%s]; the manifest implies %s [%s]", r->dir, r->seqs[seq].id,
+                   fs->field, mf_dtype_name(t->dtype), have_s, fs->dtype == MF_F64 ? "a float" : mf_dtype_name(fs->dtype), want_s);
+}
+
+/* 4. Ids against the model: expert ids index score rows and per-expert tables, token ids the vocabulary. One
+ * pass for the extreme values, a second only to say where a bad one is. */
+static int check_ids(const mf_run *r, size_t seq, const char *field, const mf_st_tensor *t, mf_error *err) {
+    const char *id = r->seqs[seq].id;
+    const size_t n = (size_t)mf_st_numel(t);
+    if (t->dtype == MF_U16) {
+        uint16_t worst = 0, v = 0;
+        for (size_t i = 0; i < n; i++) {
+            memcpy(&v, t->data + 2 * i, 2);
+            worst = v > worst ? v : worst;
+        }
+        if (worst < r->n_experts) return MF_OK;
+        size_t i = 0;
+        for (;; i++) {
+            memcpy(&v, t->data + 2 * i, 2);
+            if (v >= r->n_experts) break;
+        }
+        const size_t T = (size_t)r->seqs[seq].length, K = (size_t)r->top_k;
+        return mf_fail(err, MF_EFORMAT, "%s, sequence %s: topk_ids holds expert %u at layer %d, position %zu (the model has %d experts)",
+                       r->dir, id, v, r->moe_layers[i / K / T], i / K % T, r->n_experts);
+    }
+    int32_t lo = 0, hi = 0, v = 0;
+    for (size_t i = 0; i < n; i++) {
+        memcpy(&v, t->data + 4 * i, 4);
+        lo = v < lo ? v : lo;
+        hi = v > hi ? v : hi;
+    }
+    if (lo >= 0 && hi < r->vocab) return MF_OK;
+    size_t i = 0;
+    for (;; i++) {
+        memcpy(&v, t->data + 4 * i, 4);
+        if (v < 0 || v >= r->vocab) break;
+    }
+    const size_t per = t->ndim == 2 ? (size_t)t->shape[1] : 1;
+    return mf_fail(err, MF_EFORMAT, "%s, sequence %s: %s holds token %d at position %zu (the vocabulary is [0, %d))", r->dir, id,
+                   field, v, i / per, r->vocab);
+}
+
+/* 3 (and 4 with ids). Sequence seq's tensors: each required one there, none that the record or the model
+ * excludes, each of its shape; returns in *found how many it has. */
+static int check_sequence(const mf_run *r, size_t seq, bool ids, size_t *found, mf_error *err) {
+    const mf_st_file *sh = r->shards[r->seqs[seq].shard];
+    char name[MF_MAX_SEQ_ID + 64];
+    *found = 0;
+    for (size_t f = 0; f < N_FIELDS; f++) {
+        const struct field_shape *fs = &field_shapes[f];
+        snprintf(name, sizeof name, "%s/%s", r->seqs[seq].id, fs->field);
+        const mf_st_tensor *t = mf_st_find(sh, name);
+        const int rule = field_rule(r, fs);
+        if (!t) {
+            if (rule == 1)
+                return mf_fail(err, MF_EFORMAT, "%s, sequence %s: no %s in %s (a %s run of %s model has one)", r->dir,
+                               r->seqs[seq].id, fs->field, r->shard_files[r->seqs[seq].shard], r->record,
+                               r->n_moe ? "a MoE" : "a dense");
+            continue;
+        }
+        if (rule < 0)
+            return mf_fail(err, MF_EFORMAT, "%s, sequence %s: %s has a %s tensor, which a %s run of %s does not record", r->dir,
+                           r->seqs[seq].id, r->shard_files[r->seqs[seq].shard], fs->field, r->record,
+                           !r->n_moe ? "a dense model" : fs->when == OPT_SHARED ? "a model without a shared expert" : "this model");
+        int rc = check_shape(r, seq, fs, t, err);
+        if (!rc && ids && (fs->dtype == MF_U16 || fs->dtype == MF_I32)) rc = check_ids(r, seq, fs->field, t, err);
+        if (rc) return rc;
+        (*found)++;
+    }
+    return MF_OK;
+}
+
+static int cmp_seq_id(const void *a, const void *b) {
+    return strcmp(*(char *const *)a, *(char *const *)b);
+}
 
 /* hash: check every shard's digest, hashing it unless given (when not NULL) has its digest; !hash: the caller
  * checks them */
@@ -531,59 +839,53 @@ static int run_open(mf_run **out, const char *dir, bool hash, const char *(*give
     r->dir = mf_xstrdup(dir);
     size_t len;
     json_t *man = NULL;
+    char **sorted_ids = NULL;
     int rc = mf_read_file(path, &r->manifest_text, &len, err);
     if (rc) goto fail;
+    if (strlen(r->manifest_text) != len) {
+        rc = mf_fail(err, MF_EFORMAT, "%s: not a valid manifest: it holds a NUL byte", path);
+        goto fail;
+    }
     json_error_t jerr;
-    man = json_loadb(r->manifest_text, len, 0, &jerr);
+    /* a key given twice is a contradiction, not a choice */
+    man = json_loadb(r->manifest_text, len, JSON_REJECT_DUPLICATES, &jerr);
     if (!man || !json_is_object(man)) {
         rc = mf_fail(err, MF_EFORMAT, "%s: not a valid manifest: %s", path, man ? "not an object" : jerr.text);
         goto fail;
     }
-    const char *fmt = json_string_value(json_object_get(man, "format"));
-    if (!fmt || strcmp(fmt, FORMAT_NAME) != 0 || get_int(man, "format_version") != FORMAT_VERSION) {
-        rc = mf_fail(err, MF_EFORMAT, "%s: not a moeflip run manifest (format %s version %d)", path, fmt ? fmt : "?",
-                     get_int(man, "format_version"));
-        goto fail;
-    }
-    json_t *model = json_object_get(man, "model"), *shards = json_object_get(man, "shards"),
-           *seqs = json_object_get(man, "sequences"), *ml = json_object_get(model, "moe_layers");
-    if (!json_is_object(model) || !json_is_array(shards) || !json_is_array(seqs) || !json_is_array(ml)) {
-        rc = mf_fail(err, MF_EFORMAT, "%s: manifest lacks model, shards, sequences or moe_layers", path);
-        goto fail;
-    }
-    snprintf(r->arch, sizeof r->arch, "%s", json_string_value(json_object_get(model, "architecture")) ?: "?");
-    r->n_layers = get_int(model, "n_layers");
-    r->top_k = get_int(model, "top_k");
-    r->n_experts = get_int(model, "n_experts");
-    r->vocab = get_int(model, "vocab");
-    r->hidden = get_int(model, "hidden");
-    r->has_shared = json_is_true(json_object_get(model, "has_shared_expert"));
-    r->n_moe = (int)json_array_size(ml);
-    r->moe_layers = mf_xcalloc((size_t)r->n_moe + 1, sizeof(int));
-    for (int i = 0; i < r->n_moe; i++) r->moe_layers[i] = (int)json_integer_value(json_array_get(ml, (size_t)i));
-    r->complete = json_is_true(json_object_get(man, "complete"));
-    snprintf(r->precision, sizeof r->precision, "%s",
-             json_string_value(json_object_get(json_object_get(man, "precision"), "name")) ?: "?");
-    snprintf(r->record, sizeof r->record, "%s", json_string_value(json_object_get(man, "record")) ?: "?");
+    if ((rc = check_manifest(r, man, path, err))) goto fail;
+    json_t *shards = json_object_get(man, "shards"), *seqs = json_object_get(man, "sequences");
+    /* 2. the shards: each once, named as the writer names them, of the size and digest the manifest records */
     r->n_shards = json_array_size(shards);
     r->shard_files = mf_xcalloc(r->n_shards + 1, sizeof(char *));
     r->shard_bytes = mf_xcalloc(r->n_shards + 1, sizeof(uint64_t));
     r->shard_digest = mf_xcalloc(r->n_shards + 1, sizeof *r->shard_digest);
     r->shards = mf_xcalloc(r->n_shards + 1, sizeof(mf_st_file *));
     for (size_t i = 0; i < r->n_shards; i++) {
-        json_t *s = json_array_get(shards, i);
+        json_t *s = json_array_get(shards, i), *b = json_object_get(s, "bytes");
         const char *f = json_string_value(json_object_get(s, "file")), *d = json_string_value(json_object_get(s, "digest"));
-        if (!f || !d || strlen(d) != 32 || strchr(f, '/') || strncmp(f, "part-", 5) != 0) {
-            rc = mf_fail(err, MF_EFORMAT, "%s: shard entry %zu is malformed", path, i);
+        if (!f || !d || !is_hex32(d) || !shard_name_valid(f) || !json_is_integer(b) || json_integer_value(b) < 0) {
+            rc = mf_fail(err, MF_EFORMAT,
+                         "%s: shard entry %zu is malformed (it needs \"file\": \"part-NNNNN.safetensors\", \"bytes\" >= 0 "
+                         "and a 32-digit \"digest\")",
+                         path, i);
             goto fail;
         }
+        for (size_t j = 0; j < i; j++)
+            if (!strcmp(r->shard_files[j], f)) {
+                rc = mf_fail(err, MF_EFORMAT, "%s: shard %s is listed twice", path, f);
+                goto fail;
+            }
         r->shard_files[i] = mf_xstrdup(f);
-        r->shard_bytes[i] = (uint64_t)json_integer_value(json_object_get(s, "bytes"));
+        r->shard_bytes[i] = (uint64_t)json_integer_value(b);
         memcpy(r->shard_digest[i], d, 33);
         /* verify now: a damaged run is named at once, not half-way through an analysis; the
          * mapping that was hashed is the one the tensors are read from */
         char sp[4096], have[33];
-        mf_path_join(sp, sizeof sp, dir, f);
+        if (!mf_path_join(sp, sizeof sp, dir, f)) {
+            rc = mf_fail(err, MF_EINVAL, "%s: path too long", dir);
+            goto fail;
+        }
         if (mf_st_open(&r->shards[i], sp, err) != MF_OK) {
             /* unreadable as safetensors: say "damaged" if the bytes differ from the recorded ones */
             mf_error e2 = {0};
@@ -600,42 +902,94 @@ static int run_open(mf_run **out, const char *dir, bool hash, const char *(*give
                 rc = err->code ? err->code : MF_EFORMAT;
             goto fail;
         }
-        if (!hash) continue;
-        const char *known = given ? given(ud, f) : NULL;
+        const size_t size = r->shards[i]->map.size;
+        const char *known = hash && given ? given(ud, f) : NULL;
         if (known) {
-            if (r->shards[i]->map.size != r->shard_bytes[i] || strcmp(known, d) != 0) {
+            if (strcmp(known, d) != 0) {
                 rc = mf_fail(err, MF_EDIGEST, "%s: damaged shard: digest %s (%zu bytes), the manifest records %s (%llu bytes)", sp,
-                             known, r->shards[i]->map.size, d, (unsigned long long)r->shard_bytes[i]);
+                             known, size, d, (unsigned long long)r->shard_bytes[i]);
                 goto fail;
             }
-            continue;
+        } else if (hash) {
+            mf_digest_buffer(r->shards[i]->map.data, size, have);
+            if (strcmp(have, d) != 0) {
+                rc = mf_fail(err, MF_EDIGEST, "%s: damaged shard: digest %s, the manifest records %s", sp, have, d);
+                goto fail;
+            }
         }
-        mf_digest_buffer(r->shards[i]->map.data, r->shards[i]->map.size, have);
-        if (strcmp(have, d) != 0) {
-            rc = mf_fail(err, MF_EDIGEST, "%s: damaged shard: digest %s, the manifest records %s", sp, have, d);
+        /* the bytes are the recorded ones (or not hashed here): a size that disagrees is the manifest's */
+        if (size != r->shard_bytes[i]) {
+            rc = mf_fail(err, MF_EFORMAT, "%s: %zu bytes, the manifest records %llu", sp, size,
+                         (unsigned long long)r->shard_bytes[i]);
             goto fail;
         }
     }
+    /* the sequences: ids valid and listed once, lengths those a prompt file can hold, in a listed shard */
     r->n_seqs = json_array_size(seqs);
     r->seqs = mf_xcalloc(r->n_seqs + 1, sizeof *r->seqs);
-    for (size_t i = 0; i < r->n_seqs; i++) {
-        json_t *s = json_array_get(seqs, i);
+    sorted_ids = mf_xcalloc(r->n_seqs + 1, sizeof *sorted_ids);
+    size_t *per_shard = mf_xcalloc(r->n_shards + 1, sizeof(size_t));   /* tensors the shard's sequences own */
+    for (size_t i = 0; i < r->n_seqs && !rc; i++) {
+        json_t *s = json_array_get(seqs, i), *l = json_object_get(s, "length");
         const char *id = json_string_value(json_object_get(s, "id")), *sh = json_string_value(json_object_get(s, "shard"));
         int shard = -1;
         for (size_t j = 0; sh && j < r->n_shards && shard < 0; j++)
             if (strcmp(r->shard_files[j], sh) == 0) shard = (int)j;
-        if (!id || shard < 0) {
-            rc = mf_fail(err, MF_EFORMAT, "%s: sequence entry %zu names no known shard", path, i);
-            goto fail;
-        }
+        if (!id || !mf_seq_id_valid(id))
+            rc = mf_fail(err, MF_EFORMAT, "%s: sequence entry %zu has no valid \"id\" (1 to %d bytes, no '/', '\\' or control characters)",
+                         path, i, MF_MAX_SEQ_ID);
+        else if (shard < 0)
+            rc = mf_fail(err, MF_EFORMAT, "%s: sequence entry %zu (%s) names no known shard", path, i, id);
+        else if (!json_is_integer(l) || json_integer_value(l) < 1 || json_integer_value(l) > MF_MAX_SEQ_TOKENS)
+            rc = mf_fail(err, MF_EFORMAT, "%s: sequence %s: length must be an integer from 1 to %d", path, id, MF_MAX_SEQ_TOKENS);
+        if (rc) break;
         r->seqs[i].id = mf_xstrdup(id);
-        r->seqs[i].length = get_int(s, "length");
+        r->seqs[i].length = (int)json_integer_value(l);
         r->seqs[i].shard = shard;
+        sorted_ids[i] = r->seqs[i].id;
     }
+    if (!rc && r->n_seqs) {
+        qsort(sorted_ids, r->n_seqs, sizeof *sorted_ids, cmp_seq_id);
+        for (size_t i = 1; i < r->n_seqs && !rc; i++)
+            if (!strcmp(sorted_ids[i - 1], sorted_ids[i])) rc = mf_fail(err, MF_EFORMAT, "%s: sequence %s is listed twice", path, sorted_ids[i]);
+    }
+    /* 3, 4: every sequence's tensors */
+    for (size_t i = 0; i < r->n_seqs && !rc; i++) {
+        size_t found;
+        rc = check_sequence(r, i, hash, &found, err);
+        per_shard[r->seqs[i].shard] += found;
+    }
+    /* nothing else in a shard: a tensor no sequence of it owns (another shard's sequence's, a stray name) is a
+     * contradiction the readers would otherwise resolve one way or another. Each (sequence, field) name is in a
+     * shard once at most (its header has no duplicate keys), so equal counts mean nothing else is there. */
+    for (size_t j = 0; j < r->n_shards && !rc; j++) {
+        const mf_st_file *f = r->shards[j];
+        if (per_shard[j] == 0) {
+            rc = mf_fail(err, MF_EFORMAT, "%s: shard %s holds no listed sequence", path, r->shard_files[j]);
+            break;
+        }
+        for (size_t k = 0; k < f->count && f->count != per_shard[j] && !rc; k++) {
+            const char *tn = f->tensors[k].name, *slash = strchr(tn, '/');
+            bool owned = false;
+            for (size_t i = 0; slash && i < r->n_seqs && !owned; i++) {
+                const size_t il = strlen(r->seqs[i].id);
+                if (r->seqs[i].shard != (int)j || il != (size_t)(slash - tn) || memcmp(tn, r->seqs[i].id, il)) continue;
+                for (size_t q = 0; q < N_FIELDS && !owned; q++) owned = !strcmp(slash + 1, field_shapes[q].field);
+            }
+            if (!owned)
+                rc = mf_fail(err, MF_EFORMAT, "%s/%s: tensor %s belongs to no sequence the manifest places in this shard", dir,
+                             r->shard_files[j], tn);
+        }
+    }
+    free(per_shard);
+    if (rc) goto fail;
+    r->ids_checked = hash;
+    free(sorted_ids);
     json_decref(man);
     *out = r;
     return MF_OK;
 fail:
+    free(sorted_ids);
     json_decref(man);
     mf_run_close(r);
     return rc;
@@ -650,65 +1004,6 @@ int mf_run_open_given(mf_run **out, const char *dir, const char *(*given)(void *
 
 int mf_run_open_unhashed(mf_run **out, const char *dir, mf_error *err) { return run_open(out, dir, false, NULL, NULL, err); }
 
-/* Each field's shape in the run's own terms: T positions, L MoE layers, K
- * chosen experts, E experts, V vocabulary, H hidden; '*' any extent. The
- * readers index by these, so a tensor that disagrees is refused here. */
-static const struct field_shape {
-    const char *field, *dims;
-    mf_dtype dtype;   /* the integer fields' one dtype; MF_F64 for any float */
-} field_shapes[] = {
-    {"tokens", "T", MF_I32},      {"topk_ids", "LTK", MF_U16}, {"topk_w", "LTK", MF_F64},
-    {"router", "LTE", MF_F64},    {"shared_gate", "LT", MF_F64}, {"router_in", "LTH", MF_F64},
-    {"logits", "TV", MF_F64},     {"topk_logits", "T*", MF_F64}, {"topk_tokens", "T*", MF_I32},
-    {"logsumexp", "T", MF_F64},
-};
-
-static bool is_float(mf_dtype d) { return d == MF_F64 || d == MF_F32 || d == MF_BF16 || d == MF_F16; }
-
-static int check_field(const mf_run *r, size_t seq, const char *field, const mf_st_tensor *t, mf_error *err) {
-    const char *id = r->seqs[seq].id;
-    for (size_t f = 0; f < sizeof field_shapes / sizeof field_shapes[0]; f++) {
-        const struct field_shape *fs = &field_shapes[f];
-        if (strcmp(fs->field, field) != 0) continue;
-        const int ndim = (int)strlen(fs->dims);
-        int64_t want[MF_MAX_DIMS];
-        bool ok = t->ndim == ndim && (fs->dtype == MF_F64 ? is_float(t->dtype) : t->dtype == fs->dtype);
-        char have_s[96] = "", want_s[96] = "";
-        for (int d = 0; d < ndim; d++) {
-            const char c = fs->dims[d];
-            want[d] = c == 'T' ? r->seqs[seq].length : c == 'L' ? r->n_moe : c == 'K' ? r->top_k : c == 'E' ? r->n_experts
-                    : c == 'V' ? r->vocab : c == 'H' ? r->hidden : -1;
-            ok = ok && (want[d] < 0 || t->shape[d] == want[d]);
-            snprintf(want_s + strlen(want_s), sizeof want_s - strlen(want_s), d ? ", %c=%lld" : "%c=%lld", c, (long long)want[d]);
-        }
-        if (!ok) {
-            for (int d = 0; d < t->ndim; d++)
-                snprintf(have_s + strlen(have_s), sizeof have_s - strlen(have_s), d ? ", %lld" : "%lld", (long long)t->shape[d]);
-            return mf_fail(err, MF_EFORMAT, "%s, sequence %s: %s is %s [%s]; the manifest implies %s [%s]", r->dir, id, field,
-                           mf_dtype_name(t->dtype), have_s, fs->dtype == MF_F64 ? "a float" : mf_dtype_name(fs->dtype), want_s);
-        }
-        if (fs->dtype != MF_U16) return MF_OK;
-        /* expert ids index score rows and per-expert tables: one pass for the
-         * largest, a second only to say where a bad one is */
-        const size_t n = (size_t)mf_st_numel(t);
-        uint16_t worst = 0, v = 0;
-        for (size_t i = 0; i < n; i++) {
-            memcpy(&v, t->data + 2 * i, 2);
-            worst = v > worst ? v : worst;
-        }
-        if (worst < r->n_experts) return MF_OK;
-        size_t i = 0;
-        for (;; i++) {
-            memcpy(&v, t->data + 2 * i, 2);
-            if (v >= r->n_experts) break;
-        }
-        const size_t T = (size_t)r->seqs[seq].length, K = (size_t)r->top_k;
-        return mf_fail(err, MF_EFORMAT, "%s, sequence %s: topk_ids holds expert %u at layer %d, position %zu (the model has %d experts)",
-                       r->dir, id, v, r->moe_layers[i / K / T], i / K % T, r->n_experts);
-    }
-    return MF_OK;
-}
-
 int mf_run_tensor(mf_run *r, size_t seq, const char *field, const mf_st_tensor **t, mf_error *err) {
     *t = NULL;
     if (seq >= r->n_seqs) return mf_fail(err, MF_EINVAL, "%s: no sequence %zu", r->dir, seq);
@@ -716,7 +1011,14 @@ int mf_run_tensor(mf_run *r, size_t seq, const char *field, const mf_st_tensor *
     snprintf(name, sizeof name, "%s/%s", r->seqs[seq].id, field);
     const mf_st_tensor *found = mf_st_find(r->shards[r->seqs[seq].shard], name);
     if (!found) return MF_OK;
-    int rc = check_field(r, seq, field, found, err);
+    /* mf_run_open checked every tensor; a run opened unhashed has its ids checked as they are read */
+    int rc = MF_OK;
+    for (size_t f = 0; f < N_FIELDS && !rc; f++)
+        if (!strcmp(field_shapes[f].field, field)) {
+            rc = check_shape(r, seq, &field_shapes[f], found, err);
+            if (!rc && !r->ids_checked && (field_shapes[f].dtype == MF_U16 || field_shapes[f].dtype == MF_I32))
+                rc = check_ids(r, seq, field, found, err);
+        }
     if (rc == MF_OK) *t = found;
     return rc;
 }

@@ -148,6 +148,19 @@ static void section(out *o, const char *path, const char *text, json_t *d, int *
     json_t *bs = json_object_get(d, "bootstrap");
     printf_(o, "</code>; intervals: %lld resamples of whole sequences (seed %lld).</p>\n",
             (long long)json_integer_value(json_object_get(bs, "resamples")), (long long)json_integer_value(json_object_get(bs, "seed")));
+    /* metrics that are defined and came out not a number are null in diff.json, and said so here */
+    json_t *warnings = json_object_get(d, "warnings");
+    if (json_array_size(warnings)) {
+        puts_(o, "<p class=meta><b>Warnings</b> (shown as &ndash; below):</p>\n<ul>");
+        size_t wi;
+        json_t *w;
+        json_array_foreach(warnings, wi, w) {
+            puts_(o, "<li>");
+            esc(o, json_is_string(w) ? json_string_value(w) : "?");
+            puts_(o, "</li>");
+        }
+        puts_(o, "</ul>\n");
+    }
     /* summary: metrics x targets */
     puts_(o, "<table class=summary><thead><tr><th>metric</th>");
     size_t i;

@@ -86,7 +86,7 @@ static int diff_runs(config *ref, config **targets, int n, config *floor, int bo
         mf_diff_acc_init(fa, r);
         rc = mf_diff_acc_add_runs(fa, r, f, err);
     }
-    mf_diff_opts o = {bootstrap, 20260820};
+    mf_diff_opts o = {bootstrap, 20260820, true};   /* the sweep traced these runs itself */
     if (!rc) rc = mf_diff_write_json(path, r, ts, accs, nt, fa, f, &o, err);
     for (int i = 0; i < nt; i++) {
         mf_diff_acc_free(accs[i]);
