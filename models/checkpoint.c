@@ -16,11 +16,16 @@ void mf_checkpoint_close(mf_checkpoint *c) {
     if (!c) return;
     for (size_t i = 0; i < c->nfiles; i++) mf_st_close(c->files[i]);
     free(c->files);
+    free(c->entries);
     free(c->dir);
     free(c);
 }
 
 static int cmp_str(const void *a, const void *b) { return strcmp(*(char *const *)a, *(char *const *)b); }
+
+static int cmp_entry(const void *a, const void *b) {
+    return strcmp(((const mf_ckpt_entry *)a)->name, ((const mf_ckpt_entry *)b)->name);
+}
 
 static bool valid_shard_name(const char *s) {
     return s[0] && !strchr(s, '/') && strcmp(s, "..") != 0 && strcmp(s, ".") != 0;
@@ -305,6 +310,35 @@ static int checkpoint_open(mf_checkpoint **out, const char *dir, bool map, mf_er
             }
         }
     }
+    /* the entries: every tensor once, where the index puts it */
+    size_t total = 0;
+    for (size_t i = 0; i < c->nfiles; i++) total += c->files[i]->count;
+    c->entries = mf_xcalloc(total ? total : 1, sizeof *c->entries);
+    for (size_t i = 0; i < c->nfiles; i++)
+        for (size_t t = 0; t < c->files[i]->count; t++) {
+            const char *tn = c->files[i]->tensors[t].name;
+            if (root) {
+                json_t *where = json_object_get(json_object_get(root, "weight_map"), tn);
+                if (!where) {
+                    rc = mf_fail(err, MF_EFORMAT, "%s/%s: tensor %s is not in model.safetensors.index.json", dir, names[i],
+                                 tn);
+                    goto done;
+                }
+                if (strcmp(json_string_value(where), names[i]) != 0) {
+                    rc = mf_fail(err, MF_EFORMAT, "%s: tensor %s is in %s and %s; the index names %s", dir, tn, names[i],
+                                 json_string_value(where), json_string_value(where));
+                    goto done;
+                }
+            }
+            c->entries[c->n_entries++] = (mf_ckpt_entry){tn, i};
+        }
+    qsort(c->entries, c->n_entries, sizeof *c->entries, cmp_entry);
+    for (size_t i = 1; i < c->n_entries; i++)   /* without an index, one file: names are unique within it */
+        if (!strcmp(c->entries[i - 1].name, c->entries[i].name)) {
+            rc = mf_fail(err, MF_EFORMAT, "%s: tensor %s is in %s and %s", dir, c->entries[i].name,
+                         names[c->entries[i - 1].file], names[c->entries[i].file]);
+            goto done;
+        }
 done:
     free(names);
     json_decref(root);
@@ -314,9 +348,7 @@ done:
 }
 
 const mf_st_tensor *mf_checkpoint_find(const mf_checkpoint *c, const char *name) {
-    for (size_t i = 0; i < c->nfiles; i++) {
-        const mf_st_tensor *t = mf_st_find(c->files[i], name);
-        if (t) return t;
-    }
-    return NULL;
+    const mf_ckpt_entry key = {name, 0};
+    const mf_ckpt_entry *e = bsearch(&key, c->entries, c->n_entries, sizeof key, cmp_entry);
+    return e ? mf_st_find(c->files[e->file], name) : NULL;
 }

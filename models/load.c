@@ -324,6 +324,15 @@ int mf_model_load(mf_model **out, const char *dir, mf_dtype weights, unsigned fl
         mf_model_free(m);
         return rc;
     }
+    if (flags & MF_LOAD_POPULATE)
+        for (size_t i = 0; i < m->ckpt->nfiles; i++) {
+            const mf_mmap *mp = &m->ckpt->files[i]->map;
+#ifndef MADV_POPULATE_READ
+#define MADV_POPULATE_READ 22   /* Linux 5.14; older kernels say EINVAL and get the read-ahead hint instead */
+#endif
+            if (mp->data && madvise((void *)mp->data, mp->size, MADV_POPULATE_READ) != 0)
+                madvise((void *)mp->data, mp->size, MADV_WILLNEED);
+        }
     *out = m;
     return MF_OK;
 }

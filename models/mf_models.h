@@ -65,11 +65,21 @@ int mf_st_writer_write(mf_st_writer *w, const char *path, mf_error *err);
 
 /* A checkpoint directory: model.safetensors, or shards listed by
  * model.safetensors.index.json. */
+/* A tensor's entry in the sharded index: which file holds it. */
+typedef struct mf_ckpt_entry {
+    const char *name;   /* the file's own copy of the tensor's name */
+    size_t file;
+} mf_ckpt_entry;
+
 typedef struct mf_checkpoint {
     char *dir;
     mf_st_file **files;
     size_t nfiles;
     char weights_digest[33];   /* over the files' bytes, in file-name order */
+    /* every tensor of every file, sorted by name; with an index, each where the
+     * index says it is (a tensor anywhere else, or in no index entry, is refused) */
+    mf_ckpt_entry *entries;
+    size_t n_entries;
 } mf_checkpoint;
 
 /* Maps the files, validates their headers and computes the weights digest
@@ -94,7 +104,8 @@ void mf_checkpoint_digest_finish(mf_checkpoint *c, char (*file_hex)[33]);
 /* The bytes of all the checkpoint's files. */
 uint64_t mf_checkpoint_bytes(const mf_checkpoint *c);
 void mf_checkpoint_close(mf_checkpoint *c);
-/* The tensor, or NULL when absent. */
+/* The tensor, or NULL when absent: from the file the index names for it (one
+ * file only, without an index). */
 const mf_st_tensor *mf_checkpoint_find(const mf_checkpoint *c, const char *name);
 
 /* ---- configuration ---------------------------------------------------- */
@@ -211,7 +222,9 @@ mf_dtype mf_weight_storage(mf_dtype stored, mf_dtype policy);
  * MF_LOAD_NO_CONVERT keeps every view in the checkpoint's files and dtype,
  * for a caller that converts where it puts them (a GPU); the CPU executor
  * needs the conversions. */
-enum { MF_LOAD_DEFER_DIGEST = 1u, MF_LOAD_NO_CONVERT = 2u };
+enum { MF_LOAD_DEFER_DIGEST = 1u, MF_LOAD_NO_CONVERT = 2u, MF_LOAD_POPULATE = 4u };
+/* MF_LOAD_POPULATE reads the mapped files into the mapping at load (MADV_POPULATE_READ, sequential
+ * read-ahead), so the first forward does not stop at a page fault per page of weights. */
 
 /* Loads config + weights from a Hub checkpoint directory. Every tensor's
  * presence, shape and dtype is checked against the config first; the linear

@@ -505,77 +505,80 @@ __attribute__((target("avx512f"))) static inline void cmasks(int nc, __mmask16 *
     *m1 = nc >= 32 ? (__mmask16)0xffff : nc > 16 ? (__mmask16)((1u << (nc - 16)) - 1) : (__mmask16)0;
 }
 
+/* The bodies with the row count a compile-time constant (a switch picks it), so every row count's loops
+ * unroll into registers: experts of a short prompt have a few rows each. */
+#define KDP_BODY(MR)                                                                                                   \
+    do {                                                                                                               \
+        __m512 c[MR][2];                                                                                               \
+        for (int i = 0; i < MR; i++) {                                                                                 \
+            c[i][0] = load ? _mm512_maskz_loadu_ps(m0, C + (size_t)i * ldc) : _mm512_setzero_ps();                     \
+            c[i][1] = load ? _mm512_maskz_loadu_ps(m1, C + (size_t)i * ldc + 16) : _mm512_setzero_ps();                \
+        }                                                                                                              \
+        for (int p = 0; p < kc2; p++) {                                                                                \
+            const __m512bh b0 = (__m512bh)_mm512_loadu_si512(b + (size_t)p * 32);                                     \
+            const __m512bh b1 = (__m512bh)_mm512_loadu_si512(b + (size_t)p * 32 + 16);                                \
+            _Pragma("GCC unroll 12") for (int i = 0; i < MR; i++) {                                                    \
+                const __m512bh x = (__m512bh)_mm512_set1_epi32((int)a[(size_t)i * lda2 + p]);                         \
+                c[i][0] = _mm512_dpbf16_ps(c[i][0], x, b0);                                                            \
+                c[i][1] = _mm512_dpbf16_ps(c[i][1], x, b1);                                                            \
+            }                                                                                                          \
+        }                                                                                                              \
+        for (int i = 0; i < MR; i++) {                                                                                 \
+            _mm512_mask_storeu_ps(C + (size_t)i * ldc, m0, c[i][0]);                                                   \
+            _mm512_mask_storeu_ps(C + (size_t)i * ldc + 16, m1, c[i][1]);                                              \
+        }                                                                                                              \
+    } while (0)
+
+#define KF32_BODY(MR)                                                                                                  \
+    do {                                                                                                               \
+        __m512 c[MR][2];                                                                                               \
+        for (int i = 0; i < MR; i++) {                                                                                 \
+            c[i][0] = load ? _mm512_maskz_loadu_ps(m0, C + (size_t)i * ldc) : _mm512_setzero_ps();                     \
+            c[i][1] = load ? _mm512_maskz_loadu_ps(m1, C + (size_t)i * ldc + 16) : _mm512_setzero_ps();                \
+        }                                                                                                              \
+        for (int kk = 0; kk < kc; kk++) {                                                                              \
+            const __m512 b0 = _mm512_loadu_ps(b + (size_t)kk * 32), b1 = _mm512_loadu_ps(b + (size_t)kk * 32 + 16);    \
+            _Pragma("GCC unroll 12") for (int i = 0; i < MR; i++) {                                                    \
+                const __m512 x = _mm512_set1_ps(a[(size_t)i * lda + kk]);                                              \
+                c[i][0] = _mm512_fmadd_ps(x, b0, c[i][0]);                                                             \
+                c[i][1] = _mm512_fmadd_ps(x, b1, c[i][1]);                                                             \
+            }                                                                                                          \
+        }                                                                                                              \
+        for (int i = 0; i < MR; i++) {                                                                                 \
+            _mm512_mask_storeu_ps(C + (size_t)i * ldc, m0, c[i][0]);                                                   \
+            _mm512_mask_storeu_ps(C + (size_t)i * ldc + 16, m1, c[i][1]);                                              \
+        }                                                                                                              \
+    } while (0)
+
+#define BY_ROWS(BODY)                                                                                                  \
+    switch (mr) {                                                                                                      \
+    case 1: BODY(1); break;                                                                                            \
+    case 2: BODY(2); break;                                                                                            \
+    case 3: BODY(3); break;                                                                                            \
+    case 4: BODY(4); break;                                                                                            \
+    case 5: BODY(5); break;                                                                                            \
+    case 6: BODY(6); break;                                                                                            \
+    case 7: BODY(7); break;                                                                                            \
+    case 8: BODY(8); break;                                                                                            \
+    case 9: BODY(9); break;                                                                                            \
+    case 10: BODY(10); break;                                                                                          \
+    case 11: BODY(11); break;                                                                                          \
+    default: BODY(12); break;                                                                                          \
+    }
+
 __attribute__((target("avx512f,avx512bf16"))) static void kdp_avx512_c(int mr, int kc2, const uint32_t *a, size_t lda2,
                                                                        const uint32_t *b, float *C, size_t ldc, int nc,
                                                                        bool load) {
-    __m512 c[MR_WIDE][2];
     __mmask16 m0, m1;
     cmasks(nc, &m0, &m1);
-    for (int i = 0; i < mr; i++) {
-        c[i][0] = load ? _mm512_maskz_loadu_ps(m0, C + (size_t)i * ldc) : _mm512_setzero_ps();
-        c[i][1] = load ? _mm512_maskz_loadu_ps(m1, C + (size_t)i * ldc + 16) : _mm512_setzero_ps();
-    }
-    if (mr == MR_WIDE) {
-        for (int p = 0; p < kc2; p++) {
-            const __m512bh b0 = (__m512bh)_mm512_loadu_si512(b + (size_t)p * 32);
-            const __m512bh b1 = (__m512bh)_mm512_loadu_si512(b + (size_t)p * 32 + 16);
-#pragma GCC unroll 12
-            for (int i = 0; i < MR_WIDE; i++) {
-                const __m512bh x = (__m512bh)_mm512_set1_epi32((int)a[(size_t)i * lda2 + p]);
-                c[i][0] = _mm512_dpbf16_ps(c[i][0], x, b0);
-                c[i][1] = _mm512_dpbf16_ps(c[i][1], x, b1);
-            }
-        }
-    } else {
-        for (int p = 0; p < kc2; p++) {
-            const __m512bh b0 = (__m512bh)_mm512_loadu_si512(b + (size_t)p * 32);
-            const __m512bh b1 = (__m512bh)_mm512_loadu_si512(b + (size_t)p * 32 + 16);
-            for (int i = 0; i < mr; i++) {
-                const __m512bh x = (__m512bh)_mm512_set1_epi32((int)a[(size_t)i * lda2 + p]);
-                c[i][0] = _mm512_dpbf16_ps(c[i][0], x, b0);
-                c[i][1] = _mm512_dpbf16_ps(c[i][1], x, b1);
-            }
-        }
-    }
-    for (int i = 0; i < mr; i++) {
-        _mm512_mask_storeu_ps(C + (size_t)i * ldc, m0, c[i][0]);
-        _mm512_mask_storeu_ps(C + (size_t)i * ldc + 16, m1, c[i][1]);
-    }
+    BY_ROWS(KDP_BODY)
 }
 
 __attribute__((target("avx512f"))) static void kf32_avx512_c(int mr, int kc, const float *a, size_t lda, const float *b,
                                                              float *C, size_t ldc, int nc, bool load) {
-    __m512 c[MR_WIDE][2];
     __mmask16 m0, m1;
     cmasks(nc, &m0, &m1);
-    for (int i = 0; i < mr; i++) {
-        c[i][0] = load ? _mm512_maskz_loadu_ps(m0, C + (size_t)i * ldc) : _mm512_setzero_ps();
-        c[i][1] = load ? _mm512_maskz_loadu_ps(m1, C + (size_t)i * ldc + 16) : _mm512_setzero_ps();
-    }
-    if (mr == MR_WIDE) {
-        for (int kk = 0; kk < kc; kk++) {
-            const __m512 b0 = _mm512_loadu_ps(b + (size_t)kk * 32), b1 = _mm512_loadu_ps(b + (size_t)kk * 32 + 16);
-#pragma GCC unroll 12
-            for (int i = 0; i < MR_WIDE; i++) {
-                const __m512 x = _mm512_set1_ps(a[(size_t)i * lda + kk]);
-                c[i][0] = _mm512_fmadd_ps(x, b0, c[i][0]);
-                c[i][1] = _mm512_fmadd_ps(x, b1, c[i][1]);
-            }
-        }
-    } else {
-        for (int kk = 0; kk < kc; kk++) {
-            const __m512 b0 = _mm512_loadu_ps(b + (size_t)kk * 32), b1 = _mm512_loadu_ps(b + (size_t)kk * 32 + 16);
-            for (int i = 0; i < mr; i++) {
-                const __m512 x = _mm512_set1_ps(a[(size_t)i * lda + kk]);
-                c[i][0] = _mm512_fmadd_ps(x, b0, c[i][0]);
-                c[i][1] = _mm512_fmadd_ps(x, b1, c[i][1]);
-            }
-        }
-    }
-    for (int i = 0; i < mr; i++) {
-        _mm512_mask_storeu_ps(C + (size_t)i * ldc, m0, c[i][0]);
-        _mm512_mask_storeu_ps(C + (size_t)i * ldc + 16, m1, c[i][1]);
-    }
+    BY_ROWS(KF32_BODY)
 }
 
 /* A's rows as swapped bf16 pairs, 32 values at a time; false when a value is not a dp-safe bf16 */

@@ -97,6 +97,10 @@ const void *mf_gpu_host_logits(const mf_gpu *g, mf_dtype *dtype);
 /* "NVIDIA H200 (sm_90)" */
 const char *mf_gpu_describe(const mf_gpu *g);
 void mf_gpu_close(mf_gpu *g);
+/* Whether a device string is well formed: cpu, cuda, cuda:N, hip or hip:N
+ * (N from 0 to 1023); MF_EINVAL naming it otherwise. Whether this build has
+ * the backend is mf_gpu_open's to say. */
+int mf_device_check(const char *device, mf_error *err);
 /* Whether a device string names a GPU (anything but "cpu"). */
 bool mf_device_is_gpu(const char *device);
 

@@ -59,3 +59,55 @@ Test(checkpoint, digest_cache_gives_the_digest_and_is_never_stale) {
     cr_assert_str_eq(changed, uncached);
     unsetenv("MOEFLIP_CACHE_DIR");
 }
+
+/* A sharded checkpoint: each tensor is taken from the file the index names.
+ * A tensor present in two shards, or in a shard the index does not name for
+ * it, or in no index entry, is refused with the names. */
+static void write_shard(const char *dir, const char *file, const char *tensor, float value, const char *also) {
+    mf_st_writer *w = mf_st_writer_new();
+    const int64_t shape[1] = {2};
+    const float v[2] = {value, value};
+    mf_st_writer_add(w, tensor, MF_F32, 1, shape, v);
+    if (also) mf_st_writer_add(w, also, MF_F32, 1, shape, v);
+    char path[700];
+    snprintf(path, sizeof path, "%s/%s", dir, file);
+    mf_error err = {0};
+    cr_assert_eq(mf_st_writer_write(w, path, &err), MF_OK, "%s", err.msg);
+    mf_st_writer_free(w);
+}
+
+static int open_sharded(const char *index, bool x_in_a, char *msg, size_t n) {
+    const char *dir = temp_dir();
+    char sub[600];
+    static int k;
+    snprintf(sub, sizeof sub, "%s/ck%d", dir, k++);
+    mkdir(sub, 0755);
+    write_shard(sub, "a.safetensors", "y", 1.0f, x_in_a ? "x" : NULL);
+    write_shard(sub, "b.safetensors", "x", 2.0f, NULL);
+    write_text(sub, "model.safetensors.index.json", index);
+    mf_checkpoint *c = NULL;
+    mf_error err = {0};
+    const int rc = mf_checkpoint_open(&c, sub, &err);
+    snprintf(msg, n, "%s", err.msg);
+    if (!rc) {
+        const mf_st_tensor *t = mf_checkpoint_find(c, "x");
+        cr_assert(t);
+        snprintf(msg, n, "%g", mf_load_as_f64(t->data, t->dtype, 0));
+        mf_checkpoint_close(c);
+    }
+    return rc;
+}
+
+Test(checkpoint, a_tensor_comes_from_the_file_the_index_names) {
+    char msg[1100];
+    const char *index = "{\"weight_map\": {\"x\": \"b.safetensors\", \"y\": \"a.safetensors\"}}";
+    /* x in b alone: b's value */
+    cr_assert_eq(open_sharded(index, false, msg, sizeof msg), MF_OK, "%s", msg);
+    cr_assert_str_eq(msg, "2");
+    /* x in both shards (a's copy first in file order), the index names b: refused, both files named */
+    cr_assert_neq(open_sharded(index, true, msg, sizeof msg), MF_OK, "%s", msg);
+    cr_assert(strstr(msg, "tensor x is in a.safetensors and b.safetensors; the index names b.safetensors"), "%s", msg);
+    /* x in a, and in no entry of the index */
+    cr_assert_neq(open_sharded("{\"weight_map\": {\"y\": \"a.safetensors\"}}", true, msg, sizeof msg), MF_OK, "%s", msg);
+    cr_assert(strstr(msg, "a.safetensors: tensor x is not in model.safetensors.index.json"), "%s", msg);
+}

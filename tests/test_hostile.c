@@ -356,7 +356,7 @@ static void write_hand(const char *dir, const hand *h) {
     mf_run_info info = {"hand", NULL, &prec, "cpu", "native", 1, MF_RECORD_LOGITS, "hand", &ps, 0, &cfg, "w", "hand", NULL};
     mf_run_writer *w;
     cr_assert_eq(mf_run_create(&w, dir, &info, false, &err), MF_OK, "%s", err.msg);
-    mf_seq_result r = {4, 3, 4, h->experts, h->vocab, 64, NULL, NULL, NULL, NULL, NULL, NULL};
+    mf_seq_result r = {.T = 4, .n_moe = 3, .k = 4, .E = h->experts, .V = h->vocab, .H = 64};
     r.topk_ids = (uint16_t *)h->ids;
     r.router = (double *)h->router;
     r.logits = h->logits;
@@ -1127,4 +1127,16 @@ Test(collector, push_names_a_wrong_shard_size) {
     json_object_set_new(json_array_get(json_object_get(m, "shards"), 0), "bytes", json_integer(-5));
     save_manifest(run, m);
     command_fails(1, "shard entry 0 is malformed", "push -q '%s", arg);
+}
+
+/* A device that is not one is bad usage (exit 2), said before anything is read; a build without a GPU backend
+ * is a failure of this build (exit 1), not of the command line. */
+Test(messages, a_device_that_is_not_one_is_bad_usage) {
+    char err[2048];
+    const char *model = fixture("hf/olmoe");
+    cr_assert_eq(run_moeflip(err, sizeof err, "trace --model %s --input %s/tokens.jsonl --out %s/tpu --device tpu", model,
+                             model, temp_dir()), 2, "%s", err);
+    cr_assert(strstr(err, "unknown device \"tpu\""), "%s", err);
+    cr_assert_eq(run_moeflip(err, sizeof err, "trace --model %s --input %s/tokens.jsonl --out %s/c9 --device cuda:x", model,
+                             model, temp_dir()), 2, "%s", err);
 }

@@ -12,6 +12,7 @@ int mf_trace_check(const mf_trace_opts *o, mf_precision *prec, mf_numerics *num,
     if (mf_numerics_parse(num, ns, err)) return MF_EINVAL;
     if ((prec->act == MF_F64) != (num->kind == MF_NUMERICS_FP64))
         return mf_fail(err, MF_EINVAL, "--precision fp64 and --numerics fp64 go together (every product in double)");
+    if (o->device && mf_device_check(o->device, err)) return MF_EINVAL;
     const bool gpu = o->device && mf_device_is_gpu(o->device);
     if (num->kind == MF_NUMERICS_FIXED && !gpu)
         return mf_fail(err, MF_EINVAL, "--numerics fixed is a GPU's own tensor-core chain (give --device cuda); on the "
@@ -87,7 +88,7 @@ int mf_trace(const mf_trace_opts *o, mf_error *err) {
     for (size_t i = 0; i < prompts.n; i++) max_T = prompts.seq[i].T > max_T ? prompts.seq[i].T : max_T;
     /* a GPU reads the files once, hashing them as it uploads them, and converts on the device */
     const bool on_gpu = mf_device_is_gpu(device);
-    const unsigned flags = on_gpu ? MF_LOAD_DEFER_DIGEST | MF_LOAD_NO_CONVERT : 0;
+    const unsigned flags = on_gpu ? MF_LOAD_DEFER_DIGEST | MF_LOAD_NO_CONVERT : MF_LOAD_POPULATE;
     if ((rc = trace_fits(o->model_dir, &cfg, &prec, flags, on_gpu, max_T, threads, record == MF_RECORD_FULL, err)))
         goto done;
     const double t_load = mf_now();

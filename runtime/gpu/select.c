@@ -73,6 +73,16 @@ bool mf_gpu_built(const char *name) {
 
 bool mf_device_is_gpu(const char *device) { return strcmp(device, "cpu") != 0; }
 
+static int parse_device(const char *device, backend *b, int *index, mf_error *err);
+
+int mf_device_check(const char *device, mf_error *err) {
+    if (!strcmp(device, "cpu")) return MF_OK;
+    backend b;
+    int index;
+    const int rc = parse_device(device, &b, &index, err);
+    return rc == MF_EUNSUPPORTED ? MF_OK : rc;   /* well formed; whether this build has the backend is said later */
+}
+
 static int parse_device(const char *device, backend *b, int *index, mf_error *err) {
     const char *rest;
     if (!strncmp(device, "cuda", 4)) {
