@@ -13,7 +13,7 @@
 
 /* Opens path for reading if it is a regular file. O_NONBLOCK: opening a FIFO (or a device) must not wait for a
  * writer, and it is refused as soon as fstat says what it is. */
-static int open_regular(const char *path, struct stat *st, mf_error *err) {
+int mf_open_regular(const char *path, struct stat *st, mf_error *err) {
     int fd = open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK | O_NOCTTY);
     if (fd < 0) return mf_fail(err, MF_EIO, "%s: cannot open: %s", path, strerror(errno));
     if (fstat(fd, st) != 0) {
@@ -37,7 +37,7 @@ int mf_mmap_open(mf_mmap *m, const char *path, mf_error *err) {
     m->data = NULL;
     m->size = 0;
     struct stat st;
-    int fd = open_regular(path, &st, err);
+    int fd = mf_open_regular(path, &st, err);
     if (fd < 0) return fd;
     if (st.st_size == 0) {   /* mmap of length 0 fails; an empty file is simply empty */
         close(fd);
@@ -61,7 +61,7 @@ void mf_mmap_close(mf_mmap *m) {
 int mf_read_file(const char *path, char **out, size_t *len, mf_error *err) {
     *out = NULL;
     struct stat st;
-    int fd = open_regular(path, &st, err);
+    int fd = mf_open_regular(path, &st, err);
     if (fd < 0) return fd;
     FILE *fp = fdopen(fd, "rb");
     if (!fp) {

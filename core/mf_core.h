@@ -204,6 +204,10 @@ typedef struct mf_mmap {
 } mf_mmap;
 
 int mf_mmap_open(mf_mmap *m, const char *path, mf_error *err);
+/* A file descriptor for reading path, if it is a regular file; a FIFO, directory, socket or device is refused
+ * at once, naming what it is, without waiting for a writer. MF_EIO (negative) on failure. */
+struct stat;
+int mf_open_regular(const char *path, struct stat *st, mf_error *err);
 void mf_mmap_close(mf_mmap *m);
 
 /* Reads a whole file into a malloc'ed, NUL-terminated buffer; an xz-compressed

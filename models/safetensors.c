@@ -96,14 +96,10 @@ static int st_open(mf_st_file **out, const char *path, bool map, mf_error *err) 
     json_t *root = NULL;
     range *ranges = NULL;
     char *hbuf = NULL;
-    int fd = open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK);
     struct stat st;
+    int fd = mf_open_regular(path, &st, err);
     if (fd < 0) {
-        rc = mf_fail(err, MF_EIO, "%s: cannot open: %s", path, strerror(errno));
-        goto fail;
-    }
-    if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
-        rc = mf_fail(err, MF_EIO, "%s: not a regular file", path);
+        rc = fd;
         goto fail;
     }
     snprintf(f->identity, sizeof f->identity, "%llu:%llu:%lld:%lld.%09ld:%lld.%09ld", (unsigned long long)st.st_dev,

@@ -144,7 +144,7 @@ Test(gpu, without_a_backend_or_device_the_command_says_so) {
     }
     rc = run_moeflip(err, sizeof err, "trace --model %s --input %s/tokens.jsonl --out %s/run2 --device tpu",
                      fixture("hf/olmoe"), fixture("hf/olmoe"), out);
-    cr_expect_eq(rc, 1);
+    cr_expect_eq(rc, 2, "a device that is not one is bad usage");
     cr_expect(strstr(err, "unknown device \"tpu\"") != NULL, "message: %s", err);
     rc = run_moeflip(err, sizeof err, "trace --model %s --input %s/tokens.jsonl --out %s/run3 --numerics fixed",
                      fixture("hf/olmoe"), fixture("hf/olmoe"), out);
