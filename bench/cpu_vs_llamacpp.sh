@@ -24,6 +24,9 @@
 #                         cache and flash attention "auto", which is on for the CPU; llama-bench's -ctk/-ctv
 #                         take f16, bf16 and quantised types, not f32)
 #   --python PY           a Python 3 with numpy for bench/hf_to_gguf.py   [python3, else /usr/bin/python3]
+#   --blocks              all of moeflip's rounds, then all of llama.cpp's, instead of alternating: for a model whose
+#                         two copies (safetensors and GGUF) do not fit the page cache together, where alternating
+#                         would read each copy from disk again every round
 #
 # What is timed: REPS rounds per (dtype, T), the engines taking turns so that a machine's changing load falls on
 # both. A round is one `moeflip trace --record routing --threads THREADS` of N_PROMPTS random T-token prompts
@@ -45,7 +48,7 @@ usage() { sed -n '2,/^set -euo/p' "$0" | sed '$d; s/^# \{0,1\}//'; exit "${1:-2}
 [ $# -ge 4 ] || usage
 MF_BUILD=$1 LLAMA_BUILD=$2 MODEL=$3 THREADS=$4
 shift 4
-DTYPES="bf16 f32" LENGTHS="64 512" REPS=3 TOKENS=2048 WORK="" KEEP=0 ALLOW_LONG=0 LLAMA_ARGS="" PY=""
+DTYPES="bf16 f32" LENGTHS="64 512" REPS=3 TOKENS=2048 WORK="" KEEP=0 ALLOW_LONG=0 LLAMA_ARGS="" PY="" BLOCKS=0
 while [ $# -gt 0 ]; do
   case $1 in
     --dtypes) DTYPES=$2; shift 2 ;;
@@ -57,6 +60,7 @@ while [ $# -gt 0 ]; do
     --allow-long) ALLOW_LONG=1; shift ;;
     --llama-args) LLAMA_ARGS=$2; shift 2 ;;
     --python) PY=$2; shift 2 ;;
+    --blocks) BLOCKS=1; shift ;;
     *) echo "unknown option $1" >&2; usage ;;
   esac
 done
@@ -147,13 +151,26 @@ compare() {  # dtype T prompts-file N: REPS rounds, each one moeflip trace of th
   prec=$([ "$dtype" = f32 ] && echo fp32 || echo bf16)
   MF_RATES=() LB_RATES=() MF_RSS=0 LB_RSS=0
   moeflip_once "$prec" "$prompts"   # warm-up, untimed (llama-bench warms up by itself)
-  for i in $(seq "$REPS"); do
-    moeflip_once "$prec" "$prompts"
-    MF_RATES+=("$R"); if [ "$RSS" -gt "$MF_RSS" ]; then MF_RSS=$RSS; fi
-    llama_once "$WORK/$NAME-$dtype.gguf" "$T" "$N"
-    LB_RATES+=("$R"); if [ "$RSS" -gt "$LB_RSS" ]; then LB_RSS=$RSS; fi
-    log "$dtype T=$T round $i: moeflip ${MF_RATES[-1]}, llama.cpp ${LB_RATES[-1]} tokens/s"
-  done
+  if [ "$BLOCKS" = 1 ]; then
+    for i in $(seq "$REPS"); do
+      moeflip_once "$prec" "$prompts"
+      MF_RATES+=("$R"); if [ "$RSS" -gt "$MF_RSS" ]; then MF_RSS=$RSS; fi
+      log "$dtype T=$T round $i: moeflip ${MF_RATES[-1]} tokens/s"
+    done
+    for i in $(seq "$REPS"); do
+      llama_once "$WORK/$NAME-$dtype.gguf" "$T" "$N"
+      LB_RATES+=("$R"); if [ "$RSS" -gt "$LB_RSS" ]; then LB_RSS=$RSS; fi
+      log "$dtype T=$T round $i: llama.cpp ${LB_RATES[-1]} tokens/s"
+    done
+  else
+    for i in $(seq "$REPS"); do
+      moeflip_once "$prec" "$prompts"
+      MF_RATES+=("$R"); if [ "$RSS" -gt "$MF_RSS" ]; then MF_RSS=$RSS; fi
+      llama_once "$WORK/$NAME-$dtype.gguf" "$T" "$N"
+      LB_RATES+=("$R"); if [ "$RSS" -gt "$LB_RSS" ]; then LB_RSS=$RSS; fi
+      log "$dtype T=$T round $i: moeflip ${MF_RATES[-1]}, llama.cpp ${LB_RATES[-1]} tokens/s"
+    done
+  fi
   printf '%s\tmoeflip\t%s\t%s\t%s\t%s\n' "$NAME" "$prec" "$T" "$(IFS=,; echo "${MF_RATES[*]}")" "$MF_RSS" >> "$RESULTS"
   printf '%s\tllama.cpp\t%s\t%s\t%s\t%s\n' "$NAME" "${dtype^^}" "$T" "$(IFS=,; echo "${LB_RATES[*]}")" "$LB_RSS" \
     >> "$RESULTS"
@@ -199,7 +216,7 @@ EOF
 done
 
 LOAD_END=$(cut -d' ' -f1-3 /proc/loadavg)
-"$PY" - "$RESULTS" "$THREADS" "$REPS" "$TOKENS" "$WORK/llama-bench-last.json" "$MAXPOS" "$SKIPPED" "$LLAMA_ARGS" \
+BLOCKS=$BLOCKS "$PY" - "$RESULTS" "$THREADS" "$REPS" "$TOKENS" "$WORK/llama-bench-last.json" "$MAXPOS" "$SKIPPED" "$LLAMA_ARGS" \
   "$LOAD_START" "$LOAD_END" <<'EOF'
 import json, os, statistics, sys
 res, threads, reps, tokens, lbinfo, maxpos, skipped, largs, load0, load1 = sys.argv[1:11]
@@ -224,6 +241,8 @@ print()
 note = (f"{threads} threads; n rounds, each one `moeflip trace --record routing` of ceil({tokens}/T) T-token prompts"
         f" (after one untimed warm-up trace) then one `llama-bench -p T -n 0 -embd 1 -r ceil({tokens}/T)` (its own"
         f" warm-up first); a round's tokens/s is its tokens over its time.")
+if os.environ.get("BLOCKS") == "1":
+    note += " Engines in blocks (all moeflip rounds, then all llama.cpp rounds), not alternating."
 if os.path.exists(lbinfo):
     j = json.load(open(lbinfo))[0]
     note += (f" llama.cpp {j['build_commit']} (build {j['build_number']}), KV cache {j['type_k']}/{j['type_v']},"
