@@ -32,11 +32,11 @@ for size in $sizes; do
   measure "synth $size" "$bin/moeflip" synth --size "$size" --seed 1 -o "$m"
   for round in 1 2; do
     rm -rf "$work/run-$size"
-    measure "moeflip trace $size round $round" "$bin/moeflip" trace --model "$m" --input "$m/tokens.jsonl" \
+    MOEFLIP_UPLOAD_STATS=1 measure "moeflip trace $size round $round" "$bin/moeflip" trace --model "$m" --input "$m/tokens.jsonl" \
       --out "$work/run-$size" --device cuda --precision bf16 2>&1 | tee -a "$out/trace-$size.log"
     measure "hf job $size round $round" python3 "$here/hf_job.py" --model "$m" --input "$m/tokens.jsonl" \
       --out "$out/hf-$size-$round.json" 2>&1 | grep -v Warning | tee -a "$out/hf-$size.log"
   done
-  "$bin/moeflip_gpu_check" bench "$m" bf16 10 native,emu:cdna3 "$out/bench-$size.json" 2>&1 | tail -n 4
+  "$bin/moeflip_gpu_check" bench "$m" bf16 10 native,emu:cdna3,emu:hopper "$out/bench-$size.json" 2>&1 | tail -n 4
   rm -rf "$m" "$work/run-$size"
 done
