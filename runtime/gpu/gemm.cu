@@ -263,7 +263,9 @@ __device__ static void em_decode(uint16_t bits, int fmt, int zero_e, double *v, 
 /* The high word of M = 1.5 * 2^x (its low word is zero) */
 __device__ static int magic_hi(int x) { return (1023 + x) << 20 | 1 << 19; }
 
-__global__ static void __launch_bounds__(256) k_emu_tiled(gk_gemm g, int *flag) {
+/* CHUNK: the products fused at once (the instruction's k over its halves, or AMD's group), a compile-time
+ * constant so that the loops over them unroll into immediate shared-memory offsets */
+template <int CHUNK> __global__ static void __launch_bounds__(256) k_emu_tiled(gk_gemm g, int *flag) {
     __shared__ double Av[EM_B][EM_K + 1], Bv[EM_B][EM_K + 1];
     __shared__ int Ae[EM_B][EM_K + 1], Be[EM_B][EM_K + 1];
     __shared__ unsigned As[EM_B][EM_K + 1], Bs[EM_B][EM_K + 1];
@@ -274,7 +276,7 @@ __global__ static void __launch_bounds__(256) k_emu_tiled(gk_gemm g, int *flag) 
     const uint16_t *B = (const uint16_t *)g.B + (size_t)b * g.b_bstride + (size_t)e * g.b_bstride * (g.offsets != NULL);
     const bool nv = g.emu_kind == GK_EMU_NV_FUSED;
     const int zero_e = nv && g.emu_zero_excluded ? -1000000 : -126;
-    const int Kq = (g.K + g.emu_k - 1) / g.emu_k * g.emu_k, chunk = g.emu_chunk, F = g.emu_frac;
+    const int Kq = (g.K + g.emu_k - 1) / g.emu_k * g.emu_k, chunk = CHUNK, F = g.emu_frac;
     float acc[EM_T][EM_T];
     for (int i = 0; i < EM_T; i++)
         for (int j = 0; j < EM_T; j++) acc[i][j] = 0.0f;
@@ -292,7 +294,8 @@ __global__ static void __launch_bounds__(256) k_emu_tiled(gk_gemm g, int *flag) 
             int E[EM_T][EM_T];
             for (int i = 0; i < EM_T; i++)
                 for (int j = 0; j < EM_T; j++) E[i][j] = nv ? (acc[i][j] == 0.0f ? -126 : f32_exp(acc[i][j])) : INT_MIN;
-            for (int kk = c0; kk < c0 + chunk; kk++) {
+#pragma unroll
+            for (int kk = c0; kk < c0 + CHUNK; kk++) {
                 int ea[EM_T], eb[EM_T];
                 for (int i = 0; i < EM_T; i++) ea[i] = Ae[ty + 16 * i][kk];
                 for (int j = 0; j < EM_T; j++) eb[j] = Be[tx + 16 * j][kk];
@@ -306,9 +309,12 @@ __global__ static void __launch_bounds__(256) k_emu_tiled(gk_gemm g, int *flag) 
                     bad |= !nv && E[i][j] > 125;   /* past the model's exact range (NVIDIA's E holds c's too) */
                     /* NVIDIA: Q = 2^(E - F); AMD: the products' Q = 2^(Ep - 24) */
                     Mh[i][j] = magic_hi(52 + E[i][j] - (nv ? F : 24));
+                    /* kept in a register: recomputing it from E at every product cost four integer operations */
+                    asm volatile("" : "+r"(Mh[i][j]));
                     S[i][j] = nv ? trunc_to((double)acc[i][j], __hiloint2double(Mh[i][j], 0)) : 0.0;
                 }
-            for (int kk = c0; kk < c0 + chunk; kk++) {
+#pragma unroll
+            for (int kk = c0; kk < c0 + CHUNK; kk++) {
                 double av[EM_T], bv[EM_T];
                 unsigned as[EM_T], bs[EM_T];
                 for (int i = 0; i < EM_T; i++) {
@@ -637,9 +643,12 @@ extern "C" int GPU_FN(gemm)(gk_ctx *c, const gk_gemm *g, char *msg, size_t msg_n
             return 1;
         }
 #if defined(GPU_CUDA)
-        if (!getenv("MF_GPU_EMU_SIMPLE")) {   /* MF_GPU_EMU_SIMPLE=1: the one-output-per-thread kernel, for checks */
+        /* MF_GPU_EMU_SIMPLE=1: the one-output-per-thread kernel, for checks */
+        if (!getenv("MF_GPU_EMU_SIMPLE") && (g->emu_chunk == 4 || g->emu_chunk == 8 || g->emu_chunk == 16)) {
             dim3 grid((g->N + EM_B - 1) / EM_B, row_tiles(g, EM_B), g->batch), block(16, 16);
-            k_emu_tiled<<<grid, block, 0, c->stream>>>(*g, c->flag);
+            if (g->emu_chunk == 4) k_emu_tiled<4><<<grid, block, 0, c->stream>>>(*g, c->flag);
+            else if (g->emu_chunk == 8) k_emu_tiled<8><<<grid, block, 0, c->stream>>>(*g, c->flag);
+            else k_emu_tiled<16><<<grid, block, 0, c->stream>>>(*g, c->flag);
             break;
         }
 #endif
