@@ -50,6 +50,19 @@ uint64_t mf_forward_gpu_host_bytes(const mf_config *c, int T);
 
 int mf_forward_cpu(const mf_model *m, const mf_run_opts *o, const int32_t *tokens, int T, mf_seq_result *r,
                    mf_error *err);
+/* A sequence run token by token on the CPU, with a key-value cache: the
+ * prompt first (all its tokens, from position 0), then one token at a time
+ * against the cache (the decode path). On the CPU each position's results
+ * are the same bits as in one pass over the whole sequence (the products'
+ * chains do not depend on how many rows share them); r gets the new
+ * positions only. */
+typedef struct mf_cpu_session mf_cpu_session;
+int mf_cpu_session_open(mf_cpu_session **out, const mf_model *m, const mf_run_opts *o, int max_T, mf_error *err);
+int mf_cpu_session_forward(mf_cpu_session *s, const int32_t *tokens, int n, mf_seq_result *r, mf_error *err);
+/* Positions run so far. */
+int mf_cpu_session_length(const mf_cpu_session *s);
+void mf_cpu_session_close(mf_cpu_session *s);
+
 void mf_seq_result_free(mf_seq_result *r);
 /* The shape fields of a result for T positions of a model with this config (CPU and GPU alike). */
 void mf_seq_result_shape(mf_seq_result *r, const mf_config *c, int T);

@@ -21,8 +21,20 @@ typedef struct fwd {
     mf_dtype R;    /* residual stream dtype */
     mf_dtype O;    /* opmath dtype */
     mf_mm mm;      /* matrix products: compute type, threads, numerics */
-    int T;
+    int T;         /* new positions this step */
+    int pos;       /* the first of them */
 } fwd;
+
+/* A sequence's state on the CPU: the keys and values of every layer for the
+ * positions so far (keep), or, for one pass over a whole sequence, one
+ * layer's worth reused by every layer. */
+struct mf_cpu_session {
+    const mf_model *m;
+    mf_run_opts o;
+    int max_T, pos;
+    bool keep, f64;
+    void **kc, **vc;   /* [n_layers] (keep) or [1]: [max_T][n_kv_heads * head_dim] activations */
+};
 
 static inline double rd(mf_dtype D, double x) { return mf_round_to(D, x); }
 static inline double ro(const fwd *f, double x) { return mf_round_to(f->O, x); }
@@ -134,9 +146,64 @@ int mf_runtime_load(mf_model **out, const char *dir, const mf_precision *prec, m
 }
 
 
+static mf_cpu_session *session_new(const mf_model *m, const mf_run_opts *o, int max_T, bool keep) {
+    mf_cpu_session *s = mf_xcalloc(1, sizeof *s);
+    s->m = m;
+    s->o = *o;
+    s->max_T = max_T;
+    s->keep = keep;
+    /* fp32 activations need every product in fp32 compute (the fp64 policy alone computes in double) */
+    s->f64 = o->prec.compute == MF_F64 || o->prec.opmath == MF_F64;
+    const int layers = keep ? m->cfg.n_layers : 1;
+    const size_t bytes = (size_t)(max_T > 0 ? max_T : 1) * m->cfg.n_kv_heads * m->cfg.head_dim * (s->f64 ? 8 : 4);
+    s->kc = mf_xcalloc((size_t)layers, sizeof *s->kc);
+    s->vc = mf_xcalloc((size_t)layers, sizeof *s->vc);
+    for (int l = 0; l < layers; l++) {
+        s->kc[l] = mf_xmalloc(bytes);
+        s->vc[l] = mf_xmalloc(bytes);
+    }
+    return s;
+}
+
+int mf_cpu_session_open(mf_cpu_session **out, const mf_model *m, const mf_run_opts *o, int max_T, mf_error *err) {
+    *out = NULL;
+    if (max_T <= 0) return mf_fail(err, MF_EINVAL, "a session needs room for at least one position");
+    *out = session_new(m, o, max_T, true);
+    return MF_OK;
+}
+
+void mf_cpu_session_close(mf_cpu_session *s) {
+    if (!s) return;
+    const int layers = s->keep ? s->m->cfg.n_layers : 1;
+    for (int l = 0; l < layers; l++) {
+        free(s->kc[l]);
+        free(s->vc[l]);
+    }
+    free(s->kc);
+    free(s->vc);
+    free(s);
+}
+
+int mf_cpu_session_length(const mf_cpu_session *s) { return s->pos; }
+
+int mf_cpu_session_forward(mf_cpu_session *s, const int32_t *tokens, int n, mf_seq_result *r, mf_error *err) {
+    memset(r, 0, sizeof *r);
+    if (n <= 0) return mf_fail(err, MF_EINVAL, "empty sequence");
+    if (s->pos > 0 && n != 1)
+        return mf_fail(err, MF_EUNSUPPORTED, "after the prompt, the tokens of a sequence come one at a time");
+    if (s->pos + n > s->max_T)
+        return mf_fail(err, MF_EINVAL, "position %d is past the %d the session was opened for", s->pos + n - 1,
+                       s->max_T);
+    return s->f64 ? step_f64(s, tokens, n, r, err) : step_f32(s, tokens, n, r, err);
+}
+
 int mf_forward_cpu(const mf_model *m, const mf_run_opts *o, const int32_t *tokens, int T, mf_seq_result *r,
                    mf_error *err) {
-    /* fp32 activations need every product in fp32 compute (the fp64 policy alone computes in double) */
-    return o->prec.compute == MF_F64 || o->prec.opmath == MF_F64 ? forward_f64(m, o, tokens, T, r, err)
-                                                                 : forward_f32(m, o, tokens, T, r, err);
+    memset(r, 0, sizeof *r);
+    if (T <= 0) return mf_fail(err, MF_EINVAL, "empty sequence");
+    /* one pass over the whole sequence: one layer's keys and values, reused by every layer */
+    mf_cpu_session *s = session_new(m, o, T, false);
+    const int rc = s->f64 ? step_f64(s, tokens, T, r, err) : step_f32(s, tokens, T, r, err);
+    mf_cpu_session_close(s);
+    return rc;
 }

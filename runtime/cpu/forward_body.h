@@ -88,14 +88,21 @@ static void FN(rope)(const fwd *f, mf_dtype D, ACT *x, int heads, size_t row_str
 
 /* Eager attention computing in D: S = (Q K^T) * scale, causal (and sliding)
  * mask, softmax in fp32 opmath, P V; each step rounded to D. x holds D values. */
+/* The T new positions start at f->pos: their keys and values go into the
+ * layer's cache kc, vc ([positions][nk]) after those of the positions before,
+ * and the queries attend to all of them: a prompt from position 0 (causal
+ * within it), or one token against the cache. Either way each score, weight
+ * and output is the same chain of the same values as in one pass over the
+ * whole sequence. */
 static void FN(attention)(const fwd *f, mf_dtype D, const mf_layer *L, int layer, const ACT *x, ACT *out,
-                          const ACT *cos_t, const ACT *sin_t) {
+                          const ACT *cos_t, const ACT *sin_t, ACT *kc, ACT *vc) {
     const mf_config *c = f->c;
-    const int T = f->T, H = c->hidden, hd = c->head_dim, nh = c->n_heads, nkv = c->n_kv_heads;
+    const int T = f->T, P0 = f->pos, Tc = P0 + T, H = c->hidden, hd = c->head_dim, nh = c->n_heads;
+    const int nkv = c->n_kv_heads;
     const int nq = nh * hd, nk = nkv * hd, group = nh / nkv;
     ACT *q = mf_xmalloc((size_t)T * nq * sizeof(ACT));
-    ACT *k = mf_xmalloc((size_t)T * nk * sizeof(ACT));
-    ACT *v = mf_xmalloc((size_t)T * nk * sizeof(ACT));
+    ACT *k = kc + (size_t)P0 * nk;
+    ACT *v = vc + (size_t)P0 * nk;
     ACT *ctx = mf_xmalloc((size_t)T * nq * sizeof(ACT));
     const mf_mm mm = mm_in(f, D);
     LINEAR(&mm, &L->q, x, T, q);
@@ -127,13 +134,15 @@ static void FN(attention)(const fwd *f, mf_dtype D, const mf_layer *L, int layer
 #pragma omp parallel for schedule(dynamic) num_threads(f->o->threads) if (f->o->threads > 1 && nh > 1)
     for (int h = 0; h < nh; h++) {
         const int kh = h / group;
-        /* K_kh [T, hd] and V_kh^T [hd, T] read in place */
-        const mf_mat kp = {k + (size_t)kh * hd, ACT_DTYPE, T, hd, (size_t)nk, 1};
-        const mf_mat vp = {v + (size_t)kh * hd, ACT_DTYPE, hd, T, 1, (size_t)nk};
-        ACT *s = mf_xmalloc((size_t)T * T * sizeof(ACT));
-        MATMUL(&mm1, q + (size_t)h * hd, T, (size_t)nq, &kp, s, (size_t)T, MF_TRI_COLS);
-        for (int i = 0; i < T; i++) {
-            ACT *row = s + (size_t)i * T;
+        /* K_kh [Tc, hd] and V_kh^T [hd, Tc] read in place, from the cache */
+        const mf_mat kp = {kc + (size_t)kh * hd, ACT_DTYPE, Tc, hd, (size_t)nk, 1};
+        const mf_mat vp = {vc + (size_t)kh * hd, ACT_DTYPE, hd, Tc, 1, (size_t)nk};
+        ACT *s = mf_xmalloc((size_t)T * Tc * sizeof(ACT));
+        /* from position 0 the scores are causal within the new rows; one row against the cache sees all of it */
+        MATMUL(&mm1, q + (size_t)h * hd, T, (size_t)nq, &kp, s, (size_t)Tc, P0 == 0 ? MF_TRI_COLS : MF_TRI_NONE);
+        for (int r = 0; r < T; r++) {
+            const int i = P0 + r;   /* the row's position */
+            ACT *row = s + (size_t)r * Tc;
             int j0 = window > 0 && i - window + 1 > 0 ? i - window + 1 : 0;   /* sees itself + window-1 before */
             double mx = -INFINITY;
             for (int j = j0; j <= i; j++) {
@@ -141,7 +150,7 @@ static void FN(attention)(const fwd *f, mf_dtype D, const mf_layer *L, int layer
                 mx = row[j] > mx ? row[j] : mx;
             }
             for (int j = 0; j < j0; j++) row[j] = 0;
-            for (int j = i + 1; j < T; j++) row[j] = 0;
+            for (int j = i + 1; j < Tc; j++) row[j] = 0;
             if (f->O == MF_F64) {
                 double sum = 0;
                 for (int j = j0; j <= i; j++) sum += (row[j] = exp(row[j] - mx));
@@ -156,14 +165,13 @@ static void FN(attention)(const fwd *f, mf_dtype D, const mf_layer *L, int layer
                 for (int j = j0; j <= i; j++) row[j] = rd(D, (float)row[j] / sum);
             }
         }
-        MATMUL(&mm1, s, T, (size_t)T, &vp, ctx + (size_t)h * hd, (size_t)nq, MF_TRI_K);
+        /* P V: a row's weights past its position are zeros (TRI_K leaves them out: the same sums) */
+        MATMUL(&mm1, s, T, (size_t)Tc, &vp, ctx + (size_t)h * hd, (size_t)nq, P0 == 0 ? MF_TRI_K : MF_TRI_NONE);
         free(s);
     }
     LINEAR(&mm, &L->o, ctx, T, out);
     (void)H;
     free(q);
-    free(k);
-    free(v);
     free(ctx);
 }
 
@@ -248,8 +256,10 @@ static void FN(moe)(const fwd *f, mf_dtype D, mf_dtype DR, const mf_layer *L, co
     }
 }
 
-static int FN(forward)(const mf_model *m, const mf_run_opts *o, const int32_t *tokens, int T, mf_seq_result *r,
-                      mf_error *err) {
+/* T new tokens at the session's positions sn->pos .. + T - 1 */
+static int FN(step)(mf_cpu_session *sn, const int32_t *tokens, int T, mf_seq_result *r, mf_error *err) {
+    const mf_model *m = sn->m;
+    const mf_run_opts *o = &sn->o;
     const mf_config *c = &m->cfg;
     const int H = c->hidden, V = c->vocab;
     memset(r, 0, sizeof *r);
@@ -261,7 +271,7 @@ static int FN(forward)(const mf_model *m, const mf_run_opts *o, const int32_t *t
         if (tokens[t] < 0 || tokens[t] >= V)
             return mf_fail(err, MF_EINVAL, "position %d: token id %d outside the vocabulary [0, %d)", t, tokens[t], V);
     const mf_precision *P = &o->prec;
-    fwd f = {m, c, o, P->act, P->opmath, {P->compute, P->act, o->threads, o->numerics, P->act}, T};
+    fwd f = {m, c, o, P->act, P->opmath, {P->compute, P->act, o->threads, o->numerics, P->act}, T, sn->pos};
     mf_seq_result_shape(r, c, T);
     if (r->n_moe) {
         r->topk_ids = mf_xcalloc((size_t)r->n_moe * T * r->k, sizeof(uint16_t));
@@ -272,15 +282,19 @@ static int FN(forward)(const mf_model *m, const mf_run_opts *o, const int32_t *t
     }
     r->logits = mf_xmalloc((size_t)T * V * sizeof(double));
 
-    /* RoPE tables, cast to the model's dtype as the rotary module does (parts
-     * computing in fp32 take these values as they are) */
-    const size_t TD = (size_t)T * c->head_dim;
+    /* RoPE tables of the new positions, cast to the model's dtype as the rotary
+     * module does (parts computing in fp32 take these values as they are):
+     * the tables of positions 0 .. pos + T - 1, whose rows for a position do
+     * not depend on the length but for dynamic NTK scaling, where transformers
+     * computes them for the length so far at every step */
+    const int hd = c->head_dim, Tc = sn->pos + T;
+    const size_t TD = (size_t)Tc * hd;
     double *cs64 = mf_xmalloc(TD * sizeof(double)), *sn64 = mf_xmalloc(TD * sizeof(double));
-    mf_rope_tables(c, P, T, cs64, sn64);
-    ACT *cos_t = mf_xmalloc(TD * sizeof(ACT)), *sin_t = mf_xmalloc(TD * sizeof(ACT));
-    for (size_t i = 0; i < TD; i++) {
-        cos_t[i] = (ACT)rd(f.R, cs64[i]);
-        sin_t[i] = (ACT)rd(f.R, sn64[i]);
+    mf_rope_tables(c, P, Tc, cs64, sn64);
+    ACT *cos_t = mf_xmalloc((size_t)T * hd * sizeof(ACT)), *sin_t = mf_xmalloc((size_t)T * hd * sizeof(ACT));
+    for (size_t i = 0; i < (size_t)T * hd; i++) {
+        cos_t[i] = (ACT)rd(f.R, cs64[(size_t)sn->pos * hd + i]);
+        sin_t[i] = (ACT)rd(f.R, sn64[(size_t)sn->pos * hd + i]);
     }
     free(cs64);
     free(sn64);
@@ -303,7 +317,7 @@ static int FN(forward)(const mf_model *m, const mf_run_opts *o, const int32_t *t
         const mf_dtype DM = blk ? MF_F32 : P->part[MF_PART_MLP], DR = blk ? MF_F32 : P->part[MF_PART_ROUTER];
         FN(norm_module)(&f, DN, S, h, T, H, L->attn_norm, x);
         FN(cast)(DA, x, TH);
-        FN(attention)(&f, DA, L, l, x, y, cos_t, sin_t);
+        FN(attention)(&f, DA, L, l, x, y, cos_t, sin_t, (ACT *)sn->kc[sn->keep ? l : 0], (ACT *)sn->vc[sn->keep ? l : 0]);
         FN(residual)(S, h, y, TH);
         FN(norm_module)(&f, DN, S, h, T, H, L->ffn_norm, x);
         FN(cast)(DM, x, TH);
@@ -327,5 +341,6 @@ static int FN(forward)(const mf_model *m, const mf_run_opts *o, const int32_t *t
     free(y);
     free(cos_t);
     free(sin_t);
+    sn->pos += T;
     return MF_OK;
 }
