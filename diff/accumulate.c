@@ -1,5 +1,5 @@
 /* Accumulating a diff: alignment, per-sequence sums, per-slot flips. */
-#include "mf_diff.h"
+#include "diff_int.h"
 #include "mf_router.h"
 
 #include <jansson.h>
@@ -92,7 +92,9 @@ static int find_seq(mf_run *r, const char *id) {
     return -1;
 }
 
-int mf_diff_align(mf_run *ref, mf_run *tgt, mf_error *err) {
+int mf_diff_align(mf_run *ref, mf_run *tgt, mf_error *err) { return mf_diff_align_named(ref, ref->dir, tgt, tgt->dir, err); }
+
+int mf_diff_align_named(mf_run *ref, const char *ref_name, mf_run *tgt, const char *tgt_name, mf_error *err) {
     static const char *keys[] = {"architecture", "config_digest", "weights_digest"};
     json_t *ra, *rb, *ma = manifest_model(ref, &ra), *mb = manifest_model(tgt, &rb);
     for (int k = 0; k < 3; k++) {
@@ -100,7 +102,7 @@ int mf_diff_align(mf_run *ref, mf_run *tgt, mf_error *err) {
         a = a ? a : "";
         b = b ? b : "";
         if (strcmp(a, b) != 0) {
-            mf_fail(err, MF_EMISMATCH, "%s and %s are runs of different models (%s %s vs %s)", ref->dir, tgt->dir,
+            mf_fail(err, MF_EMISMATCH, "%s and %s are runs of different models (%s %s vs %s)", ref_name, tgt_name,
                     keys[k], a, b);
             json_decref(ra);
             json_decref(rb);
@@ -120,16 +122,16 @@ int mf_diff_align(mf_run *ref, mf_run *tgt, mf_error *err) {
     };
     for (size_t k = 0; k < sizeof facts / sizeof facts[0]; k++)
         if (facts[k].a != facts[k].b)
-            return mf_fail(err, MF_EMISMATCH, "%s and %s name the same model but disagree on its shape: %s %lld vs %lld", ref->dir,
-                           tgt->dir, facts[k].what, facts[k].a, facts[k].b);
+            return mf_fail(err, MF_EMISMATCH, "%s and %s name the same model but disagree on its shape: %s %lld vs %lld", ref_name,
+                           tgt_name, facts[k].what, facts[k].a, facts[k].b);
     for (int l = 0; l < ref->n_moe; l++)
         if (ref->moe_layers[l] != tgt->moe_layers[l])
             return mf_fail(err, MF_EMISMATCH, "%s and %s name the same model but disagree on its shape: MoE layer %d is layer %d vs %d",
-                           ref->dir, tgt->dir, l, ref->moe_layers[l], tgt->moe_layers[l]);
+                           ref_name, tgt_name, l, ref->moe_layers[l], tgt->moe_layers[l]);
     for (size_t i = 0; i < ref->n_seqs; i++) {
         const char *id = ref->seqs[i].id;
         int j = find_seq(tgt, id);
-        if (j < 0) return mf_fail(err, MF_EMISMATCH, "sequence %s is in %s but not in %s", id, ref->dir, tgt->dir);
+        if (j < 0) return mf_fail(err, MF_EMISMATCH, "sequence %s is in %s but not in %s", id, ref_name, tgt_name);
         const mf_st_tensor *ta, *tb;
         int rc;
         if ((rc = mf_run_tensor(ref, i, "tokens", &ta, err)) || (rc = mf_run_tensor(tgt, (size_t)j, "tokens", &tb, err)))
@@ -142,15 +144,15 @@ int mf_diff_align(mf_run *ref, mf_run *tgt, mf_error *err) {
             memcpy(&y, tb->data + 4 * t, 4);
             if (x != y)
                 return mf_fail(err, MF_EMISMATCH, "sequence %s, position %lld: token %d in %s, %d in %s", id,
-                               (long long)t, x, ref->dir, y, tgt->dir);
+                               (long long)t, x, ref_name, y, tgt_name);
         }
         if (na != nb)
-            return mf_fail(err, MF_EMISMATCH, "sequence %s: %lld tokens in %s, %lld in %s", id, (long long)na, ref->dir,
-                           (long long)nb, tgt->dir);
+            return mf_fail(err, MF_EMISMATCH, "sequence %s: %lld tokens in %s, %lld in %s", id, (long long)na, ref_name,
+                           (long long)nb, tgt_name);
     }
     for (size_t j = 0; j < tgt->n_seqs; j++)
         if (find_seq(ref, tgt->seqs[j].id) < 0)
-            return mf_fail(err, MF_EMISMATCH, "sequence %s is in %s but not in %s", tgt->seqs[j].id, tgt->dir, ref->dir);
+            return mf_fail(err, MF_EMISMATCH, "sequence %s is in %s but not in %s", tgt->seqs[j].id, tgt_name, ref_name);
     return MF_OK;
 }
 
@@ -635,7 +637,11 @@ int mf_diff_acc_add_runs(mf_diff_acc *a, mf_run *ref, mf_run *tgt, mf_error *err
 
 int mf_diff_acc_add_range(mf_diff_acc *a, mf_run *ref, mf_run *tgt, size_t first, size_t count, mf_error *err) {
     int rc = mf_diff_align(ref, tgt, err);
-    if (rc) return rc;
+    return rc ? rc : diff_acc_add_aligned(a, ref, tgt, first, count, err);
+}
+
+int diff_acc_add_aligned(mf_diff_acc *a, mf_run *ref, mf_run *tgt, size_t first, size_t count, mf_error *err) {
+    int rc;
     size_t positions = a->n_pos;   /* room for every position at once: no copying as the array grows */
     for (size_t i = first; i < first + count && i < ref->n_seqs; i++) positions += (size_t)ref->seqs[i].length;
     if (positions > a->cap_pos) {
