@@ -136,15 +136,16 @@ static void run_cells(out *o, json_t *run) {
     puts_(o, "</tr>");
 }
 
-static void section(out *o, const char *path, const char *text, json_t *d, int *fig_no) {
+static void section(out *o, const char *text, json_t *d, int *fig_no) {
     json_t *ref = json_object_get(d, "reference"), *targets = json_object_get(d, "targets");
     json_t *model = json_object_get(ref, "model");
     puts_(o, "<section><h2>Reference ");
     setting(o, ref);
     puts_(o, "</h2>\n<p class=meta>");
     esc(o, str(model, "architecture"));
-    printf_(o, ", %lld sequences; diff <code>", (long long)json_integer_value(json_object_get(d, "sequences")));
-    esc(o, path);
+    /* the runs as diff.json names them (the collector: by the names they were pushed under), not the file */
+    printf_(o, ", %lld sequences; reference run <code>", (long long)json_integer_value(json_object_get(d, "sequences")));
+    esc(o, str(ref, "run"));
     json_t *bs = json_object_get(d, "bootstrap");
     printf_(o, "</code>; intervals: %lld resamples of whole sequences (seed %lld).</p>\n",
             (long long)json_integer_value(json_object_get(bs, "resamples")), (long long)json_integer_value(json_object_get(bs, "seed")));
@@ -252,7 +253,7 @@ int mf_report_write_many(const char **paths, int n, const char *out_path, mf_err
         if (!d || strcmp(str(d, "format"), "moeflip-diff")) {
             rc = mf_fail(err, MF_EFORMAT, "%s: not a moeflip diff.json", paths[i]);
         } else {
-            section(&o, paths[i], text, d, &fig_no);
+            section(&o, text, d, &fig_no);
         }
         json_decref(d);
         free(text);
