@@ -1,33 +1,16 @@
 /* The main job: trace a reference and targets of one model on one prompt
  * file, diff every target against the reference and the two vendors against
  * each other at the same precision, draw every figure, write one report. */
-#include "mf_viz.h"
+#include "mf_job.h"
 #include "mf_diff.h"
+#include "mf_models.h"
 #include "mf_trace.h"
+#include "mf_viz.h"
 
 #include <math.h>
 #include <jansson.h>
 #include <stdlib.h>
 #include <string.h>
-
-extern const struct { const char *name; const unsigned char *data; size_t size; } mf_default_files[];
-extern const size_t mf_default_file_count;
-
-bool mf_default_has(const char *name) {
-    for (size_t i = 0; i < mf_default_file_count; i++)
-        if (!strcmp(mf_default_files[i].name, name)) return true;
-    return false;
-}
-
-int mf_default_model_write(const char *dir, mf_error *err) {
-    int rc = mf_mkdir_p(dir, err);
-    char path[8400];
-    for (size_t i = 0; !rc && i < mf_default_file_count; i++) {
-        snprintf(path, sizeof path, "%s/%s", dir, mf_default_files[i].name);
-        rc = mf_write_file_atomic(path, mf_default_files[i].data, mf_default_files[i].size, err);
-    }
-    return rc;
-}
 
 typedef struct config {
     char numerics[128], precision[64], name[200];
