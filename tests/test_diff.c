@@ -119,11 +119,13 @@ Test(diff_crova, paired_point_values) {
     mf_error err = {0};
     cr_assert_eq(mf_diff_write_json(out, r, targets, accs, 2, NULL, NULL, &o, &err), MF_OK, "%s", err.msg);
     json_t *d = json_load_file(out, 0, NULL);
+    cr_assert(d, "%s is not JSON", out);
     json_t *crova = json_object_get(json_object_get(json_array_get(json_object_get(d, "targets"), 1), "paired_vs_first_target"), "crova");
     cr_assert(crova);
     char path[4200];
     snprintf(path, sizeof path, "%s/olmoe/expected.json", fixture("crova"));
     json_t *e = json_load_file(path, 0, NULL), *pt = json_object_get(json_object_get(e, "paired_bootstrap"), "point");
+    cr_assert(pt, "%s has no paired_bootstrap.point", path);
     static const char *counts[] = {"top1_diff", "ord5_diff", "set5_diff", "router_set_equal_diff"};
     for (int i = 0; i < 4; i++)
         cr_expect_float_eq(json_number_value(json_object_get(json_object_get(crova, counts[i]), "value")), jnum(pt, counts[i]),
@@ -166,7 +168,7 @@ static void write_run_experts(const char *dir, const hand *h, int experts) {
     mf_prompt p = {"x", tokens, 4};
     mf_prompts ps = {&p, 1, "0"};
     mf_precision prec;
-    mf_precision_parse(&prec, "fp32", &err);
+    cr_assert_eq(mf_precision_parse(&prec, "fp32", &err), MF_OK, "%s", err.msg);
     mf_run_info info = {"hand", NULL, &prec, "cpu", "native", 1, MF_RECORD_LOGITS, "hand", &ps, 0, &cfg, "w", "hand", NULL};
     mf_run_writer *w;
     cr_assert_eq(mf_run_create(&w, dir, &info, false, &err), MF_OK, "%s", err.msg);
@@ -327,6 +329,7 @@ Test(diff_hand, alignment_names_the_first_mismatch) {
     mf_error e = {0};
     cr_assert_eq(mf_prompts_load(&ps, fixture("hf/olmoe/tokens.jsonl"), 384, &e), MF_OK);
     FILE *fp = fopen(in2, "w");
+    cr_assert(fp, "cannot write %s", in2);
     for (size_t i = 0; i < ps.n; i++) {
         fprintf(fp, "{\"id\": \"%s\", \"tokens\": [", ps.seq[i].id);
         for (int t = 0; t < ps.seq[i].T; t++) {
@@ -336,7 +339,7 @@ Test(diff_hand, alignment_names_the_first_mismatch) {
         }
         fputs("]}\n", fp);
     }
-    fclose(fp);
+    cr_assert_eq(fclose(fp), 0, "%s was not written", in2);
     mf_prompts_free(&ps);
     cr_assert_eq(run_moeflip(err_buf, sizeof err_buf, "trace --model %s --input %s --out %s -q", fixture("hf/olmoe"), in2, b),
                  0, "%s", err_buf);
@@ -352,9 +355,9 @@ Test(diff_merge, shards_merge_to_the_single_pass_result) {
     mf_diff_acc *all = diff_of(r, t), *p1 = new_acc(r), *p2 = new_acc(r);
     mf_error err = {0};
     /* shards in the opposite order from the run's */
-    cr_assert_eq(mf_diff_acc_add_range(p2, r, t, 2, 1, &err), MF_OK);
-    cr_assert_eq(mf_diff_acc_add_range(p1, r, t, 0, 2, &err), MF_OK);
-    cr_assert_eq(mf_diff_merge(p2, p1, &err), MF_OK);
+    cr_assert_eq(mf_diff_acc_add_range(p2, r, t, 2, 1, &err), MF_OK, "%s", err.msg);
+    cr_assert_eq(mf_diff_acc_add_range(p1, r, t, 0, 2, &err), MF_OK, "%s", err.msg);
+    cr_assert_eq(mf_diff_merge(p2, p1, &err), MF_OK, "%s", err.msg);
     char a[4200], b[4200];
     snprintf(a, sizeof a, "%s/all.json", temp_dir());
     snprintf(b, sizeof b, "%s/merged.json", temp_dir());
@@ -364,8 +367,8 @@ Test(diff_merge, shards_merge_to_the_single_pass_result) {
     cr_assert_eq(mf_diff_write_json(b, r, targets, &p2, 1, NULL, NULL, &o, &err), MF_OK);
     char *x, *y;
     size_t nx, ny;
-    mf_read_file(a, &x, &nx, &err);
-    mf_read_file(b, &y, &ny, &err);
+    cr_assert_eq(mf_read_file(a, &x, &nx, &err), MF_OK, "%s", err.msg);
+    cr_assert_eq(mf_read_file(b, &y, &ny, &err), MF_OK, "%s", err.msg);
     cr_assert(nx > 1000 && nx == ny && memcmp(x, y, nx) == 0, "merged diff differs from the single pass");
     free(x);
     free(y);
