@@ -381,3 +381,88 @@ Test(diff_merge, shards_merge_to_the_single_pass_result) {
     mf_run_close(r);
     mf_run_close(t);
 }
+
+/* ---- the diff job (mf_diff_runs) ---------------------------------------------------- */
+
+/* One output that cannot be written: none is left, not even the ones that could be, nor a temporary. */
+Test(diff_job, outputs_are_written_whole_or_not_at_all) {
+    const char *d = temp_dir();
+    const char *ref = make_run(d, "ref", "hf/olmoe", "--precision fp64");
+    const char *hop = make_run(d, "hop", "hf/olmoe", "--numerics emu:hopper --precision bf16");
+    char json[700], slots[700], positions[700];
+    snprintf(json, sizeof json, "%s/d.json", d);
+    snprintf(slots, sizeof slots, "%s/slots.csv", d);
+    snprintf(positions, sizeof positions, "%s/no-such-dir/positions.csv", d);
+    const char *targets[] = {hop};
+    mf_diff_request q = {.reference = ref, .targets = targets, .n_targets = 1, .bootstrap = 0, .seed = MF_DIFF_SEED,
+                         .json_path = json, .positions_path = positions, .slots_path = slots};
+    mf_error err = {0};
+    cr_assert_neq(mf_diff_runs(&q, &err), MF_OK);
+    cr_assert(strstr(err.msg, "positions.csv"), "%s", err.msg);
+    cr_assert_not(mf_path_exists(json), "diff.json was left without its positions");
+    cr_assert_not(mf_path_exists(slots), "the slots CSV was left without the positions");
+    char cmd[1600];
+    snprintf(cmd, sizeof cmd, "ls '%s' | grep -q tmp", d);
+    cr_assert_neq(system(cmd), 0, "a temporary was left in %s", d);
+    /* the same request with every path writable writes all three */
+    snprintf(positions, sizeof positions, "%s/positions.csv", d);
+    err = (mf_error){0};
+    cr_assert_eq(mf_diff_runs(&q, &err), MF_OK, "%s", err.msg);
+    cr_assert(mf_path_exists(json) && mf_path_exists(slots) && mf_path_exists(positions));
+}
+
+/* Labels name the runs in diff.json, the summary and the messages; the repeat policy takes the first target with the
+ * reference's configuration as the floor, the none policy takes none. */
+Test(diff_job, labels_name_the_runs_and_the_repeat_is_the_floor) {
+    const char *d = temp_dir();
+    const char *ref = make_run(d, "ref", "hf/olmoe", "--precision fp64");
+    const char *hop = make_run(d, "hop", "hf/olmoe", "--numerics emu:hopper --precision bf16");
+    const char *rep = make_run(d, "rep", "hf/olmoe", "--precision fp64");
+    const char *targets[] = {hop, rep}, *labels[] = {"H", "P"};
+    char json[700];
+    snprintf(json, sizeof json, "%s/d.json", d);
+    char *summary = NULL;
+    size_t summary_len = 0;
+    FILE *sf = open_memstream(&summary, &summary_len);
+    cr_assert(sf);
+    mf_diff_request q = {.reference = ref, .targets = targets, .n_targets = 2, .reference_label = "R", .target_labels = labels,
+                         .floor = MF_DIFF_FLOOR_REPEAT, .bootstrap = 20, .seed = MF_DIFF_SEED, .json_path = json, .summary = sf};
+    mf_error err = {0};
+    cr_assert_eq(mf_diff_runs(&q, &err), MF_OK, "%s", err.msg);
+    cr_assert_eq(fclose(sf), 0);
+    cr_assert(strstr(summary, "reference  R: fp64 x fp64") && strstr(summary, "target 1   H: ") && strstr(summary, "target 2   P: "),
+              "%s", summary);
+    cr_assert_null(strstr(summary, d), "the summary names a directory: %s", summary);
+    free(summary);
+    json_t *doc = json_load_file(json, 0, NULL);
+    cr_assert(doc);
+    json_t *ts = json_object_get(doc, "targets");
+    cr_assert_str_eq(json_string_value(json_object_get(json_object_get(doc, "reference"), "run")), "R");
+    cr_assert_str_eq(json_string_value(json_object_get(json_array_get(ts, 0), "run")), "H");
+    cr_assert_str_eq(json_string_value(json_object_get(json_array_get(ts, 1), "run")), "P");
+    cr_assert_str_eq(json_string_value(json_object_get(json_object_get(doc, "floor"), "run")), "P");
+    /* the floor is an exact repeat on the CPU: H's excess over it is H's own value */
+    json_t *excess = json_object_get(json_object_get(json_object_get(json_array_get(ts, 0), "floor"), "excess"), "flipped_slots_pct");
+    json_t *own = json_object_get(json_object_get(json_array_get(ts, 0), "metrics"), "flipped_slots_pct");
+    cr_assert(excess && own);
+    cr_assert_float_eq(json_number_value(json_object_get(excess, "value")), json_number_value(json_object_get(own, "value")), 0);
+    cr_assert_null(json_object_get(json_array_get(ts, 1), "floor"), "the floor has no excess over itself");
+    json_decref(doc);
+    /* no floor asked for: none */
+    q.floor = MF_DIFF_FLOOR_NONE;
+    q.summary = NULL;
+    cr_assert_eq(mf_diff_runs(&q, &err), MF_OK, "%s", err.msg);
+    doc = json_load_file(json, 0, NULL);
+    cr_assert(doc);
+    cr_assert_null(json_object_get(doc, "floor"));
+    cr_assert_null(json_object_get(json_array_get(json_object_get(doc, "targets"), 0), "floor"));
+    json_decref(doc);
+    /* a run of another model is refused with both runs named by their labels */
+    const char *other = make_run(d, "other", "hf/qwen2_moe", "--precision fp64");
+    const char *bad[] = {other}, *bad_labels[] = {"Q"};
+    mf_diff_request b = {.reference = ref, .targets = bad, .n_targets = 1, .reference_label = "R", .target_labels = bad_labels,
+                         .seed = MF_DIFF_SEED, .json_path = json};
+    err = (mf_error){0};
+    cr_assert_eq(mf_diff_runs(&b, &err), MF_EMISMATCH);
+    cr_assert(strstr(err.msg, "R and Q are runs of different models"), "%s", err.msg);
+}
