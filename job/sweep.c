@@ -150,7 +150,7 @@ int mf_sweep(const mf_sweep_opts *o, mf_error *err) {
     snprintf(diff_main, sizeof diff_main, "%s/diff.json", out);
     if ((rc = diff_runs(&ref, ok, nok, repeat && rep.ok ? &rep : NULL, o->bootstrap, diff_main, err))) return rc;
     draw_all(diff_main, nok, figs, "reference");
-    /* the two vendors against each other, at the first precision they share */
+    /* the two vendors against each other, at the first precision they share: the report opens with it */
     const char *paths[2] = {diff_main, NULL};
     int npaths = 1;
     config *nv = NULL, *amd = NULL;
@@ -170,7 +170,8 @@ int mf_sweep(const mf_sweep_opts *o, mf_error *err) {
         config *t1[1] = {amd};
         if (!diff_runs(nv, t1, 1, repeat && rep.ok && nv == &tg[0] ? &rep : NULL, o->bootstrap, diff_vendor, err)) {
             draw_all(diff_vendor, 1, figs, "vendors");
-            paths[npaths++] = diff_vendor;
+            paths[0] = diff_vendor;
+            paths[npaths++] = diff_main;
         }
     }
     snprintf(report, sizeof report, "%s/report.html", out);
