@@ -1,6 +1,6 @@
 /* moeflip sweep: the main job. */
 #include "cli.h"
-#include "mf_viz.h"
+#include "mf_job.h"
 
 #include <getopt.h>
 #include <string.h>

@@ -1,5 +1,5 @@
 /* Accumulating a diff: alignment, per-sequence sums, per-slot flips. */
-#include "mf_diff.h"
+#include "diff_int.h"
 #include "mf_router.h"
 
 #include <jansson.h>
@@ -92,7 +92,9 @@ static int find_seq(mf_run *r, const char *id) {
     return -1;
 }
 
-int mf_diff_align(mf_run *ref, mf_run *tgt, mf_error *err) {
+int mf_diff_align(mf_run *ref, mf_run *tgt, mf_error *err) { return mf_diff_align_named(ref, ref->dir, tgt, tgt->dir, err); }
+
+int mf_diff_align_named(mf_run *ref, const char *ref_name, mf_run *tgt, const char *tgt_name, mf_error *err) {
     static const char *keys[] = {"architecture", "config_digest", "weights_digest"};
     json_t *ra, *rb, *ma = manifest_model(ref, &ra), *mb = manifest_model(tgt, &rb);
     for (int k = 0; k < 3; k++) {
@@ -100,7 +102,7 @@ int mf_diff_align(mf_run *ref, mf_run *tgt, mf_error *err) {
         a = a ? a : "";
         b = b ? b : "";
         if (strcmp(a, b) != 0) {
-            mf_fail(err, MF_EMISMATCH, "%s and %s are runs of different models (%s %s vs %s)", ref->dir, tgt->dir,
+            mf_fail(err, MF_EMISMATCH, "%s and %s are runs of different models (%s %s vs %s)", ref_name, tgt_name,
                     keys[k], a, b);
             json_decref(ra);
             json_decref(rb);
@@ -120,16 +122,16 @@ int mf_diff_align(mf_run *ref, mf_run *tgt, mf_error *err) {
     };
     for (size_t k = 0; k < sizeof facts / sizeof facts[0]; k++)
         if (facts[k].a != facts[k].b)
-            return mf_fail(err, MF_EMISMATCH, "%s and %s name the same model but disagree on its shape: %s %lld vs %lld", ref->dir,
-                           tgt->dir, facts[k].what, facts[k].a, facts[k].b);
+            return mf_fail(err, MF_EMISMATCH, "%s and %s name the same model but disagree on its shape: %s %lld vs %lld", ref_name,
+                           tgt_name, facts[k].what, facts[k].a, facts[k].b);
     for (int l = 0; l < ref->n_moe; l++)
         if (ref->moe_layers[l] != tgt->moe_layers[l])
             return mf_fail(err, MF_EMISMATCH, "%s and %s name the same model but disagree on its shape: MoE layer %d is layer %d vs %d",
-                           ref->dir, tgt->dir, l, ref->moe_layers[l], tgt->moe_layers[l]);
+                           ref_name, tgt_name, l, ref->moe_layers[l], tgt->moe_layers[l]);
     for (size_t i = 0; i < ref->n_seqs; i++) {
         const char *id = ref->seqs[i].id;
         int j = find_seq(tgt, id);
-        if (j < 0) return mf_fail(err, MF_EMISMATCH, "sequence %s is in %s but not in %s", id, ref->dir, tgt->dir);
+        if (j < 0) return mf_fail(err, MF_EMISMATCH, "sequence %s is in %s but not in %s", id, ref_name, tgt_name);
         const mf_st_tensor *ta, *tb;
         int rc;
         if ((rc = mf_run_tensor(ref, i, "tokens", &ta, err)) || (rc = mf_run_tensor(tgt, (size_t)j, "tokens", &tb, err)))
@@ -142,15 +144,15 @@ int mf_diff_align(mf_run *ref, mf_run *tgt, mf_error *err) {
             memcpy(&y, tb->data + 4 * t, 4);
             if (x != y)
                 return mf_fail(err, MF_EMISMATCH, "sequence %s, position %lld: token %d in %s, %d in %s", id,
-                               (long long)t, x, ref->dir, y, tgt->dir);
+                               (long long)t, x, ref_name, y, tgt_name);
         }
         if (na != nb)
-            return mf_fail(err, MF_EMISMATCH, "sequence %s: %lld tokens in %s, %lld in %s", id, (long long)na, ref->dir,
-                           (long long)nb, tgt->dir);
+            return mf_fail(err, MF_EMISMATCH, "sequence %s: %lld tokens in %s, %lld in %s", id, (long long)na, ref_name,
+                           (long long)nb, tgt_name);
     }
     for (size_t j = 0; j < tgt->n_seqs; j++)
         if (find_seq(ref, tgt->seqs[j].id) < 0)
-            return mf_fail(err, MF_EMISMATCH, "sequence %s is in %s but not in %s", tgt->seqs[j].id, tgt->dir, ref->dir);
+            return mf_fail(err, MF_EMISMATCH, "sequence %s is in %s but not in %s", tgt->seqs[j].id, tgt_name, ref_name);
     return MF_OK;
 }
 
@@ -368,227 +370,305 @@ static void logit_stats(const mf_st_tensor *A, const mf_st_tensor *B, size_t off
     free(a);
 }
 
-static int add_sequence(mf_diff_acc *a, mf_run *ref, size_t si, mf_run *tgt, size_t ti, mf_error *err) {
-    init_edges();
-    seq_view R, T;
-    int rc;
-    if ((rc = view(ref, si, &R, err)) || (rc = view(tgt, ti, &T, err))) return rc;
-    const char *id = ref->seqs[si].id;
-    const int n = (int)mf_st_numel(R.tokens), L = a->L, E = a->E, K = a->K, V = a->V;
-    mf_case *c = new_case(a, id);
-    c->positions = n;
-    c->flip_first = a->n_flips;
-    c->vocab = V;
-    c->has_logits = R.logits && T.logits;
-    const bool routing = L > 0 && R.ids && T.ids && R.router && T.router;
-    if (L > 0 && !routing) return mf_fail(err, MF_EFORMAT, "sequence %s: routing tensors missing", id);
-    if (c->has_logits && R.logits->dtype == MF_BF16 && T.logits->dtype == MF_BF16) c->equal_bits = 0;
-    int *flipped_at = mf_xcalloc((size_t)n + 1, sizeof(int));   /* flipped slots per position */
-    int *first_flip = mf_xmalloc(((size_t)n + 1) * sizeof(int));
-    for (int t = 0; t < n; t++) first_flip[t] = -1;
-    bool *all_equal = mf_xmalloc((size_t)n + 1);
-    for (int t = 0; t < n; t++) all_equal[t] = true;
-    int earliest_before = n;   /* smallest flipped position in any earlier layer */
-    /* one layer's rows at a time, converted to double in one pass per tensor */
-    double *rref = mf_xmalloc(sizeof(double) * ((size_t)n * E + 1)), *rtgt = mf_xmalloc(sizeof(double) * ((size_t)n * E + 1));
-    double *wref = mf_xmalloc(sizeof(double) * ((size_t)n * K + 1)), *wtgt = mf_xmalloc(sizeof(double) * ((size_t)n * K + 1));
-    double *sref = mf_xmalloc(sizeof(double) * ((size_t)n + 1)), *stgt = mf_xmalloc(sizeof(double) * ((size_t)n + 1));
-    double *rsq_at = mf_xmalloc(sizeof(double) * ((size_t)n + 1)), *unchosen = mf_xmalloc(sizeof(double) * ((size_t)E + 1));
-    double *margin_at = mf_xmalloc(sizeof(double) * ((size_t)n + 1)), *kth_at = mf_xmalloc(sizeof(double) * ((size_t)n + 1));
-    int *bin_at = mf_xmalloc(sizeof(int) * ((size_t)n + 1));
-    const bool gates = R.w && T.w, shared = R.shared && T.shared;
-    /* the case's sums in registers, added to in the same order as before */
-    double router_sq = c->router_logit_sq_err, gate_sq = c->gate_sq_err, shared_sq_sum = c->shared_sq_err;
-    for (int l = 0; l < L; l++) {
-        int earliest_here = n;
-        int64_t n_set = 0, n_ord = 0, n_overlap = 0;
-        load_row(R.router, (size_t)l * n * E, n * E, rref);
-        load_row(T.router, (size_t)l * n * E, n * E, rtgt);
-        if (gates) {
-            load_row(R.w, (size_t)l * n * K, n * K, wref);
-            load_row(T.w, (size_t)l * n * K, n * K, wtgt);
+/* ---- one sequence, step by step ------------------------------------------------
+ * add_sequence: the case, then each MoE layer (its rows loaded, every slot compared), then each position. The
+ * sums are added to in one fixed order (layer by layer, slot by slot), so a diff has the same bits however its
+ * steps are cut into functions. */
+
+/* One sequence's rows of one MoE layer at a time, converted to double in one pass per tensor. */
+typedef struct layer_rows {
+    double *router_ref, *router_tgt;   /* [n][E] router scores */
+    double *gate_ref, *gate_tgt;       /* [n][K] applied gate weights, when both runs have them */
+    double *shared_ref, *shared_tgt;   /* [n] shared-expert gates, when both runs have them */
+    double *router_sq;                 /* [n] each slot's squared router error, summed over the experts */
+    double *margin, *kth;              /* [n] the reference's margin and k-th score */
+    int *bin;                          /* [n] the margin's bin */
+    double *unchosen;                  /* [E] ref_margins' scratch */
+} layer_rows;
+
+static void layer_rows_alloc(layer_rows *w, int n, int E, int K) {
+    w->router_ref = mf_xmalloc(sizeof(double) * ((size_t)n * E + 1));
+    w->router_tgt = mf_xmalloc(sizeof(double) * ((size_t)n * E + 1));
+    w->gate_ref = mf_xmalloc(sizeof(double) * ((size_t)n * K + 1));
+    w->gate_tgt = mf_xmalloc(sizeof(double) * ((size_t)n * K + 1));
+    w->shared_ref = mf_xmalloc(sizeof(double) * ((size_t)n + 1));
+    w->shared_tgt = mf_xmalloc(sizeof(double) * ((size_t)n + 1));
+    w->router_sq = mf_xmalloc(sizeof(double) * ((size_t)n + 1));
+    w->unchosen = mf_xmalloc(sizeof(double) * ((size_t)E + 1));
+    w->margin = mf_xmalloc(sizeof(double) * ((size_t)n + 1));
+    w->kth = mf_xmalloc(sizeof(double) * ((size_t)n + 1));
+    w->bin = mf_xmalloc(sizeof(int) * ((size_t)n + 1));
+}
+
+static void layer_rows_free(layer_rows *w) {
+    free(w->router_ref);
+    free(w->router_tgt);
+    free(w->gate_ref);
+    free(w->gate_tgt);
+    free(w->shared_ref);
+    free(w->shared_tgt);
+    free(w->router_sq);
+    free(w->unchosen);
+    free(w->margin);
+    free(w->kth);
+    free(w->bin);
+}
+
+/* Each slot's squared router error, summed over experts in order; four slots side by side (independent sums,
+ * the same bits as one at a time). x, y: [n][E]. */
+static void router_sq_errors(const double *x0, const double *y0, int n, int E, double *out) {
+    int t0 = 0;
+    for (; t0 + 4 <= n; t0 += 4) {
+        const double *x = x0 + (size_t)t0 * E, *y = y0 + (size_t)t0 * E;
+        double s0 = 0, s1 = 0, s2 = 0, s3 = 0;
+        for (int e = 0; e < E; e++) {
+            const double d0 = x[e] - y[e], d1 = x[E + e] - y[E + e], d2 = x[2 * E + e] - y[2 * E + e],
+                         d3 = x[3 * E + e] - y[3 * E + e];
+            s0 += d0 * d0;
+            s1 += d1 * d1;
+            s2 += d2 * d2;
+            s3 += d3 * d3;
         }
-        if (shared) {
-            load_row(R.shared, (size_t)l * n, n, sref);
-            load_row(T.shared, (size_t)l * n, n, stgt);
-        }
-        /* each slot's squared router error, summed over experts in order;
-         * four slots side by side (independent sums, the same bits) */
-        int t0 = 0;
-        for (; t0 + 4 <= n; t0 += 4) {
-            const double *x = rref + (size_t)t0 * E, *y = rtgt + (size_t)t0 * E;
-            double s0 = 0, s1 = 0, s2 = 0, s3 = 0;
-            for (int e = 0; e < E; e++) {
-                const double d0 = x[e] - y[e], d1 = x[E + e] - y[E + e], d2 = x[2 * E + e] - y[2 * E + e],
-                             d3 = x[3 * E + e] - y[3 * E + e];
-                s0 += d0 * d0;
-                s1 += d1 * d1;
-                s2 += d2 * d2;
-                s3 += d3 * d3;
-            }
-            rsq_at[t0] = s0;
-            rsq_at[t0 + 1] = s1;
-            rsq_at[t0 + 2] = s2;
-            rsq_at[t0 + 3] = s3;
-        }
-        for (; t0 < n; t0++) {
-            const double *x = rref + (size_t)t0 * E, *y = rtgt + (size_t)t0 * E;
-            double s0 = 0;
-            for (int e = 0; e < E; e++) s0 += (x[e] - y[e]) * (x[e] - y[e]);
-            rsq_at[t0] = s0;
-        }
-        ref_margins(rref, R.ids->data + 2 * (size_t)l * n * K, n, E, K, margin_at, kth_at, bin_at, unchosen);
-        for (int t = 0; t < n; t++) {
-            const size_t slot = (size_t)l * n + t;
-            const size_t ko = slot * (size_t)K;
-            uint16_t A[K], B[K];
-            memcpy(A, R.ids->data + 2 * ko, sizeof A);
-            memcpy(B, T.ids->data + 2 * ko, sizeof B);
-            bool ord;   /* the common case: identical choices */
-            if (K == 4) {   /* the usual top-4: one 64-bit compare, no call */
-                uint64_t x, y;
-                memcpy(&x, A, 8);
-                memcpy(&y, B, 8);
-                ord = x == y;
-            } else ord = memcmp(A, B, sizeof A) == 0;
-            int overlap = K;
-            if (!ord) {
-                overlap = 0;
-                for (int i = 0; i < K; i++)
-                    for (int j = 0; j < K; j++) overlap += A[i] == B[j];
-            }
-            const bool set = overlap == K;
-            n_set += set;
-            n_ord += ord;
-            n_overlap += overlap;
-            router_sq += rsq_at[t];
-            const double margin = margin_at[t], kth_score = kth_at[t];
-            const bool tie = margin <= 0;   /* < 0 only when fp32 probabilities tied where the logits did not */
-            c->ties += tie;
-            a->ties[l] += tie;
-            const int bin = bin_at[t];
-            a->margin_slots[(size_t)l * MF_MARGIN_BINS + bin]++;
-            /* gate weights, aligned by expert id: experts in only one run count with 0 in the other */
-            double slot_gate_sq = 0;
-            if (gates) {
-                const double *wr = wref + (size_t)t * K, *wt = wtgt + (size_t)t * K;
-                double wtz[K + 1];   /* index K: the 0 of an expert the target did not choose */
-                memcpy(wtz, wt, sizeof(double) * (size_t)K);
-                wtz[K] = 0;
-                for (int i = 0; i < K; i++) {
-                    int jm = K;   /* the last j with B[j] == A[i] */
-                    for (int j = 0; j < K; j++) jm = B[j] == A[i] ? j : jm;
-                    const double wb = wtz[jm];
-                    gate_sq += (wr[i] - wb) * (wr[i] - wb);
-                    slot_gate_sq += (wr[i] - wb) * (wr[i] - wb);
-                    c->gate_count++;
-                }
-                for (int j = 0; j < K && !ord; j++) {   /* with the same ids in order, every B[j] is in A */
-                    bool in_a = false;
-                    for (int i = 0; i < K; i++) in_a |= A[i] == B[j];
-                    if (!in_a) {
-                        gate_sq += wt[j] * wt[j];
-                        slot_gate_sq += wt[j] * wt[j];
-                        c->gate_count++;
-                    }
-                }
-            }
-            double shared_sq = NAN;
-            if (shared) {
-                double d = sref[t] - stgt[t];
-                shared_sq = d * d;
-                shared_sq_sum += d * d;
-                c->shared_count++;
-            }
-            mf_slot *sl = NULL;
-            if (a->keep_slots) {
-                if (a->n_slots == a->cap_slots) {
-                    a->cap_slots = a->cap_slots ? 2 * a->cap_slots : 1024;
-                    a->slots = mf_xrealloc(a->slots, a->cap_slots * sizeof *a->slots);
-                }
-                sl = &a->slots[a->n_slots++];
-                memset(sl, 0, sizeof *sl);
-                sl->seq = c->id;
-                sl->layer = a->layers[l];
-                sl->pos = t;
-                sl->set_equal = set;
-                sl->order_equal = ord;
-                sl->tie = tie;
-                sl->overlap = overlap;
-                sl->margin_logit = margin;
-                sl->shared_sq_err = shared_sq;
-                sl->gate_sq_err = NAN;
-                /* the margin in probability units: softmax of the reference's scores */
-                const double *ref_row = rref + (size_t)t * E;
-                double mx = -INFINITY, z = 0;
-                for (int e = 0; e < E; e++) mx = ref_row[e] > mx ? ref_row[e] : mx;
-                for (int e = 0; e < E; e++) z += exp(ref_row[e] - mx);
-                sl->margin_prob = isfinite(margin) ? (exp(kth_score - mx) - exp(kth_score - margin - mx)) / z : NAN;
-            }
-            if (sl && gates) sl->gate_sq_err = slot_gate_sq;
-            if (set) continue;
-            /* a flip: dropped = A \ B, added = B \ A */
-            all_equal[t] = false;
-            c->flipped++;
-            a->flips[l]++;
-            a->margin_flips[(size_t)l * MF_MARGIN_BINS + bin]++;
-            flipped_at[t]++;
-            if (first_flip[t] < 0) first_flip[t] = a->layers[l];
-            if (t < earliest_here) earliest_here = t;
-            const bool inherited = earliest_before <= t;
-            if (a->n_flips == a->cap_flips) {
-                a->cap_flips = a->cap_flips ? 2 * a->cap_flips : 256;
-                a->flip_list = mf_xrealloc(a->flip_list, a->cap_flips * sizeof *a->flip_list);
-            }
-            a->flip_list[a->n_flips++] = (mf_flip){c->id, a->layers[l], t, inherited};
-            c->inherited += inherited;
-            c->primary += !inherited;
-            a->inherited[l] += inherited;
-            a->primary[l] += !inherited;
-            int drop[K], add[K], nd = 0, na = 0;
-            for (int i = 0; i < K; i++) {
-                bool in_b = false, in_a = false;
-                for (int j = 0; j < K; j++) {
-                    in_b |= A[i] == B[j];
-                    in_a |= B[i] == A[j];
-                }
-                if (!in_b) drop[nd++] = A[i];
-                if (!in_a) add[na++] = B[i];
-            }
-            if (sl) {
-                for (int i = 0; i < nd && i < 8; i++) sl->dropped[sl->n_dropped++] = (uint16_t)drop[i];
-                for (int i = 0; i < na && i < 8; i++) sl->added[sl->n_added++] = (uint16_t)add[i];
-            }
-            for (int i = 0; i < nd; i++) a->dropped[(size_t)l * E + drop[i]]++;
-            for (int i = 0; i < na; i++) a->added[(size_t)l * E + add[i]]++;
-            /* pair the dropped and added experts in rank order: which expert took which one's place */
-            for (int i = 0; i < nd && i < na; i++) a->transitions[(size_t)drop[i] * E + add[i]]++;
-        }
-        if (earliest_here < earliest_before) earliest_before = earliest_here;
-        c->router_slots += n;
-        c->router_set_equal += n_set;
-        c->router_ord_equal += n_ord;
-        c->layer_slots[l] += n;
-        c->layer_set_equal[l] += n_set;
-        c->layer_ord_equal[l] += n_ord;
-        c->overlap += n_overlap;
-        c->router_logit_count += (int64_t)n * E;
+        out[t0] = s0;
+        out[t0 + 1] = s1;
+        out[t0 + 2] = s2;
+        out[t0 + 3] = s3;
     }
-    c->router_logit_sq_err = router_sq;
-    c->gate_sq_err = gate_sq;
-    c->shared_sq_err = shared_sq_sum;
-    free(rref);
-    free(rtgt);
-    free(wref);
-    free(wtgt);
-    free(sref);
-    free(stgt);
-    free(rsq_at);
-    free(unchosen);
-    free(margin_at);
-    free(kth_at);
-    free(bin_at);
-    c->flip_count = (int)(a->n_flips - c->flip_first);
+    for (; t0 < n; t0++) {
+        const double *x = x0 + (size_t)t0 * E, *y = y0 + (size_t)t0 * E;
+        double s0 = 0;
+        for (int e = 0; e < E; e++) s0 += (x[e] - y[e]) * (x[e] - y[e]);
+        out[t0] = s0;
+    }
+}
+
+/* Layer l's rows of both runs, and what the slots need from the reference's alone: squared router errors, margins,
+ * k-th scores and bins. */
+static void load_layer(layer_rows *w, const seq_view *R, const seq_view *T, int l, int n, int E, int K, bool gates,
+                       bool shared) {
+    load_row(R->router, (size_t)l * n * E, n * E, w->router_ref);
+    load_row(T->router, (size_t)l * n * E, n * E, w->router_tgt);
+    if (gates) {
+        load_row(R->w, (size_t)l * n * K, n * K, w->gate_ref);
+        load_row(T->w, (size_t)l * n * K, n * K, w->gate_tgt);
+    }
+    if (shared) {
+        load_row(R->shared, (size_t)l * n, n, w->shared_ref);
+        load_row(T->shared, (size_t)l * n, n, w->shared_tgt);
+    }
+    router_sq_errors(w->router_ref, w->router_tgt, n, E, w->router_sq);
+    ref_margins(w->router_ref, R->ids->data + 2 * (size_t)l * n * K, n, E, K, w->margin, w->kth, w->bin, w->unchosen);
+}
+
+/* Whether the two runs dispatched the same experts in the same order at a slot; overlap gets how many experts they
+ * share (K when they chose the same set). */
+static inline bool same_order(const uint16_t *A, const uint16_t *B, int K, int *overlap) {
+    bool ord;   /* the common case: identical choices */
+    if (K == 4) {   /* the usual top-4: one 64-bit compare, no call */
+        uint64_t x, y;
+        memcpy(&x, A, 8);
+        memcpy(&y, B, 8);
+        ord = x == y;
+    } else ord = memcmp(A, B, sizeof(uint16_t) * (size_t)K) == 0;
+    *overlap = K;
+    if (!ord) {
+        *overlap = 0;
+        for (int i = 0; i < K; i++)
+            for (int j = 0; j < K; j++) *overlap += A[i] == B[j];
+    }
+    return ord;
+}
+
+/* The squared differences of a slot's applied gate weights, aligned by expert id: an expert only one run chose counts
+ * with weight 0 in the other. Each term is added to the case's running sum (gate_sq) and to the slot's, in order;
+ * count gets one per term. */
+static inline void gate_errors(const double *wr, const double *wt, const uint16_t *A, const uint16_t *B, int K, bool ord,
+                               double *gate_sq, double *slot_gate_sq, int64_t *count) {
+    double wtz[K + 1];   /* index K: the 0 of an expert the target did not choose */
+    memcpy(wtz, wt, sizeof(double) * (size_t)K);
+    wtz[K] = 0;
+    for (int i = 0; i < K; i++) {
+        int jm = K;   /* the last j with B[j] == A[i] */
+        for (int j = 0; j < K; j++) jm = B[j] == A[i] ? j : jm;
+        const double wb = wtz[jm];
+        *gate_sq += (wr[i] - wb) * (wr[i] - wb);
+        *slot_gate_sq += (wr[i] - wb) * (wr[i] - wb);
+        (*count)++;
+    }
+    for (int j = 0; j < K && !ord; j++) {   /* with the same ids in order, every B[j] is in A */
+        bool in_a = false;
+        for (int i = 0; i < K; i++) in_a |= A[i] == B[j];
+        if (!in_a) {
+            *gate_sq += wt[j] * wt[j];
+            *slot_gate_sq += wt[j] * wt[j];
+            (*count)++;
+        }
+    }
+}
+
+/* The margin in probability units: the softmax of the reference's scores at the k-th minus the (k+1)-th. */
+static double margin_in_probability(const double *ref_row, int E, double margin, double kth_score) {
+    double mx = -INFINITY, z = 0;
+    for (int e = 0; e < E; e++) mx = ref_row[e] > mx ? ref_row[e] : mx;
+    for (int e = 0; e < E; e++) z += exp(ref_row[e] - mx);
+    return isfinite(margin) ? (exp(kth_score - mx) - exp(kth_score - margin - mx)) / z : NAN;
+}
+
+/* A new slot record (keep_slots) of what the slot's comparison found, its lists of experts still empty. */
+static mf_slot *keep_slot(mf_diff_acc *a, const mf_case *c, int l, int t, bool set, bool ord, bool tie, int overlap) {
+    if (a->n_slots == a->cap_slots) {
+        a->cap_slots = a->cap_slots ? 2 * a->cap_slots : 1024;
+        a->slots = mf_xrealloc(a->slots, a->cap_slots * sizeof *a->slots);
+    }
+    mf_slot *sl = &a->slots[a->n_slots++];
+    memset(sl, 0, sizeof *sl);
+    sl->seq = c->id;
+    sl->layer = a->layers[l];
+    sl->pos = t;
+    sl->set_equal = set;
+    sl->order_equal = ord;
+    sl->tie = tie;
+    sl->overlap = overlap;
+    return sl;
+}
+
+/* Where the flips of one sequence fell, per position, over the layers so far. */
+typedef struct seq_flips {
+    int *flipped_at;       /* [n] flipped slots */
+    int *first_flip;       /* [n] the first model layer that flipped there, -1 */
+    bool *all_equal;       /* [n] every layer so far chose the same set */
+    int earliest_before;   /* the smallest flipped position in any earlier layer (n: none) */
+} seq_flips;
+
+static void seq_flips_init(seq_flips *f, int n) {
+    f->flipped_at = mf_xcalloc((size_t)n + 1, sizeof(int));
+    f->first_flip = mf_xmalloc(((size_t)n + 1) * sizeof(int));
+    for (int t = 0; t < n; t++) f->first_flip[t] = -1;
+    f->all_equal = mf_xmalloc((size_t)n + 1);
+    for (int t = 0; t < n; t++) f->all_equal[t] = true;
+    f->earliest_before = n;
+}
+
+static void seq_flips_free(seq_flips *f) {
+    free(f->flipped_at);
+    free(f->first_flip);
+    free(f->all_equal);
+}
+
+/* A flip at (MoE layer l, position t): primary or inherited, counted for the layer, the bin of its margin, the
+ * position and the experts dropped (A \ B) and added (B \ A), paired in rank order as transitions; into the slot's
+ * record too when one is kept. */
+static void record_flip(mf_diff_acc *a, mf_case *c, seq_flips *f, int l, int t, int bin, const uint16_t *A,
+                        const uint16_t *B, int K, mf_slot *sl) {
+    const int E = a->E;
+    f->all_equal[t] = false;
+    c->flipped++;
+    a->flips[l]++;
+    a->margin_flips[(size_t)l * MF_MARGIN_BINS + bin]++;
+    f->flipped_at[t]++;
+    if (f->first_flip[t] < 0) f->first_flip[t] = a->layers[l];
+    const bool inherited = f->earliest_before <= t;
+    if (a->n_flips == a->cap_flips) {
+        a->cap_flips = a->cap_flips ? 2 * a->cap_flips : 256;
+        a->flip_list = mf_xrealloc(a->flip_list, a->cap_flips * sizeof *a->flip_list);
+    }
+    a->flip_list[a->n_flips++] = (mf_flip){c->id, a->layers[l], t, inherited};
+    c->inherited += inherited;
+    c->primary += !inherited;
+    a->inherited[l] += inherited;
+    a->primary[l] += !inherited;
+    int drop[K], add[K], nd = 0, na = 0;
+    for (int i = 0; i < K; i++) {
+        bool in_b = false, in_a = false;
+        for (int j = 0; j < K; j++) {
+            in_b |= A[i] == B[j];
+            in_a |= B[i] == A[j];
+        }
+        if (!in_b) drop[nd++] = A[i];
+        if (!in_a) add[na++] = B[i];
+    }
+    if (sl) {
+        for (int i = 0; i < nd && i < 8; i++) sl->dropped[sl->n_dropped++] = (uint16_t)drop[i];
+        for (int i = 0; i < na && i < 8; i++) sl->added[sl->n_added++] = (uint16_t)add[i];
+    }
+    for (int i = 0; i < nd; i++) a->dropped[(size_t)l * E + drop[i]]++;
+    for (int i = 0; i < na; i++) a->added[(size_t)l * E + add[i]]++;
+    /* which expert took which one's place */
+    for (int i = 0; i < nd && i < na; i++) a->transitions[(size_t)drop[i] * E + add[i]]++;
+}
+
+/* The case's sums that every slot adds to, in slot order. */
+typedef struct slot_sums {
+    double router_sq, gate_sq, shared_sq;
+} slot_sums;
+
+/* Every slot of MoE layer l (rows loaded in w): choices compared, ties and margins binned, gate and shared-gate
+ * errors, the slot kept (keep_slots), flips recorded; then the layer's totals into the case. */
+static void add_layer(mf_diff_acc *a, mf_case *c, const seq_view *R, const seq_view *T, int l, int n, const layer_rows *w,
+                      bool gates, bool shared, seq_flips *f, slot_sums *sums) {
+    const int E = a->E, K = a->K;
+    int earliest_here = n;
+    int64_t n_set = 0, n_ord = 0, n_overlap = 0;
+    /* the sums in registers across the layer, added to in the same order as one slot at a time */
+    double router_sq = sums->router_sq, gate_sq = sums->gate_sq, shared_sq_sum = sums->shared_sq;
+    for (int t = 0; t < n; t++) {
+        const size_t ko = ((size_t)l * n + t) * (size_t)K;
+        uint16_t A[K], B[K];
+        memcpy(A, R->ids->data + 2 * ko, sizeof A);
+        memcpy(B, T->ids->data + 2 * ko, sizeof B);
+        int overlap;
+        const bool ord = same_order(A, B, K, &overlap), set = overlap == K;
+        n_set += set;
+        n_ord += ord;
+        n_overlap += overlap;
+        router_sq += w->router_sq[t];
+        const double margin = w->margin[t];
+        const bool tie = margin <= 0;   /* < 0 only when fp32 probabilities tied where the logits did not */
+        c->ties += tie;
+        a->ties[l] += tie;
+        const int bin = w->bin[t];
+        a->margin_slots[(size_t)l * MF_MARGIN_BINS + bin]++;
+        double slot_gate_sq = 0;
+        if (gates)
+            gate_errors(w->gate_ref + (size_t)t * K, w->gate_tgt + (size_t)t * K, A, B, K, ord, &gate_sq, &slot_gate_sq,
+                        &c->gate_count);
+        double shared_sq = NAN;
+        if (shared) {
+            double d = w->shared_ref[t] - w->shared_tgt[t];
+            shared_sq = d * d;
+            shared_sq_sum += d * d;
+            c->shared_count++;
+        }
+        mf_slot *sl = NULL;
+        if (a->keep_slots) {
+            sl = keep_slot(a, c, l, t, set, ord, tie, overlap);
+            sl->margin_logit = margin;
+            sl->shared_sq_err = shared_sq;
+            sl->gate_sq_err = gates ? slot_gate_sq : NAN;
+            sl->margin_prob = margin_in_probability(w->router_ref + (size_t)t * E, E, margin, w->kth[t]);
+        }
+        if (set) continue;
+        if (t < earliest_here) earliest_here = t;
+        record_flip(a, c, f, l, t, bin, A, B, K, sl);
+    }
+    if (earliest_here < f->earliest_before) f->earliest_before = earliest_here;
+    sums->router_sq = router_sq;
+    sums->gate_sq = gate_sq;
+    sums->shared_sq = shared_sq_sum;
+    c->router_slots += n;
+    c->router_set_equal += n_set;
+    c->router_ord_equal += n_ord;
+    c->layer_slots[l] += n;
+    c->layer_set_equal[l] += n_set;
+    c->layer_ord_equal[l] += n_ord;
+    c->overlap += n_overlap;
+    c->router_logit_count += (int64_t)n * E;
+}
+
+/* Every position of the sequence: its record (token, first flipped layer, flipped slots), whether every layer
+ * agreed, the error given its flips, and CroVA's logit statistics when both runs have full logits. */
+static void add_positions(mf_diff_acc *a, mf_case *c, const seq_view *R, const seq_view *T, const seq_flips *f, int n) {
+    const int L = a->L, V = a->V;
     c->pos_first = a->n_pos;
     c->pos_count = n;
     for (int t = 0; t < n; t++) {
@@ -596,19 +676,19 @@ static int add_sequence(mf_diff_acc *a, mf_run *ref, size_t si, mf_run *tgt, siz
         p->seq = c->id;   /* owned by the case, which moves with it on merge */
         p->pos = t;
         int32_t tok;
-        memcpy(&tok, R.tokens->data + 4 * (size_t)t, 4);
+        memcpy(&tok, R->tokens->data + 4 * (size_t)t, 4);
         p->token = tok;
-        p->first_flip_layer = first_flip[t];
-        p->flipped_slots = flipped_at[t];
+        p->first_flip_layer = f->first_flip[t];
+        p->flipped_slots = f->flipped_at[t];
         p->kl = p->sq_err = NAN;
         p->top1 = -1;
-        c->router_positions_all_layers_equal += L > 0 && all_equal[t];
-        const int cls = flipped_at[t] >= 2 ? 2 : flipped_at[t];
+        c->router_positions_all_layers_equal += L > 0 && f->all_equal[t];
+        const int cls = f->flipped_at[t] >= 2 ? 2 : f->flipped_at[t];
         c->cond_positions[cls]++;
         if (c->has_logits) {
             double sq, psq, kl;
             int top1, ord5, set5;
-            logit_stats(R.logits, T.logits, (size_t)t * V, V, &sq, &psq, &kl, &top1, &ord5, &set5,
+            logit_stats(R->logits, T->logits, (size_t)t * V, V, &sq, &psq, &kl, &top1, &ord5, &set5,
                         c->equal_bits >= 0 ? &c->equal_bits : NULL);
             c->sq_err += sq;
             c->prob_sq_err += psq;
@@ -623,9 +703,41 @@ static int add_sequence(mf_diff_acc *a, mf_run *ref, size_t si, mf_run *tgt, siz
             p->top1 = top1;
         }
     }
-    free(flipped_at);
-    free(first_flip);
-    free(all_equal);
+}
+
+/* Sequence si of the reference against sequence ti of the target: one new case. */
+static int add_sequence(mf_diff_acc *a, mf_run *ref, size_t si, mf_run *tgt, size_t ti, mf_error *err) {
+    init_edges();
+    seq_view R, T;
+    int rc;
+    if ((rc = view(ref, si, &R, err)) || (rc = view(tgt, ti, &T, err))) return rc;
+    const char *id = ref->seqs[si].id;
+    const int n = (int)mf_st_numel(R.tokens), L = a->L;
+    mf_case *c = new_case(a, id);
+    c->positions = n;
+    c->flip_first = a->n_flips;
+    c->vocab = a->V;
+    c->has_logits = R.logits && T.logits;
+    const bool routing = L > 0 && R.ids && T.ids && R.router && T.router;
+    if (L > 0 && !routing) return mf_fail(err, MF_EFORMAT, "sequence %s: routing tensors missing", id);
+    if (c->has_logits && R.logits->dtype == MF_BF16 && T.logits->dtype == MF_BF16) c->equal_bits = 0;
+    seq_flips f;
+    seq_flips_init(&f, n);
+    layer_rows w;
+    layer_rows_alloc(&w, n, a->E, a->K);
+    const bool gates = R.w && T.w, shared = R.shared && T.shared;
+    slot_sums sums = {c->router_logit_sq_err, c->gate_sq_err, c->shared_sq_err};
+    for (int l = 0; l < L; l++) {
+        load_layer(&w, &R, &T, l, n, a->E, a->K, gates, shared);
+        add_layer(a, c, &R, &T, l, n, &w, gates, shared, &f, &sums);
+    }
+    c->router_logit_sq_err = sums.router_sq;
+    c->gate_sq_err = sums.gate_sq;
+    c->shared_sq_err = sums.shared_sq;
+    layer_rows_free(&w);
+    c->flip_count = (int)(a->n_flips - c->flip_first);
+    add_positions(a, c, &R, &T, &f, n);
+    seq_flips_free(&f);
     return MF_OK;
 }
 
@@ -635,7 +747,11 @@ int mf_diff_acc_add_runs(mf_diff_acc *a, mf_run *ref, mf_run *tgt, mf_error *err
 
 int mf_diff_acc_add_range(mf_diff_acc *a, mf_run *ref, mf_run *tgt, size_t first, size_t count, mf_error *err) {
     int rc = mf_diff_align(ref, tgt, err);
-    if (rc) return rc;
+    return rc ? rc : diff_acc_add_aligned(a, ref, tgt, first, count, err);
+}
+
+int diff_acc_add_aligned(mf_diff_acc *a, mf_run *ref, mf_run *tgt, size_t first, size_t count, mf_error *err) {
+    int rc;
     size_t positions = a->n_pos;   /* room for every position at once: no copying as the array grows */
     for (size_t i = first; i < first + count && i < ref->n_seqs; i++) positions += (size_t)ref->seqs[i].length;
     if (positions > a->cap_pos) {

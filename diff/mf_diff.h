@@ -101,6 +101,12 @@ int mf_diff_merge(mf_diff_acc *dst, mf_diff_acc *src, mf_error *err);
 /* Checks that two runs can be compared: same model and the same token
  * sequences; the message names the first mismatching sequence and position. */
 int mf_diff_align(mf_run *ref, mf_run *tgt, mf_error *err);
+/* mf_diff_align with the runs named ref_name and tgt_name in the message instead of by their directories. */
+int mf_diff_align_named(mf_run *ref, const char *ref_name, mf_run *tgt, const char *tgt_name, mf_error *err);
+
+/* The seed of the bootstrap's resampling plan wherever none is given (moeflip diff without --seed, the sweep,
+ * the collector): one value, so that their intervals for the same runs are the same. */
+#define MF_DIFF_SEED 20260820
 
 typedef struct mf_diff_opts {
     int bootstrap;          /* resamples (0: no intervals) */
@@ -121,6 +127,39 @@ void mf_diff_print_summary(FILE *out, mf_run *ref, mf_run **targets, mf_diff_acc
 int mf_diff_write_positions(const char *path, mf_diff_acc **accs, int n_targets, mf_error *err);
 /* One row per (target, sequence, layer, position) slot (needs keep_slots). */
 int mf_diff_write_slots(const char *path, mf_diff_acc **accs, int n_targets, mf_error *err);
+
+/* ---- one diff, start to end --------------------------------------------------
+ * What `moeflip diff`, the sweep and the collector each do: open the runs, check that they can be compared,
+ * accumulate every target against the reference, pick the noise floor, write the outputs. */
+
+/* Where a diff's noise floor comes from (docs/diff.md, "The noise floor"). */
+typedef enum mf_diff_floor {
+    MF_DIFF_FLOOR_NONE,     /* none */
+    MF_DIFF_FLOOR_REPEAT,   /* the first target with the reference's numerics, precision and device kind, if any */
+    MF_DIFF_FLOOR_RUN,      /* floor_run, a run of its own */
+} mf_diff_floor;
+
+typedef struct mf_diff_request {
+    const char *reference;              /* run directories */
+    const char *const *targets;         /* [n_targets] */
+    int n_targets;
+    /* How diff.json ("run", and the warnings), the summary and the messages name the runs: NULL, or a NULL entry,
+     * names a run by its directory. The collector gives the names the runs were pushed under. */
+    const char *reference_label;
+    const char *const *target_labels;
+    mf_diff_floor floor;
+    const char *floor_run, *floor_label;
+    int bootstrap;                      /* resamples (0: no intervals) */
+    uint64_t seed;                      /* MF_DIFF_SEED unless the caller was given one */
+    bool model_tokenizer;               /* as mf_diff_opts */
+    /* The outputs, NULL where not wanted (diff.json, the positions and slots CSVs): each is written under a
+     * temporary name, and all are renamed into place once every one is written; nothing is left when one fails. */
+    const char *json_path, *positions_path, *slots_path;
+    FILE *summary;                      /* the one-screen summary, once the files are in place; NULL: none */
+} mf_diff_request;
+
+/* Runs one diff; the message of a failure names the runs by their labels. */
+int mf_diff_runs(const mf_diff_request *q, mf_error *err);
 
 /* Pooled CroVA metric by name over all cases ("raw_logit_mse", ..., "router_logit_mse"); NaN when undefined. */
 double mf_diff_metric(const mf_diff_acc *a, const char *name);

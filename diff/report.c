@@ -1,6 +1,6 @@
 /* Pooled metrics, bootstrap intervals, the router noise fit, and the
  * outputs of a diff: diff.json, the summary, the positions CSV. */
-#include "mf_diff.h"
+#include "diff_int.h"
 
 #include <jansson.h>
 #include <math.h>
@@ -333,9 +333,16 @@ static double spearman(const mf_diff_acc *a) {
 
 /* ---- diff.json --------------------------------------------------------------- */
 
-static json_t *run_info(mf_run *r) {
+/* How the caller names a run: its label, else its directory. */
+static const char *label_or_dir(const char *label, const mf_run *r) { return label ? label : r->dir; }
+
+static const char *target_label(const diff_labels *l, int i, const mf_run *r) {
+    return label_or_dir(l && l->targets ? l->targets[i] : NULL, r);
+}
+
+static json_t *run_info(mf_run *r, const char *label) {
     json_t *m = json_loads(r->manifest_text, 0, NULL), *o = json_object();
-    json_object_set_new(o, "run", json_string(r->dir));
+    json_object_set_new(o, "run", json_string(label));
     json_object_set(o, "numerics", json_object_get(m, "numerics"));
     json_object_set(o, "precision", json_object_get(json_object_get(m, "precision"), "name"));
     json_object_set(o, "device", json_object_get(json_object_get(m, "device"), "kind"));
@@ -662,12 +669,12 @@ static void sequences_text(sbuf *b, const mf_diff_acc *a, const mf_tokenizer *tk
 #define SEQ_MARK "\001moeflip-sequences-"
 #define SEQ_MARK_DUMPED "\"\\u0001moeflip-sequences-"
 
-static json_t *target_json(mf_run *run, mf_diff_acc *a, mf_diff_acc *first, mf_diff_acc *floor_acc,
+static json_t *target_json(mf_run *run, const char *label, mf_diff_acc *a, mf_diff_acc *first, mf_diff_acc *floor_acc,
                            const int *plan, int B, int index, json_t *warnings) {
-    json_t *t = run_info(run);
+    json_t *t = run_info(run, label);
     const int L = a->L, E = a->E;
     char who[600], who_p[700], who_f[700];
-    snprintf(who, sizeof who, "target %d (%s)", index + 1, run->dir);
+    snprintf(who, sizeof who, "target %d (%s)", index + 1, label);
     snprintf(who_p, sizeof who_p, "%s against the first target", who);
     snprintf(who_f, sizeof who_f, "%s over the noise floor", who);
     json_object_set_new(t, "metrics", metrics_json(a, NULL, plan, B, warnings, who));
@@ -757,6 +764,12 @@ static json_t *target_json(mf_run *run, mf_diff_acc *a, mf_diff_acc *first, mf_d
 
 int mf_diff_write_json(const char *path, mf_run *ref, mf_run **targets, mf_diff_acc **accs, int n_targets,
                        mf_diff_acc *floor_acc, mf_run *floor_run, const mf_diff_opts *o, mf_error *err) {
+    return diff_write_json(path, ref, targets, accs, n_targets, floor_acc, floor_run, o, NULL, err);
+}
+
+int diff_write_json(const char *path, mf_run *ref, mf_run **targets, mf_diff_acc **accs, int n_targets,
+                    mf_diff_acc *floor_acc, mf_run *floor_run, const mf_diff_opts *o, const diff_labels *labels,
+                    mf_error *err) {
     for (int i = 0; i < n_targets; i++) sort_cases(accs[i]);
     if (floor_acc) sort_cases(floor_acc);
     const size_t n = n_targets ? accs[0]->n_cases : 0;
@@ -765,7 +778,7 @@ int mf_diff_write_json(const char *path, mf_run *ref, mf_run **targets, mf_diff_
     json_object_set_new(root, "format", json_string("moeflip-diff"));
     json_object_set_new(root, "format_version", json_integer(1));
     json_object_set_new(root, "tool", json_string("moeflip " MF_VERSION));
-    json_object_set_new(root, "reference", run_info(ref));
+    json_object_set_new(root, "reference", run_info(ref, label_or_dir(labels ? labels->reference : NULL, ref)));
     json_object_set_new(root, "bootstrap", json_pack("{s:i,s:I,s:s,s:s}", "resamples", o->bootstrap, "seed",
                                                      (json_int_t)o->seed, "unit", "sequence",
                                                      "interval", "percentile 2.5 / 97.5, linear interpolation"));
@@ -780,12 +793,14 @@ int mf_diff_write_json(const char *path, mf_run *ref, mf_run **targets, mf_diff_
     json_decref(man);
     json_t *ts = json_array(), *warnings = json_array();
     for (int i = 0; i < n_targets; i++)
-        json_array_append_new(ts, target_json(targets[i], accs[i], accs[0], floor_acc, plan, o->bootstrap, i, warnings));
+        json_array_append_new(ts, target_json(targets[i], target_label(labels, i, targets[i]), accs[i], accs[0], floor_acc, plan,
+                                              o->bootstrap, i, warnings));
     json_object_set_new(root, "targets", ts);
     if (floor_acc) {
-        json_t *f = run_info(floor_run);
+        const char *floor_label = label_or_dir(labels ? labels->floor : NULL, floor_run);
+        json_t *f = run_info(floor_run, floor_label);
         char who[600];
-        snprintf(who, sizeof who, "the noise floor (%s)", floor_run->dir);
+        snprintf(who, sizeof who, "the noise floor (%s)", floor_label);
         json_object_set_new(f, "metrics", metrics_json(floor_acc, NULL, plan, o->bootstrap, warnings, who));
         json_object_set_new(root, "floor", f);
     }
@@ -830,15 +845,20 @@ int mf_diff_write_json(const char *path, mf_run *ref, mf_run **targets, mf_diff_
 void mf_diff_print_summary(FILE *out, mf_run *ref, mf_run **targets, mf_diff_acc **accs, int n_targets,
                            const mf_diff_opts *o) {
     (void)o;
+    diff_print_summary(out, ref, targets, accs, n_targets, NULL);
+}
+
+void diff_print_summary(FILE *out, mf_run *ref, mf_run **targets, mf_diff_acc **accs, int n_targets,
+                        const diff_labels *labels) {
     json_t *rm = json_loads(ref->manifest_text, 0, NULL);
-    fprintf(out, "reference  %s: %s x %s (%s, record %s)\n", ref->dir, json_string_value(json_object_get(rm, "numerics")) ?: "?",
+    fprintf(out, "reference  %s: %s x %s (%s, record %s)\n", label_or_dir(labels ? labels->reference : NULL, ref), json_string_value(json_object_get(rm, "numerics")) ?: "?",
             ref->precision, ref->arch, ref->record);
     json_decref(rm);
     for (int i = 0; i < n_targets; i++) {
         mf_diff_acc *a = accs[i];
         sort_cases(a);
         json_t *man = json_loads(targets[i]->manifest_text, 0, NULL);
-        fprintf(out, "\ntarget %d   %s: %s x %s, %zu sequences\n", i + 1, targets[i]->dir,
+        fprintf(out, "\ntarget %d   %s: %s x %s, %zu sequences\n", i + 1, target_label(labels, i, targets[i]),
                 json_string_value(json_object_get(man, "numerics")) ?: "?", targets[i]->precision, a->n_cases);
         json_decref(man);
         static const int show[] = {M_FORWARD_KL, M_TOP1, M_RAW_LOGIT_MSE, M_ROUTER_SET, M_ROUTER_POS_ALL, M_FLIPPED,

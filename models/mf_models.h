@@ -272,4 +272,12 @@ int mf_synth_write(const char *dir, mf_arch arch, mf_synth_size size, uint64_t s
 int mf_synth_write_like(const char *dir, mf_arch arch, mf_synth_size size, const mf_config *like, uint64_t seed,
                         mf_error *err);
 
+/* ---- the embedded default checkpoint (models/embedded.c) --------------- */
+
+/* Writes the files of the checkpoint built into the program (config.json, model.safetensors, its prompts, and its
+ * tokenizer.json where it has one) into dir. */
+int mf_default_model_write(const char *dir, mf_error *err);
+/* Whether the embedded checkpoint has a file of that name (e.g. "sweep-prompts.jsonl"). */
+bool mf_default_has(const char *name);
+
 #endif

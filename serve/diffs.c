@@ -38,6 +38,7 @@ struct diff_job {
     char target_dirs[MAX_TARGETS][4200];
     int nt;
     int bootstrap;
+    size_t ref_sequences;     /* the reference's, as stored */
     conn *waiters;
     bool queued;              /* not in the cache: waits for its turn to be computed */
     /* result */
@@ -50,78 +51,39 @@ struct diff_job {
 
 /* ---- the pool ---------------------------------------------------------------- */
 
-static void set_run_name(json_t *o, const char *name) {
-    if (json_is_object(o)) json_object_set_new(o, "run", json_string(name));
-}
-
 static int compute(diff_job *j, const char *dir, mf_error *err) {
-    mf_run *ref = NULL, *tg[MAX_TARGETS] = {0};
-    mf_diff_acc *accs[MAX_TARGETS] = {0};
-    int rc = mf_run_open(&ref, j->ref_dir, err);
-    for (int i = 0; i < j->nt && !rc; i++) rc = mf_run_open(&tg[i], j->target_dirs[i], err);
     /* the bootstrap's plan holds resamples x sequences indices, and every metric is pooled over each draw */
-    if (!rc && (uint64_t)j->bootstrap * ref->n_seqs > MAX_BOOTSTRAP_DRAWS)
-        rc = mf_fail(err, MF_EINVAL, "%s has %zu sequences: %d bootstrap resamples of them are more than this server computes "
-                     "(resamples x sequences at most %u); ask for fewer", j->ref, ref->n_seqs, j->bootstrap, MAX_BOOTSTRAP_DRAWS);
-    for (int i = 0; i < j->nt && !rc; i++) {
-        if ((rc = mf_diff_align(ref, tg[i], err))) {
-            /* the reason, with the runs by their names (the directories are the server's) */
-            char why[sizeof err->msg];
-            snprintf(why, sizeof why, "%s", err->msg);
-            const char *dirs[2] = {j->ref_dir, j->target_dirs[i]}, *names[2] = {j->ref, j->targets[i]};
-            for (int k = 0; k < 2; k++)
-                for (char *p; (p = strstr(why, dirs[k]));) {
-                    const size_t dl = strlen(dirs[k]), nl = strlen(names[k]);
-                    memmove(p + nl, p + dl, strlen(p + dl) + 1);
-                    memcpy(p, names[k], nl);
-                }
-            mf_fail(err, rc, "%s cannot be compared with %s: %s", j->targets[i], j->ref, why);
-            break;
-        }
-        accs[i] = mf_xcalloc(1, sizeof *accs[i]);
-        mf_diff_acc_init(accs[i], ref);
-        rc = mf_diff_acc_add_runs(accs[i], ref, tg[i], err);
+    if ((uint64_t)j->bootstrap * j->ref_sequences > MAX_BOOTSTRAP_DRAWS)
+        return mf_fail(err, MF_EINVAL, "%s has %zu sequences: %d bootstrap resamples of them are more than this server computes "
+                       "(resamples x sequences at most %u); ask for fewer", j->ref, j->ref_sequences, j->bootstrap, MAX_BOOTSTRAP_DRAWS);
+    const char *dirs[MAX_TARGETS], *names[MAX_TARGETS];
+    for (int i = 0; i < j->nt; i++) {
+        dirs[i] = j->target_dirs[i];
+        names[i] = j->targets[i];
     }
     char path[4400], out[4400];
     snprintf(path, sizeof path, "%s/diff.json", dir);
-    /* a pushed manifest names directories of the machine it came from: no file is read from them here */
-    mf_diff_opts o = {j->bootstrap, 20260820, false};
-    if (!rc) rc = mf_diff_write_json(path, ref, tg, accs, j->nt, NULL, NULL, &o, err);
-    for (int i = 0; i < j->nt; i++) {
-        if (accs[i]) mf_diff_acc_free(accs[i]);
-        free(accs[i]);
-        mf_run_close(tg[i]);
-    }
-    mf_run_close(ref);
-    if (rc) return rc;
-    /* the runs are named by their names, not by the server's directories */
-    json_t *d = json_load_file(path, 0, NULL);
-    if (!d) return mf_fail(err, MF_EFORMAT, "diff.json could not be read back");
-    set_run_name(json_object_get(d, "reference"), j->ref);
-    json_t *ts = json_object_get(d, "targets");
-    for (int i = 0; i < j->nt; i++) set_run_name(json_array_get(ts, (size_t)i), j->targets[i]);
-    char *text = json_dumps(d, JSON_INDENT(1));
-    json_decref(d);
-    rc = mf_write_file_atomic(path, text, strlen(text), err);
-    if (rc) {
-        free(text);
-        return rc;
-    }
+    /* The diff `moeflip diff` makes of the same runs with the same options, the runs named by their names (not by
+     * the server's directories). A pushed manifest names directories of the machine it came from: no file is read
+     * from them here (token texts), where `moeflip diff` reads the reference's tokenizer.json. */
+    const mf_diff_request q = {
+        .reference = j->ref_dir,
+        .targets = dirs,
+        .n_targets = j->nt,
+        .reference_label = j->ref,
+        .target_labels = names,
+        .floor = MF_DIFF_FLOOR_REPEAT,
+        .bootstrap = j->bootstrap,
+        .seed = MF_DIFF_SEED,
+        .model_tokenizer = false,
+        .json_path = path,
+    };
+    int rc = mf_diff_runs(&q, err);
+    char *text = NULL;
+    size_t text_len;
+    if (!rc) rc = mf_read_file(path, &text, &text_len, err);   /* for the heatmaps */
     snprintf(out, sizeof out, "%s/report.html", dir);
-    rc = mf_report_write(path, out, err);
-    if (!rc) {   /* the report names its diff.json: by its name, not the server's directory */
-        char *html;
-        size_t hl;
-        if ((rc = mf_read_file(out, &html, &hl, err)) == MF_OK) {
-            const size_t pl = strlen(path);
-            char *p;
-            while ((p = strstr(html, path))) {
-                memmove(p, p + pl - strlen("diff.json"), strlen(p + pl - strlen("diff.json")) + 1);
-            }
-            rc = mf_write_file_atomic(out, html, strlen(html), err);
-            free(html);
-        }
-    }
+    if (!rc) rc = mf_report_write(path, out, err);
     json_t *files = json_object(), *heat = json_array();
     char base[128];
     snprintf(base, sizeof base, "/api/diffs/%s/", j->id);
@@ -346,7 +308,9 @@ void diffs_post(conn *c, const char *body, size_t len) {
         if (e) {
             snprintf(j->ref, sizeof j->ref, "%s", ref);
             store_dir_of(s, ref, j->ref_dir, sizeof j->ref_dir);
-            kl = snprintf(key, sizeof key, "moeflip-diff 1|%d|%s|%s", j->bootstrap, ref,
+            j->ref_sequences = (size_t)json_integer_value(json_object_get(e->summary, "sequences"));
+            /* version 2: served diffs have a noise floor; a diff cached without one is made again */
+            kl = snprintf(key, sizeof key, "moeflip-diff 2|%d|%s|%s", j->bootstrap, ref,
                           json_string_value(json_object_get(e->summary, "digest")));
         }
         for (int i = 0; i < j->nt && !status; i++) {

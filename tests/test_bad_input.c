@@ -74,13 +74,6 @@ static const char *after(const char *msg, const char *s) {
     return p + strlen(s);
 }
 
-static char *slurp(const char *path, size_t *len) {
-    char *text;
-    mf_error e = {0};
-    cr_assert_eq(mf_read_file(path, &text, len, &e), MF_OK, "%s", e.msg);
-    return text;
-}
-
 /* Replaces the single occurrence of `from` in dir/name with `to`. */
 static void replace_in_file(const char *dir, const char *name, const char *from, const char *to) {
     const char *path = path_in(dir, name);

@@ -41,17 +41,6 @@ typedef struct ctx {
     double ref_seconds;  /* wall time of the uninterrupted reference trace */
 } ctx;
 
-static double now_s(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
-
-static void sleep_ms(double ms) {
-    struct timespec ts = {(time_t)(ms / 1000.0), (long)((ms - 1000.0 * (double)(time_t)(ms / 1000.0)) * 1e6)};
-    while (nanosleep(&ts, &ts) != 0 && errno == EINTR) {}
-}
-
 static bool exists(const char *path) {
     struct stat st;
     return stat(path, &st) == 0;
@@ -92,22 +81,6 @@ static void trace_and_kill(const ctx *c, const char *run, int shard_seqs, bool r
     /* a child that already finished is a zombie until reaped: kill still succeeds */
     cr_assert_eq(kill(pid, SIGKILL), 0, "kill: %s", strerror(errno));
     wait_status(pid);
-}
-
-static char *slurp(const char *path, size_t *len) {
-    FILE *fp = fopen(path, "rb");
-    cr_assert(fp, "cannot open %s: %s", path, strerror(errno));
-    cr_assert_eq(fseek(fp, 0, SEEK_END), 0);
-    long n = ftell(fp);
-    cr_assert(n >= 0);
-    rewind(fp);
-    char *buf = malloc((size_t)n + 1);
-    cr_assert(buf);
-    cr_assert_eq(fread(buf, 1, (size_t)n, fp), (size_t)n, "short read of %s", path);
-    fclose(fp);
-    buf[n] = 0;
-    *len = (size_t)n;
-    return buf;
 }
 
 static void assert_same_file(const char *a, const char *b) {
@@ -214,9 +187,9 @@ static void setup(ctx *c) {
     write_prompts(c->prompts);
     char err_path[4200];
     snprintf(err_path, sizeof err_path, "%s/ref.err", c->dir);
-    double t0 = now_s();
+    double t0 = mf_now();
     st = wait_status(spawn_trace(c, c->ref_run, 3, false, err_path));
-    c->ref_seconds = now_s() - t0;
+    c->ref_seconds = mf_now() - t0;
     cr_assert(WIFEXITED(st) && WEXITSTATUS(st) == 0, "reference trace ended with status 0x%x", st);
     assert_manifest_complete(c->ref_run);
     export_run(c->ref_run, c->ref_export);

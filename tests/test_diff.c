@@ -119,11 +119,13 @@ Test(diff_crova, paired_point_values) {
     mf_error err = {0};
     cr_assert_eq(mf_diff_write_json(out, r, targets, accs, 2, NULL, NULL, &o, &err), MF_OK, "%s", err.msg);
     json_t *d = json_load_file(out, 0, NULL);
+    cr_assert(d, "%s is not JSON", out);
     json_t *crova = json_object_get(json_object_get(json_array_get(json_object_get(d, "targets"), 1), "paired_vs_first_target"), "crova");
     cr_assert(crova);
     char path[4200];
     snprintf(path, sizeof path, "%s/olmoe/expected.json", fixture("crova"));
     json_t *e = json_load_file(path, 0, NULL), *pt = json_object_get(json_object_get(e, "paired_bootstrap"), "point");
+    cr_assert(pt, "%s has no paired_bootstrap.point", path);
     static const char *counts[] = {"top1_diff", "ord5_diff", "set5_diff", "router_set_equal_diff"};
     for (int i = 0; i < 4; i++)
         cr_expect_float_eq(json_number_value(json_object_get(json_object_get(crova, counts[i]), "value")), jnum(pt, counts[i]),
@@ -166,7 +168,7 @@ static void write_run_experts(const char *dir, const hand *h, int experts) {
     mf_prompt p = {"x", tokens, 4};
     mf_prompts ps = {&p, 1, "0"};
     mf_precision prec;
-    mf_precision_parse(&prec, "fp32", &err);
+    cr_assert_eq(mf_precision_parse(&prec, "fp32", &err), MF_OK, "%s", err.msg);
     mf_run_info info = {"hand", NULL, &prec, "cpu", "native", 1, MF_RECORD_LOGITS, "hand", &ps, 0, &cfg, "w", "hand", NULL};
     mf_run_writer *w;
     cr_assert_eq(mf_run_create(&w, dir, &info, false, &err), MF_OK, "%s", err.msg);
@@ -327,6 +329,7 @@ Test(diff_hand, alignment_names_the_first_mismatch) {
     mf_error e = {0};
     cr_assert_eq(mf_prompts_load(&ps, fixture("hf/olmoe/tokens.jsonl"), 384, &e), MF_OK);
     FILE *fp = fopen(in2, "w");
+    cr_assert(fp, "cannot write %s", in2);
     for (size_t i = 0; i < ps.n; i++) {
         fprintf(fp, "{\"id\": \"%s\", \"tokens\": [", ps.seq[i].id);
         for (int t = 0; t < ps.seq[i].T; t++) {
@@ -336,7 +339,7 @@ Test(diff_hand, alignment_names_the_first_mismatch) {
         }
         fputs("]}\n", fp);
     }
-    fclose(fp);
+    cr_assert_eq(fclose(fp), 0, "%s was not written", in2);
     mf_prompts_free(&ps);
     cr_assert_eq(run_moeflip(err_buf, sizeof err_buf, "trace --model %s --input %s --out %s -q", fixture("hf/olmoe"), in2, b),
                  0, "%s", err_buf);
@@ -352,9 +355,9 @@ Test(diff_merge, shards_merge_to_the_single_pass_result) {
     mf_diff_acc *all = diff_of(r, t), *p1 = new_acc(r), *p2 = new_acc(r);
     mf_error err = {0};
     /* shards in the opposite order from the run's */
-    cr_assert_eq(mf_diff_acc_add_range(p2, r, t, 2, 1, &err), MF_OK);
-    cr_assert_eq(mf_diff_acc_add_range(p1, r, t, 0, 2, &err), MF_OK);
-    cr_assert_eq(mf_diff_merge(p2, p1, &err), MF_OK);
+    cr_assert_eq(mf_diff_acc_add_range(p2, r, t, 2, 1, &err), MF_OK, "%s", err.msg);
+    cr_assert_eq(mf_diff_acc_add_range(p1, r, t, 0, 2, &err), MF_OK, "%s", err.msg);
+    cr_assert_eq(mf_diff_merge(p2, p1, &err), MF_OK, "%s", err.msg);
     char a[4200], b[4200];
     snprintf(a, sizeof a, "%s/all.json", temp_dir());
     snprintf(b, sizeof b, "%s/merged.json", temp_dir());
@@ -364,8 +367,8 @@ Test(diff_merge, shards_merge_to_the_single_pass_result) {
     cr_assert_eq(mf_diff_write_json(b, r, targets, &p2, 1, NULL, NULL, &o, &err), MF_OK);
     char *x, *y;
     size_t nx, ny;
-    mf_read_file(a, &x, &nx, &err);
-    mf_read_file(b, &y, &ny, &err);
+    cr_assert_eq(mf_read_file(a, &x, &nx, &err), MF_OK, "%s", err.msg);
+    cr_assert_eq(mf_read_file(b, &y, &ny, &err), MF_OK, "%s", err.msg);
     cr_assert(nx > 1000 && nx == ny && memcmp(x, y, nx) == 0, "merged diff differs from the single pass");
     free(x);
     free(y);
@@ -377,4 +380,89 @@ Test(diff_merge, shards_merge_to_the_single_pass_result) {
     free(p2);
     mf_run_close(r);
     mf_run_close(t);
+}
+
+/* ---- the diff job (mf_diff_runs) ---------------------------------------------------- */
+
+/* One output that cannot be written: none is left, not even the ones that could be, nor a temporary. */
+Test(diff_job, outputs_are_written_whole_or_not_at_all) {
+    const char *d = temp_dir();
+    const char *ref = make_run(d, "ref", "hf/olmoe", "--precision fp64");
+    const char *hop = make_run(d, "hop", "hf/olmoe", "--numerics emu:hopper --precision bf16");
+    char json[700], slots[700], positions[700];
+    snprintf(json, sizeof json, "%s/d.json", d);
+    snprintf(slots, sizeof slots, "%s/slots.csv", d);
+    snprintf(positions, sizeof positions, "%s/no-such-dir/positions.csv", d);
+    const char *targets[] = {hop};
+    mf_diff_request q = {.reference = ref, .targets = targets, .n_targets = 1, .bootstrap = 0, .seed = MF_DIFF_SEED,
+                         .json_path = json, .positions_path = positions, .slots_path = slots};
+    mf_error err = {0};
+    cr_assert_neq(mf_diff_runs(&q, &err), MF_OK);
+    cr_assert(strstr(err.msg, "positions.csv"), "%s", err.msg);
+    cr_assert_not(mf_path_exists(json), "diff.json was left without its positions");
+    cr_assert_not(mf_path_exists(slots), "the slots CSV was left without the positions");
+    char cmd[1600];
+    snprintf(cmd, sizeof cmd, "ls '%s' | grep -q tmp", d);
+    cr_assert_neq(system(cmd), 0, "a temporary was left in %s", d);
+    /* the same request with every path writable writes all three */
+    snprintf(positions, sizeof positions, "%s/positions.csv", d);
+    err = (mf_error){0};
+    cr_assert_eq(mf_diff_runs(&q, &err), MF_OK, "%s", err.msg);
+    cr_assert(mf_path_exists(json) && mf_path_exists(slots) && mf_path_exists(positions));
+}
+
+/* Labels name the runs in diff.json, the summary and the messages; the repeat policy takes the first target with the
+ * reference's configuration as the floor, the none policy takes none. */
+Test(diff_job, labels_name_the_runs_and_the_repeat_is_the_floor) {
+    const char *d = temp_dir();
+    const char *ref = make_run(d, "ref", "hf/olmoe", "--precision fp64");
+    const char *hop = make_run(d, "hop", "hf/olmoe", "--numerics emu:hopper --precision bf16");
+    const char *rep = make_run(d, "rep", "hf/olmoe", "--precision fp64");
+    const char *targets[] = {hop, rep}, *labels[] = {"H", "P"};
+    char json[700];
+    snprintf(json, sizeof json, "%s/d.json", d);
+    char *summary = NULL;
+    size_t summary_len = 0;
+    FILE *sf = open_memstream(&summary, &summary_len);
+    cr_assert(sf);
+    mf_diff_request q = {.reference = ref, .targets = targets, .n_targets = 2, .reference_label = "R", .target_labels = labels,
+                         .floor = MF_DIFF_FLOOR_REPEAT, .bootstrap = 20, .seed = MF_DIFF_SEED, .json_path = json, .summary = sf};
+    mf_error err = {0};
+    cr_assert_eq(mf_diff_runs(&q, &err), MF_OK, "%s", err.msg);
+    cr_assert_eq(fclose(sf), 0);
+    cr_assert(strstr(summary, "reference  R: fp64 x fp64") && strstr(summary, "target 1   H: ") && strstr(summary, "target 2   P: "),
+              "%s", summary);
+    cr_assert_null(strstr(summary, d), "the summary names a directory: %s", summary);
+    free(summary);
+    json_t *doc = json_load_file(json, 0, NULL);
+    cr_assert(doc);
+    json_t *ts = json_object_get(doc, "targets");
+    cr_assert_str_eq(json_string_value(json_object_get(json_object_get(doc, "reference"), "run")), "R");
+    cr_assert_str_eq(json_string_value(json_object_get(json_array_get(ts, 0), "run")), "H");
+    cr_assert_str_eq(json_string_value(json_object_get(json_array_get(ts, 1), "run")), "P");
+    cr_assert_str_eq(json_string_value(json_object_get(json_object_get(doc, "floor"), "run")), "P");
+    /* the floor is an exact repeat on the CPU: H's excess over it is H's own value */
+    json_t *excess = json_object_get(json_object_get(json_object_get(json_array_get(ts, 0), "floor"), "excess"), "flipped_slots_pct");
+    json_t *own = json_object_get(json_object_get(json_array_get(ts, 0), "metrics"), "flipped_slots_pct");
+    cr_assert(excess && own);
+    cr_assert_float_eq(json_number_value(json_object_get(excess, "value")), json_number_value(json_object_get(own, "value")), 0);
+    cr_assert_null(json_object_get(json_array_get(ts, 1), "floor"), "the floor has no excess over itself");
+    json_decref(doc);
+    /* no floor asked for: none */
+    q.floor = MF_DIFF_FLOOR_NONE;
+    q.summary = NULL;
+    cr_assert_eq(mf_diff_runs(&q, &err), MF_OK, "%s", err.msg);
+    doc = json_load_file(json, 0, NULL);
+    cr_assert(doc);
+    cr_assert_null(json_object_get(doc, "floor"));
+    cr_assert_null(json_object_get(json_array_get(json_object_get(doc, "targets"), 0), "floor"));
+    json_decref(doc);
+    /* a run of another model is refused with both runs named by their labels */
+    const char *other = make_run(d, "other", "hf/qwen2_moe", "--precision fp64");
+    const char *bad[] = {other}, *bad_labels[] = {"Q"};
+    mf_diff_request b = {.reference = ref, .targets = bad, .n_targets = 1, .reference_label = "R", .target_labels = bad_labels,
+                         .seed = MF_DIFF_SEED, .json_path = json};
+    err = (mf_error){0};
+    cr_assert_eq(mf_diff_runs(&b, &err), MF_EMISMATCH);
+    cr_assert(strstr(err.msg, "R and Q are runs of different models"), "%s", err.msg);
 }

@@ -155,6 +155,7 @@ static void fast_vs_reference_z(const char *arch, const char *name, int acc, int
     const mf_fmt f = s.instr.a_fmt;
     uint64_t *A = malloc(8 * M * K), *B = malloc(8 * K * N), *C0 = malloc(8 * M * N), *R = malloc(8 * M * N),
              *G = malloc(8 * M * N);
+    cr_assert(A && B && C0 && R && G);
     for (int style = 0; style < 5; style++) {
         if (style == 4 && f == MF_FMT_F16) continue;
         mf_rng r;
@@ -226,6 +227,7 @@ static size_t check_vectors(const char *path) {
         I.zero_products_excluded = src && strstr(src, "h200");
         const size_t na = (size_t)I.m * I.k, nb = (size_t)I.k * I.n, nc = (size_t)I.m * I.n;
         uint64_t *A = malloc(8 * na), *B = malloc(8 * nb), *C = malloc(8 * nc), *D = malloc(8 * nc);
+        cr_assert(A && B && C && D);
         for (size_t i = 0; i < na; i++) A[i] = hex(json_array_get(json_object_get(o, "A"), i));
         for (size_t i = 0; i < nb; i++) B[i] = hex(json_array_get(json_object_get(o, "B"), i));
         for (size_t i = 0; i < nc; i++) C[i] = hex(json_array_get(json_object_get(o, "C"), i));
@@ -300,6 +302,7 @@ Test(emu_gemm, cublas_split_k_on_the_h200) {
         mf_numerics n;
         cr_assert_eq(mf_numerics_parse(&n, json_string_value(json_object_get(o, "schedule")), &err), MF_OK, "%s", err.msg);
         uint64_t *A = malloc(8 * (size_t)R * K), *B = malloc(8 * (size_t)K * Cn), *C = malloc(8 * (size_t)R * Cn);
+        cr_assert(A && B && C);
         for (int i = 0; i < R * K; i++) A[i] = hex(json_array_get(json_object_get(o, "A"), (size_t)i));
         for (int i = 0; i < K * Cn; i++) B[i] = hex(json_array_get(json_object_get(o, "B"), (size_t)i));
         mf_emu_gemm(&n.bf16, R, Cn, K, A, B, NULL, C, 2);
@@ -308,7 +311,7 @@ Test(emu_gemm, cublas_split_k_on_the_h200) {
                          json_string_value(json_object_get(o, "call")), n.name, i);
         /* and the plain chain does not produce these bits: the schedule matters */
         mf_numerics plain;
-        mf_numerics_parse(&plain, "emu:hopper", &err);
+        cr_assert_eq(mf_numerics_parse(&plain, "emu:hopper", &err), MF_OK, "%s", err.msg);
         mf_emu_gemm(&plain.bf16, R, Cn, K, A, B, NULL, C, 2);
         int same = 0;
         for (int i = 0; i < R * Cn; i++) same += (uint32_t)C[i] == (uint32_t)hex(json_array_get(json_object_get(o, "C"), (size_t)i));

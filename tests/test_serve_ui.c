@@ -8,7 +8,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-#define AUTH "Authorization: Bearer " TEST_TOKEN "\r\n"
 #define FLAGS                                                                                                         \
     "--headless --no-sandbox --disable-gpu --disable-background-networking --disable-component-update --disable-sync " \
     "--no-first-run --hide-scrollbars --virtual-time-budget=60000"
@@ -30,14 +29,10 @@ Test(serve_ui, load_pick_and_see_the_heatmaps_in_chromium, .timeout = 240) {
     server_start(&s, root, extra);
     const char *names[] = {"ref", "hopper"}, *dirs[] = {ref, hop};
     for (int i = 0; i < 2; i++) {
-        size_t len;
-        char *body = run_body(dirs[i], &len), path[64];
-        snprintf(path, sizeof path, "/api/runs/%s", names[i]);
         http_resp r;
-        http_request(s.port, "PUT", path, AUTH, body, len, &r);
+        put_run(s.port, names[i], dirs[i], AUTH, &r);
         cr_assert_eq(r.status, 201, "%d %s", r.status, r.body);
         http_free(&r);
-        free(body);
     }
     /* the page is self-contained */
     http_resp r;

@@ -1,4 +1,5 @@
 #include "test_serve_util.h"
+#include "mf_trace.h"
 
 #include <criterion/criterion.h>
 #include <dirent.h>
@@ -331,4 +332,39 @@ int dir_entries(const char *path) {
         if (strcmp(de->d_name, ".") && strcmp(de->d_name, "..")) n++;
     closedir(d);
     return n;
+}
+
+void put_run(int port, const char *name, const char *dir, const char *headers, http_resp *r) {
+    size_t len;
+    char *body = run_body(dir, &len), path[256];
+    snprintf(path, sizeof path, "/api/runs/%s", name);
+    http_request(port, "PUT", path, headers, body, len, r);
+    free(body);
+}
+
+int open_upload(int port, const char *name, const char *body, size_t len, size_t send_n) {
+    int fd = http_connect(port);
+    cr_assert(fd >= 0);
+    char head[512];
+    int hl = snprintf(head, sizeof head, "PUT /api/runs/%s HTTP/1.1\r\nHost: x\r\n" AUTH "Content-Length: %zu\r\n\r\n", name, len);
+    cr_assert(send_all(fd, head, (size_t)hl));
+    if (send_n) cr_assert(send_all(fd, body, send_n));
+    return fd;
+}
+
+void assert_stored_verifies(const char *root, const char *name, const char *orig_dir) {
+    char hex[200], dir[1024], a[1200], b[1200];
+    name_hex(name, hex);
+    snprintf(dir, sizeof dir, "%s/runs/%s", root, hex);
+    mf_run *r;
+    mf_error e = {0};
+    cr_assert_eq(mf_run_open(&r, dir, &e), MF_OK, "stored run %s does not verify: %s", name, e.msg);
+    mf_run_close(r);
+    snprintf(a, sizeof a, "%s/manifest.json", dir);
+    snprintf(b, sizeof b, "%s/manifest.json", orig_dir);
+    size_t xl, yl;
+    char *x = slurp(a, &xl), *y = slurp(b, &yl);
+    cr_assert(xl == yl && !memcmp(x, y, xl), "stored manifest of %s differs from the pushed one", name);
+    free(x);
+    free(y);
 }

@@ -16,6 +16,7 @@ typedef struct test_server {
 } test_server;
 
 #define TEST_TOKEN "test-token-0123456789"
+#define AUTH "Authorization: Bearer " TEST_TOKEN "\r\n"   /* the header of a write */
 
 /* A token file (mode 0600) holding TEST_TOKEN, in dir. */
 const char *token_file(const char *dir);
@@ -49,6 +50,13 @@ void http_free(http_resp *r);
 char *run_body(const char *dir, size_t *len);
 /* Hex of a run name: its directory under ROOT/runs. */
 void name_hex(const char *name, char *out);
+/* PUT /api/runs/NAME with the run directory dir as the body, with the extra headers (e.g. AUTH). */
+void put_run(int port, const char *name, const char *dir, const char *headers, http_resp *r);
+/* Opens an upload of a body of len bytes under name and sends its headers and its first send_n bytes; the socket. */
+int open_upload(int port, const char *name, const char *body, size_t len, size_t send_n);
+/* The stored copy of run name under ROOT opens with mf_run_open (manifest and every shard digest), and its manifest
+ * is orig_dir's byte for byte. */
+void assert_stored_verifies(const char *root, const char *name, const char *orig_dir);
 /* The names in a list response, sorted, joined by ','. */
 char *list_names(int port, const char *auth_header);
 /* Entries of a directory other than . and .. */

@@ -10,14 +10,6 @@
 #include "mf_trace.h"
 #include "testutil.h"
 
-static char *slurp(const char *path) {
-    char *t;
-    size_t n;
-    mf_error err = {0};
-    cr_assert_eq(mf_read_file(path, &t, &n, &err), MF_OK, "%s", err.msg);
-    return t;
-}
-
 /* The jsonl export follows DESIGN.md §8 and agrees with HF's fp64 run. */
 Test(trace, export_jsonl_schema_and_values) {
     const char *d = temp_dir();
@@ -27,7 +19,7 @@ Test(trace, export_jsonl_schema_and_values) {
     cr_assert_eq(run_moeflip(err, sizeof err, "trace --model %s --input %s --out %s --precision fp64 -q", fixture("hf/qwen2_moe"),
                              fixture("hf/qwen2_moe/tokens.jsonl"), run), 0, "%s", err);
     cr_assert_eq(run_moeflip(err, sizeof err, "export %s --format jsonl -o %s", run, out), 0, "%s", err);
-    char *text = slurp(out);
+    char *text = slurp(out, NULL);
     size_t n;
     double *ref_logits = read_tensor(fixture("hf/qwen2_moe/ref.safetensors"), "logits_fp64_s1", &n);
     double *ref_router = read_tensor(fixture("hf/qwen2_moe/ref.safetensors"), "router_fp64_s1", &n);
@@ -81,7 +73,7 @@ Test(trace, csv_export_and_inspect_json) {
     cr_assert_eq(run_moeflip(err, sizeof err, "trace --model %s --input %s --out %s --precision fp32 --record routing -q",
                              fixture("hf/mixtral"), fixture("hf/mixtral/tokens.jsonl"), run), 0, "%s", err);
     cr_assert_eq(run_moeflip(err, sizeof err, "export %s --format csv -o %s", run, out), 0, "%s", err);
-    char *text = slurp(out);
+    char *text = slurp(out, NULL);
     int rows = 0;
     for (char *p = text; *p; p++) rows += *p == '\n';
     cr_assert_eq(rows, 1 + (21 + 13 + 34) * 3, "header + one row per (position, layer)");
@@ -104,7 +96,7 @@ Test(trace, csv_export_and_inspect_json) {
 Test(trace, fp32_close_to_hf_fp64) {
     mf_error err = {0};
     mf_precision prec;
-    mf_precision_parse(&prec, "fp32", &err);
+    cr_assert_eq(mf_precision_parse(&prec, "fp32", &err), MF_OK, "%s", err.msg);
     const char *cases[] = {"olmoe", "qwen3_moe", "mixtral"};
     for (int c = 0; c < 3; c++) {
         char dir[4200], ref[4300];
@@ -147,8 +139,8 @@ Test(trace, synth_every_architecture) {
         snprintf(p2, sizeof p2, "%s/model.safetensors", d2);
         char h1[33], h2[33];
         mf_error e = {0};
-        cr_assert_eq(mf_digest_file(p1, h1, &e), MF_OK);
-        cr_assert_eq(mf_digest_file(p2, h2, &e), MF_OK);
+        cr_assert_eq(mf_digest_file(p1, h1, &e), MF_OK, "%s", e.msg);
+        cr_assert_eq(mf_digest_file(p2, h2, &e), MF_OK, "%s", e.msg);
         cr_assert_str_eq(h1, h2, "%s: same seed, same weights", archs[a]);
         snprintf(run, sizeof run, "%s/run", d1);
         snprintf(p1, sizeof p1, "%s/tokens.jsonl", d1);
@@ -161,18 +153,17 @@ Test(trace, synth_every_architecture) {
         cr_assert_eq(r->n_moe, a == 0 ? 0 : 3);
         mf_run_close(r);
     }
-    const char *d3 = temp_dir();
-    char err[2048];
-    cr_assert_eq(run_moeflip(err, sizeof err, "synth --arch olmoe --seed 12 -o %s", d3), 0);
-    char p[4300], h[33], h1[33];
+    /* another seed, other weights: both synths must succeed, or two missing files would "differ" */
+    const char *d3 = temp_dir(), *d4 = temp_dir();
+    char err[2048], p[4300], h12[33], h11[33];
     mf_error e = {0};
+    cr_assert_eq(run_moeflip(err, sizeof err, "synth --arch olmoe --seed 12 -o %s", d3), 0, "%s", err);
     snprintf(p, sizeof p, "%s/model.safetensors", d3);
-    mf_digest_file(p, h, &e);
-    const char *d4 = temp_dir();
-    run_moeflip(err, sizeof err, "synth --arch olmoe --seed 11 -o %s", d4);
+    cr_assert_eq(mf_digest_file(p, h12, &e), MF_OK, "%s", e.msg);
+    cr_assert_eq(run_moeflip(err, sizeof err, "synth --arch olmoe --seed 11 -o %s", d4), 0, "%s", err);
     snprintf(p, sizeof p, "%s/model.safetensors", d4);
-    mf_digest_file(p, h1, &e);
-    cr_assert_str_neq(h, h1, "another seed, other weights");
+    cr_assert_eq(mf_digest_file(p, h11, &e), MF_OK, "%s", e.msg);
+    cr_assert_str_neq(h12, h11, "another seed, other weights");
 }
 
 Test(trace, record_levels) {
@@ -195,7 +186,8 @@ Test(trace, record_levels) {
         prev = v;
     }
     const mf_st_tensor *lse;
-    mf_run_tensor(r, 0, "logsumexp", &lse, &e);
+    cr_assert_eq(mf_run_tensor(r, 0, "logsumexp", &lse, &e), MF_OK, "%s", e.msg);
+    cr_assert_not_null(lse, "a topk run records logsumexp");
     cr_assert_geq(mf_load_as_f64(lse->data, MF_F64, 0), mf_load_as_f64(t->data, t->dtype, 0));
     mf_run_close(r);
     run = make_run(d, "full", "hf/olmoe", "--record full");
@@ -234,11 +226,13 @@ Test(trace, open_with_given_digests) {
     cr_assert(strstr(e.msg, "damaged shard"), "%s", e.msg);
     /* a damaged byte: hashed where nothing is given, not seen by the unhashed open */
     FILE *fp = fopen(shard, "r+b");
-    fseek(fp, -3, SEEK_END);
-    int ch = fgetc(fp);
-    fseek(fp, -3, SEEK_END);
-    fputc(ch ^ 1, fp);
-    fclose(fp);
+    cr_assert(fp, "cannot open %s", shard);
+    cr_assert_eq(fseek(fp, -3, SEEK_END), 0);
+    const int ch = fgetc(fp);
+    cr_assert_neq(ch, EOF);
+    cr_assert_eq(fseek(fp, -3, SEEK_END), 0);
+    cr_assert_eq(fputc(ch ^ 1, fp), ch ^ 1);
+    cr_assert_eq(fclose(fp), 0, "the damaged byte was not written");
     e = (mf_error){0};
     cr_assert_eq(mf_run_open_given(&r, run, given_digest, NULL, &e), MF_EDIGEST);
     cr_assert_eq(mf_run_open(&r, run, &e), MF_EDIGEST);
@@ -261,7 +255,7 @@ Test(trace, thread_count_does_not_change_results) {
                              fixture("hf/qwen3_moe/tokens.jsonl"), r2), 0, "%s", err);
     cr_assert_eq(run_moeflip(err, sizeof err, "export %s --format jsonl -o %s", r1, e1), 0, "%s", err);
     cr_assert_eq(run_moeflip(err, sizeof err, "export %s --format jsonl -o %s", r2, e2), 0, "%s", err);
-    char *a = slurp(e1), *b = slurp(e2);
+    char *a = slurp(e1, NULL), *b = slurp(e2, NULL);
     cr_assert(strlen(a) > 1000 && strcmp(a, b) == 0);
     free(a);
     free(b);

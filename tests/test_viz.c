@@ -176,6 +176,49 @@ Test(viz, report_escapes_what_runs_say) {
     free(html);
 }
 
+/* The report opens with what a reader came for: the headline table (each target's flips, KL and top-1 agreement
+ * against its reference, with intervals) before the full tables, targets labelled by their profile's name with the
+ * canonical profile on hover; two targets of one profile name are told apart by their runs. */
+Test(viz, report_opens_with_the_headline_and_short_labels) {
+    const char *d = temp_dir();
+    const char *ref = make_run(d, "ref", "hf/olmoe", "--precision fp64");
+    const char *a = make_run(d, "acc1", "hf/olmoe", "--numerics emu:cdna3 --precision bf16");
+    const char *b = make_run(d, "acc2", "hf/olmoe", "--numerics emu:cdna3:acc=2 --precision bf16");
+    const char *h = make_run(d, "hop", "hf/olmoe", "--numerics emu:hopper --precision bf16");
+    char diff[700], out[700], err[2048];
+    snprintf(diff, sizeof diff, "%s/diff.json", d);
+    snprintf(out, sizeof out, "%s/report.html", d);
+    cr_assert_eq(run_moeflip(err, sizeof err, "diff -q '%s' '%s' '%s' '%s' -o '%s' --bootstrap 100", ref, h, a, b, diff), 0, "%s", err);
+    cr_assert_eq(run_moeflip(err, sizeof err, "report '%s' -o '%s'", diff, out), 0, "%s", err);
+    char *html = slurp(out, NULL);
+    json_t *doc = json_load_file(diff, 0, NULL);
+    cr_assert(doc);
+    const char *headline = strstr(html, "<table class=headline>"), *summary = strstr(html, "<table class=summary>");
+    cr_assert(headline && summary && headline < summary, "the headline does not come first");
+    cr_assert(headline == strstr(html, "<table"), "a table comes before the headline");
+    /* the hopper target: its short label, the full profile on hover, and its numbers as diff.json has them */
+    json_t *t0 = json_array_get(json_object_get(doc, "targets"), 0);
+    char label[600], flips[64];
+    snprintf(label, sizeof label, "<span class=setting title=\"%s &times; bf16\">emu:hopper &times; bf16</span>",
+             json_string_value(json_object_get(t0, "numerics")));
+    const char *row = strstr(headline, label);
+    cr_assert(row && row < summary, "no headline row labelled %s", label);
+    const double v = json_number_value(json_object_get(json_object_get(json_object_get(t0, "metrics"), "flipped_slots_pct"), "value"));
+    snprintf(flips, sizeof flips, "<b>%.2f%%</b>", v);
+    const char *cell = strstr(row, flips), *row_end = strstr(row, "</tr>");
+    cr_assert(cell && cell < row_end, "the headline row lacks %s", flips);
+    cr_assert(strstr(json_string_value(json_object_get(t0, "numerics")), "wgmma"), "the canonical profile is the long one");
+    /* both emu:cdna3 targets carry their runs' labels; the hopper one, alone of its name, does not */
+    char twin[1200];
+    snprintf(twin, sizeof twin, "emu:cdna3 &times; bf16 <span class=ci>(%s)</span>", a);
+    cr_assert(strstr(headline, twin), "no label %s", twin);
+    snprintf(twin, sizeof twin, "emu:cdna3 &times; bf16 <span class=ci>(%s)</span>", b);
+    cr_assert(strstr(headline, twin), "no label %s", twin);
+    cr_assert(strstr(label, "<span class=ci>") == NULL && strstr(row, "emu:hopper &times; bf16</span></th>"));
+    json_decref(doc);
+    free(html);
+}
+
 /* The main job with no arguments in an empty folder, then the report in Chromium. */
 Test(viz, sweep_default_and_report_in_chromium, .timeout = 240) {
     const char *d = temp_dir();

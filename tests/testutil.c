@@ -1,10 +1,12 @@
 #include "testutil.h"
 
 #include <criterion/criterion.h>
+#include <errno.h>
 #include <stdarg.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/wait.h>
+#include <time.h>
 #include <unistd.h>
 
 const char *fixture(const char *rel) {
@@ -111,4 +113,19 @@ const char *make_run(const char *dir, const char *name, const char *model, const
     int rc = run_moeflip(err, sizeof err, "trace -q --model '%s' --input '%s/tokens.jsonl' --out '%s' %s", m, m, o, opts);
     cr_assert_eq(rc, 0, "trace failed: %s", err);
     return o;
+}
+
+char *slurp(const char *path, size_t *len) {
+    char *text;
+    size_t n;
+    mf_error e = {0};
+    cr_assert_eq(mf_read_file(path, &text, &n, &e), MF_OK, "%s", e.msg);
+    if (len) *len = n;
+    return text;
+}
+
+void sleep_ms(double ms) {
+    const time_t s = (time_t)(ms / 1000.0);
+    struct timespec ts = {s, (long)((ms - 1000.0 * (double)s) * 1e6)};
+    while (nanosleep(&ts, &ts) != 0 && errno == EINTR) {}
 }

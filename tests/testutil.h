@@ -23,5 +23,10 @@ const char *copy_fixture_dir(const char *case_name);
 const char *make_run(const char *dir, const char *name, const char *model, const char *opts);
 /* Writes text to dir/name. */
 void write_text(const char *dir, const char *name, const char *text);
+/* A file's bytes, NUL-terminated (malloc'ed); len gets their count unless NULL. Fails the test when the file
+ * cannot be read. */
+char *slurp(const char *path, size_t *len);
+/* Sleeps ms milliseconds, the whole time even when a signal interrupts. */
+void sleep_ms(double ms);
 
 #endif

@@ -73,8 +73,8 @@ static void value_cell(out *o, json_t *m) {
         return;
     }
     printf_(o, "<td title=\"95%% interval over resampled sequences\">%.4g", json_number_value(v));
-    if (json_is_number(json_array_get(ci, 0)))
-        printf_(o, " <span class=ci>[%.3g, %.3g]</span>", json_number_value(json_array_get(ci, 0)),
+    if (json_is_number(json_array_get(ci, 0)))   /* on a line of its own: the columns stay narrow */
+        printf_(o, "<br><span class=ci>[%.3g, %.3g]</span>", json_number_value(json_array_get(ci, 0)),
                 json_number_value(json_array_get(ci, 1)));
     puts_(o, "</td>");
 }
@@ -117,11 +117,108 @@ static void figure(out *o, const char *diff_text, int target, mf_heat_kind kind,
     mf_figure_free(&fig);
 }
 
-/* A run's setting, "numerics × precision", as text. */
+/* A run's setting in full, "numerics × precision", as text: the canonical profile says exactly what ran. */
 static void setting(out *o, json_t *run) {
     esc(o, str(run, "numerics"));
     puts_(o, " &times; ");
     esc(o, str(run, "precision"));
+}
+
+/* The profile's name, e.g. "emu:cdna3" for "emu:cdna3:mfma_f32_32x32x8_bf16:acc=1:split=1:reduce=seq" (numerics.md:
+ * the canonical spelling writes everything out after it), or the whole profile ("native", "fp64"). */
+static size_t profile_name_length(const char *numerics) {
+    const char *colon = strchr(numerics, ':');
+    if (colon && !strncmp(numerics, "emu:", 4)) colon = strchr(numerics + 4, ':');
+    return colon ? (size_t)(colon - numerics) : strlen(numerics);
+}
+
+/* Whether two runs' short settings (profile name and precision) read the same. */
+static bool same_short_setting(json_t *a, json_t *b) {
+    const char *na = str(a, "numerics"), *nb = str(b, "numerics");
+    const size_t la = profile_name_length(na), lb = profile_name_length(nb);
+    return la == lb && !strncmp(na, nb, la) && !strcmp(str(a, "precision"), str(b, "precision"));
+}
+
+/* A run's setting as a short label, "emu:cdna3 × bf16", with the full one on hover. Where another run of the diff
+ * (others, may be NULL) has the same short label, the run's own label (its "run") follows in brackets. */
+static void short_setting(out *o, json_t *run, json_t *others) {
+    const char *numerics = str(run, "numerics");
+    puts_(o, "<span class=setting title=\"");
+    setting(o, run);
+    puts_(o, "\">");
+    char name[256];
+    snprintf(name, sizeof name, "%.*s", (int)profile_name_length(numerics), numerics);
+    esc(o, name);
+    puts_(o, " &times; ");
+    esc(o, str(run, "precision"));
+    bool twin = false;
+    size_t i;
+    json_t *x;
+    json_array_foreach(others, i, x) twin |= x != run && same_short_setting(x, run);
+    if (twin) {
+        puts_(o, " <span class=ci>(");
+        esc(o, str(run, "run"));
+        puts_(o, ")</span>");
+    }
+    puts_(o, "</span>");
+}
+
+/* A metric's value and interval in the headline: "2.00% [1.56, 2.41]", or a dash where the diff lacks it. */
+static void headline_cell(out *o, json_t *m, const char *fmt_value, const char *unit) {
+    json_t *v = json_object_get(m, "value"), *ci = json_object_get(m, "ci95");
+    if (!json_is_number(v)) {
+        puts_(o, "<td>&ndash;</td>");
+        return;
+    }
+    puts_(o, "<td><b>");
+    printf_(o, fmt_value, json_number_value(v));
+    puts_(o, unit);
+    puts_(o, "</b>");
+    if (json_is_number(json_array_get(ci, 0)))
+        printf_(o, " <span class=ci>[%.3g, %.3g]</span>", json_number_value(json_array_get(ci, 0)),
+                json_number_value(json_array_get(ci, 1)));
+    puts_(o, "</td>");
+}
+
+/* What a reader came for, first: every comparison of every diff on one line each, with its flips, the error they
+ * make in the output and the agreement of the top token. */
+static void headline(out *o, json_t **docs, int n) {
+    puts_(o, "<section class=headline><table class=headline><thead><tr><th>target</th><th>against</th>"
+             "<th title=\"flipped_slots_pct: (layer, position) slots whose set of dispatched experts differs\">expert choices "
+             "that flip</th><th title=\"forward_kl: KL(P_reference || P_target) of the output distributions\">output KL, "
+             "nats per token</th><th title=\"top1_pct: positions whose largest logit is the same token\">same top-1 "
+             "token</th><th>sequences</th></tr></thead><tbody>\n");
+    long long resamples = -1;
+    bool one_plan = true;
+    for (int k = 0; k < n; k++) {
+        json_t *d = docs[k], *ref = json_object_get(d, "reference"), *targets = json_object_get(d, "targets");
+        const long long b = (long long)json_integer_value(json_object_get(json_object_get(d, "bootstrap"), "resamples"));
+        one_plan &= resamples < 0 || resamples == b;
+        resamples = b;
+        size_t i;
+        json_t *t;
+        json_array_foreach(targets, i, t) {
+            json_t *m = json_object_get(t, "metrics");
+            puts_(o, "<tr><th>");
+            short_setting(o, t, targets);
+            puts_(o, "</th><td>");
+            short_setting(o, ref, NULL);
+            puts_(o, "</td>");
+            headline_cell(o, json_object_get(m, "flipped_slots_pct"), "%.2f", "%");
+            headline_cell(o, json_object_get(m, "forward_kl"), "%.3g", "");
+            headline_cell(o, json_object_get(m, "top1_pct"), "%.2f", "%");
+            printf_(o, "<td>%lld</td></tr>\n", (long long)json_integer_value(json_object_get(d, "sequences")));
+        }
+    }
+    puts_(o, "</tbody></table>\n<p class=meta>");
+    if (one_plan && resamples > 0)
+        printf_(o, "Brackets: 95%% bootstrap intervals over %lld resamples of whole sequences. ", resamples);
+    else if (one_plan)
+        puts_(o, "No intervals (no bootstrap resamples). ");
+    else
+        puts_(o, "Brackets: 95% bootstrap intervals over resampled sequences (resamples per diff below). ");
+    puts_(o, "Hover a setting for its full numerics profile. Every metric, per layer and per target, and the figures "
+             "follow.</p></section>\n");
 }
 
 /* A run's row in the metadata table: every string in it comes from a manifest, which whoever made the run wrote,
@@ -136,17 +233,21 @@ static void run_cells(out *o, json_t *run) {
     puts_(o, "</tr>");
 }
 
-static void section(out *o, const char *path, const char *text, json_t *d, int *fig_no) {
+static void section(out *o, const char *text, json_t *d, int *fig_no) {
     json_t *ref = json_object_get(d, "reference"), *targets = json_object_get(d, "targets");
     json_t *model = json_object_get(ref, "model");
-    puts_(o, "<section><h2>Reference ");
+    puts_(o, "<section><h2>Against ");
+    short_setting(o, ref, NULL);
+    /* the runs as diff.json names them (the collector: by the names they were pushed under), not the file */
+    puts_(o, "</h2>\n<p class=meta>reference run <code>");
+    esc(o, str(ref, "run"));
+    puts_(o, "</code> (");
     setting(o, ref);
-    puts_(o, "</h2>\n<p class=meta>");
+    puts_(o, "); ");
     esc(o, str(model, "architecture"));
-    printf_(o, ", %lld sequences; diff <code>", (long long)json_integer_value(json_object_get(d, "sequences")));
-    esc(o, path);
+    printf_(o, ", %lld sequences", (long long)json_integer_value(json_object_get(d, "sequences")));
     json_t *bs = json_object_get(d, "bootstrap");
-    printf_(o, "</code>; intervals: %lld resamples of whole sequences (seed %lld).</p>\n",
+    printf_(o, "; intervals: %lld resamples of whole sequences (seed %lld).</p>\n",
             (long long)json_integer_value(json_object_get(bs, "resamples")), (long long)json_integer_value(json_object_get(bs, "seed")));
     /* metrics that are defined and came out not a number are null in diff.json, and said so here */
     json_t *warnings = json_object_get(d, "warnings");
@@ -167,7 +268,7 @@ static void section(out *o, const char *path, const char *text, json_t *d, int *
     json_t *t;
     json_array_foreach(targets, i, t) {
         puts_(o, "<th>");
-        setting(o, t);
+        short_setting(o, t, targets);
         puts_(o, "</th>");
     }
     puts_(o, "</tr></thead><tbody>\n");
@@ -182,7 +283,7 @@ static void section(out *o, const char *path, const char *text, json_t *d, int *
     puts_(o, "</tbody></table>\n");
     json_array_foreach(targets, i, t) {
         printf_(o, "<h3>Target %zu: ", i + 1);
-        setting(o, t);
+        short_setting(o, t, targets);
         puts_(o, "</h3>\n<table class=layers><thead><tr><th>layer</th><th>slots</th><th>same expert set, %</th>"
                  "<th>same order, %</th><th>flips</th><th>primary</th><th>inherited</th><th>ties</th><th>sigma</th></tr></thead><tbody>");
         size_t l;
@@ -228,37 +329,46 @@ static const char *css =
     "th{background:#f4f4f4}table.summary th:first-child{text-align:left}.ci{color:#777;font-size:11px}"
     ".meta{color:#555;font-size:12px}code{font-size:12px}figure{margin:16px 0}.fig{position:relative}"
     ".fig img,.fig svg{position:absolute;left:0;top:0}.hover rect{fill:transparent}.hover rect:hover{fill:rgba(0,0,0,.12)}"
-    "figcaption{font-size:12px;color:#555}.note{color:#a00}";
+    "figcaption{font-size:12px;color:#555}.note{color:#a00}"
+    "table.headline{font-size:15px}table.headline th,table.headline td{padding:6px 12px}table.headline th,table.headline td:nth-child(2){text-align:left}"
+    ".setting{white-space:nowrap}table.summary th,table.layers th{white-space:normal}";
 
 int mf_report_write_many(const char **paths, int n, const char *out_path, mf_error *err) {
-    out o = {0};
-    /* The report runs no script, and says so to the browser wherever it is opened (from disk, from the collector,
-     * as a blob the collector's page made): text from a manifest that got past the escaping could not run. */
-    puts_(&o, "<!DOCTYPE html>\n<html lang=en><head><meta charset=utf-8><meta http-equiv=Content-Security-Policy "
-              "content=\"default-src 'none'; style-src 'unsafe-inline'; img-src data:\"><title>moeflip report</title><style>");
-    puts_(&o, css);
-    puts_(&o, "</style></head><body>\n<h1>moeflip: where expert choices flip, and what it does to the output</h1>\n");
-    puts_(&o, "<p class=meta>Each target runs the same model on the same tokens as the reference under other arithmetic "
-              "(vendor numerics profile) or precision. A flip is a (layer, position) whose set of dispatched experts "
-              "differs from the reference's; it is inherited when an earlier layer flipped at that or an earlier "
-              "position, else primary. Intervals are 95% percentile bootstrap intervals over sequences.</p>\n");
-    int fig_no = 0, rc = MF_OK;
+    char **texts = mf_xcalloc((size_t)n + 1, sizeof *texts);
+    json_t **docs = mf_xcalloc((size_t)n + 1, sizeof *docs);
+    int rc = MF_OK;
     for (int i = 0; i < n && !rc; i++) {
-        char *text;
         size_t len;
-        if ((rc = mf_read_file(paths[i], &text, &len, err))) break;
+        if ((rc = mf_read_file(paths[i], &texts[i], &len, err))) break;
         json_error_t je;
-        json_t *d = json_loads(text, 0, &je);
-        if (!d || strcmp(str(d, "format"), "moeflip-diff")) {
+        docs[i] = json_loads(texts[i], 0, &je);
+        if (!docs[i] || strcmp(str(docs[i], "format"), "moeflip-diff"))
             rc = mf_fail(err, MF_EFORMAT, "%s: not a moeflip diff.json", paths[i]);
-        } else {
-            section(&o, paths[i], text, d, &fig_no);
-        }
-        json_decref(d);
-        free(text);
     }
-    puts_(&o, "<p class=meta>Made by moeflip " MF_VERSION ".</p></body></html>\n");
-    if (!rc) rc = mf_write_file_atomic(out_path, o.p, o.n, err);
+    out o = {0};
+    if (!rc) {
+        /* The report runs no script, and says so to the browser wherever it is opened (from disk, from the collector,
+         * as a blob the collector's page made): text from a manifest that got past the escaping could not run. */
+        puts_(&o, "<!DOCTYPE html>\n<html lang=en><head><meta charset=utf-8><meta http-equiv=Content-Security-Policy "
+                  "content=\"default-src 'none'; style-src 'unsafe-inline'; img-src data:\"><title>moeflip report</title><style>");
+        puts_(&o, css);
+        puts_(&o, "</style></head><body>\n<h1>moeflip: where expert choices flip, and what it does to the output</h1>\n");
+        headline(&o, docs, n);
+        puts_(&o, "<p class=meta>Each target runs the same model on the same tokens as the reference under other arithmetic "
+                  "(vendor numerics profile) or precision. A flip is a (layer, position) whose set of dispatched experts "
+                  "differs from the reference's; it is inherited when an earlier layer flipped at that or an earlier "
+                  "position, else primary. Intervals are 95% percentile bootstrap intervals over sequences.</p>\n");
+        int fig_no = 0;
+        for (int i = 0; i < n; i++) section(&o, texts[i], docs[i], &fig_no);
+        puts_(&o, "<p class=meta>Made by moeflip " MF_VERSION ".</p></body></html>\n");
+        rc = mf_write_file_atomic(out_path, o.p, o.n, err);
+    }
+    for (int i = 0; i < n; i++) {
+        json_decref(docs[i]);
+        free(texts[i]);
+    }
+    free(docs);
+    free(texts);
     free(o.p);
     return rc;
 }

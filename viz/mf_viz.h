@@ -1,5 +1,5 @@
 /* moeflip viz: heatmaps of flipped experts and the self-contained HTML
- * report, both drawn from a diff.json; and the one-command main job (sweep).
+ * report, both drawn from a diff.json.
  *
  * One drawing code (cairo) renders every figure to PNG, SVG or PDF, chosen by
  * the output file's extension. Colour maps are perceptually uniform and
@@ -49,23 +49,5 @@ int mf_heatmap_svg(const char *diff_json, int target, mf_heat_kind kind, const c
 int mf_report_write(const char *diff_json_path, const char *out_path, mf_error *err);
 /* One report with a section per diff. */
 int mf_report_write_many(const char **diff_json_paths, int n, const char *out_path, mf_error *err);
-
-/* The main job: trace a reference and targets, diff, draw, report. */
-typedef struct mf_sweep_opts {
-    const char *model_dir;     /* NULL: the embedded default checkpoint */
-    const char *input;         /* NULL with the default model: its prompts */
-    const char *out_dir;       /* [moeflip-out] */
-    const char *reference;     /* "numerics x precision" spec, [fp64 x fp64] */
-    const char *targets;       /* comma-separated "numerics x precision" (NULL: the default set) */
-    bool repeat;               /* add a repeat of the first target, the noise floor */
-    int threads;
-    int bootstrap;
-} mf_sweep_opts;
-
-int mf_sweep(const mf_sweep_opts *o, mf_error *err);
-
-/* The embedded default checkpoint (made by moeflip synth), written into dir. */
-int mf_default_model_write(const char *dir, mf_error *err);
-bool mf_default_has(const char *name);
 
 #endif

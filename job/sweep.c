@@ -1,33 +1,16 @@
 /* The main job: trace a reference and targets of one model on one prompt
  * file, diff every target against the reference and the two vendors against
  * each other at the same precision, draw every figure, write one report. */
-#include "mf_viz.h"
+#include "mf_job.h"
 #include "mf_diff.h"
+#include "mf_models.h"
 #include "mf_trace.h"
+#include "mf_viz.h"
 
 #include <math.h>
 #include <jansson.h>
 #include <stdlib.h>
 #include <string.h>
-
-extern const struct { const char *name; const unsigned char *data; size_t size; } mf_default_files[];
-extern const size_t mf_default_file_count;
-
-bool mf_default_has(const char *name) {
-    for (size_t i = 0; i < mf_default_file_count; i++)
-        if (!strcmp(mf_default_files[i].name, name)) return true;
-    return false;
-}
-
-int mf_default_model_write(const char *dir, mf_error *err) {
-    int rc = mf_mkdir_p(dir, err);
-    char path[8400];
-    for (size_t i = 0; !rc && i < mf_default_file_count; i++) {
-        snprintf(path, sizeof path, "%s/%s", dir, mf_default_files[i].name);
-        rc = mf_write_file_atomic(path, mf_default_files[i].data, mf_default_files[i].size, err);
-    }
-    return rc;
-}
 
 typedef struct config {
     char numerics[128], precision[64], name[200];
@@ -59,47 +42,22 @@ static int parse_config(const char *spec, config *c, mf_error *err) {
     return mf_trace_check(&o, &prec, &num, err);
 }
 
-static mf_run *open_run(const char *dir) {
-    mf_run *r = NULL;
-    mf_error e = {0};
-    return mf_run_open(&r, dir, &e) ? NULL : r;
-}
-
-/* Diffs ref against targets into path; floor may be NULL. */
+/* Diffs ref against targets into path; floor, a repeat, may be NULL. */
 static int diff_runs(config *ref, config **targets, int n, config *floor, int bootstrap, const char *path, mf_error *err) {
-    mf_run *r = open_run(ref->run), *f = floor ? open_run(floor->run) : NULL;
-    mf_run *ts[16];
-    mf_diff_acc *accs[16], *fa = NULL;
-    int nt = 0, rc = r ? MF_OK : mf_fail(err, MF_EIO, "%s: cannot open", ref->run);
-    for (int i = 0; !rc && i < n && nt < 16; i++) {
-        if (!(ts[nt] = open_run(targets[i]->run))) continue;
-        accs[nt] = calloc(1, sizeof(mf_diff_acc));
-        mf_diff_acc_init(accs[nt], r);
-        if ((rc = mf_diff_acc_add_runs(accs[nt], r, ts[nt], err))) {
-            nt++;
-            break;
-        }
-        nt++;
-    }
-    if (!rc && f) {
-        fa = calloc(1, sizeof *fa);
-        mf_diff_acc_init(fa, r);
-        rc = mf_diff_acc_add_runs(fa, r, f, err);
-    }
-    mf_diff_opts o = {bootstrap, 20260820, true};   /* the sweep traced these runs itself */
-    if (!rc) rc = mf_diff_write_json(path, r, ts, accs, nt, fa, f, &o, err);
-    for (int i = 0; i < nt; i++) {
-        mf_diff_acc_free(accs[i]);
-        free(accs[i]);
-        mf_run_close(ts[i]);
-    }
-    if (fa) {
-        mf_diff_acc_free(fa);
-        free(fa);
-    }
-    mf_run_close(f);
-    mf_run_close(r);
-    return rc;
+    const char *dirs[16];
+    for (int i = 0; i < n && i < 16; i++) dirs[i] = targets[i]->run;
+    const mf_diff_request q = {
+        .reference = ref->run,
+        .targets = dirs,
+        .n_targets = n < 16 ? n : 16,
+        .floor = floor ? MF_DIFF_FLOOR_RUN : MF_DIFF_FLOOR_NONE,
+        .floor_run = floor ? floor->run : NULL,
+        .bootstrap = bootstrap,
+        .seed = MF_DIFF_SEED,
+        .model_tokenizer = true,   /* the sweep traced these runs itself */
+        .json_path = path,
+    };
+    return mf_diff_runs(&q, err);
 }
 
 static double metric(const char *diff_path, int target, const char *name, double ci[2]) {
@@ -192,7 +150,7 @@ int mf_sweep(const mf_sweep_opts *o, mf_error *err) {
     snprintf(diff_main, sizeof diff_main, "%s/diff.json", out);
     if ((rc = diff_runs(&ref, ok, nok, repeat && rep.ok ? &rep : NULL, o->bootstrap, diff_main, err))) return rc;
     draw_all(diff_main, nok, figs, "reference");
-    /* the two vendors against each other, at the first precision they share */
+    /* the two vendors against each other, at the first precision they share: the report opens with it */
     const char *paths[2] = {diff_main, NULL};
     int npaths = 1;
     config *nv = NULL, *amd = NULL;
@@ -212,7 +170,8 @@ int mf_sweep(const mf_sweep_opts *o, mf_error *err) {
         config *t1[1] = {amd};
         if (!diff_runs(nv, t1, 1, repeat && rep.ok && nv == &tg[0] ? &rep : NULL, o->bootstrap, diff_vendor, err)) {
             draw_all(diff_vendor, 1, figs, "vendors");
-            paths[npaths++] = diff_vendor;
+            paths[0] = diff_vendor;
+            paths[npaths++] = diff_main;
         }
     }
     snprintf(report, sizeof report, "%s/report.html", out);

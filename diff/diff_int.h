@@ -1,0 +1,26 @@
+/* diff/ internals shared by its files (not a public header). */
+#ifndef MF_DIFF_INT_H
+#define MF_DIFF_INT_H
+
+#include "mf_diff.h"
+
+/* mf_diff_acc_add_range for runs already checked with mf_diff_align (or mf_diff_align_named, whose messages name
+ * the runs by their labels): the check is not made twice. */
+int diff_acc_add_aligned(mf_diff_acc *a, mf_run *ref, mf_run *tgt, size_t first, size_t count, mf_error *err);
+
+/* How diff.json and the summary name the runs (mf_diff_request's labels): NULL, or a NULL entry, names a run by
+ * its directory. */
+typedef struct diff_labels {
+    const char *reference;
+    const char *const *targets;   /* NULL or one per target */
+    const char *floor;
+} diff_labels;
+
+/* mf_diff_write_json and mf_diff_print_summary with the runs named by labels (NULL: by their directories). */
+int diff_write_json(const char *path, mf_run *ref, mf_run **targets, mf_diff_acc **accs, int n_targets,
+                    mf_diff_acc *floor_acc, mf_run *floor_run, const mf_diff_opts *o, const diff_labels *labels,
+                    mf_error *err);
+void diff_print_summary(FILE *out, mf_run *ref, mf_run **targets, mf_diff_acc **accs, int n_targets,
+                        const diff_labels *labels);
+
+#endif
