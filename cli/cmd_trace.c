@@ -23,6 +23,8 @@ static const char *help =
     "  --device D           cpu | cuda[:N] | hip[:N]   [cpu]\n"
     "  --threads N          CPU threads   [all cores]\n"
     "  --record LEVEL       routing | topk | logits | full   [logits if vocab <= 32768, else topk]\n"
+    "  --generate N         continue every prompt greedily by up to N tokens with a key-value cache,\n"
+    "                       stopping at generation_config.json's eos_token_id (CPU)\n"
     "  --resume             continue an interrupted run in RUN\n"
     "  --shard-seqs N       write a shard every N sequences   [by size and time]\n"
     "  -q, --quiet          no progress output\n";
@@ -30,7 +32,7 @@ static const char *help =
 int cmd_trace(int argc, char **argv) {
     const char *model_dir = NULL, *input = NULL, *out = NULL, *prec_name = "bf16", *device = "cpu", *record_s = NULL,
                *numerics_s = NULL;
-    long threads = 0, shard_seqs = 0;
+    long threads = 0, shard_seqs = 0, generate = 0;
     bool resume = false;
     static const struct option opts[] = {
         {"model", required_argument, 0, 'm'},  {"input", required_argument, 0, 'i'},
@@ -38,7 +40,7 @@ int cmd_trace(int argc, char **argv) {
         {"device", required_argument, 0, 'd'}, {"threads", required_argument, 0, 't'},
         {"record", required_argument, 0, 'r'}, {"resume", no_argument, 0, 'R'},
         {"shard-seqs", required_argument, 0, 'S'}, {"quiet", no_argument, 0, 'q'},
-        {"numerics", required_argument, 0, 'n'},
+        {"numerics", required_argument, 0, 'n'}, {"generate", required_argument, 0, 'g'},
         {"help", no_argument, 0, 'h'},         {0, 0, 0, 0},
     };
     int c;
@@ -56,6 +58,10 @@ int cmd_trace(int argc, char **argv) {
             if (!cli_parse_int(optarg, 1, 4096, &threads)) return cli_usage_error("trace", "--threads takes a positive integer");
             break;
         case 'r': record_s = optarg; break;
+        case 'g':
+            if (!cli_parse_int(optarg, 1, MF_MAX_NEW_TOKENS, &generate))
+                return cli_usage_error("trace", "--generate takes a number of tokens from 1 to %d", MF_MAX_NEW_TOKENS);
+            break;
         case 'R': resume = true; break;
         case 'S':
             if (!cli_parse_int(optarg, 1, 1 << 20, &shard_seqs)) return cli_usage_error("trace", "--shard-seqs takes a positive integer");
@@ -67,8 +73,9 @@ int cmd_trace(int argc, char **argv) {
     }
     if (optind < argc) return cli_usage_error("trace", "unexpected argument %s", argv[optind]);
     if (!model_dir || !input || !out) return cli_usage_error("trace", "--model, --input and --out are required");
-    mf_trace_opts o = {model_dir, input, out, prec_name, numerics_s, record_s, (int)threads, resume, (int)shard_seqs,
-                       "trace", false, device};
+    mf_trace_opts o = {.model_dir = model_dir, .input = input, .out = out, .precision = prec_name,
+                       .numerics = numerics_s, .record = record_s, .threads = (int)threads, .resume = resume,
+                       .shard_seqs = (int)shard_seqs, .label = "trace", .device = device, .generate = (int)generate};
     mf_error err = {0};
     mf_precision prec;
     mf_numerics num;

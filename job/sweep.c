@@ -36,7 +36,7 @@ static int parse_config(const char *spec, config *c, mf_error *err) {
     snprintf(c->name, sizeof c->name, "%s@%s", c->numerics, c->precision);
     for (char *p = c->name; *p; p++)
         if (*p == ':' || *p == '/' || *p == '+') *p = '_';
-    mf_trace_opts o = {NULL, NULL, NULL, c->precision, c->numerics, NULL, 0, false, 0, NULL, true, NULL};
+    mf_trace_opts o = {.precision = c->precision, .numerics = c->numerics, .silent = true};
     mf_precision prec;
     mf_numerics num;
     return mf_trace_check(&o, &prec, &num, err);
@@ -131,7 +131,9 @@ int mf_sweep(const mf_sweep_opts *o, mf_error *err) {
     for (int i = 0; i < n_all; i++) {
         config *c = all[i];
         snprintf(c->run, sizeof c->run, "%s/%s", runs, c->name);
-        mf_trace_opts to = {model, input, c->run, c->precision, c->numerics, "logits", o->threads, true, 0, c->name, true, NULL};
+        mf_trace_opts to = {.model_dir = model, .input = input, .out = c->run, .precision = c->precision,
+                            .numerics = c->numerics, .record = "logits", .threads = o->threads, .resume = true,
+                            .label = c->name, .silent = true};
         mf_error e = {0};
         if (mf_trace(&to, &e)) {
             mf_log("moeflip: %s failed: %s", c->name, e.msg);

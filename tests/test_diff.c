@@ -165,11 +165,13 @@ static void write_run_experts(const char *dir, const hand *h, int experts) {
     snprintf(cpath, sizeof cpath, "%s/config.json", fixture("hf/olmoe"));
     cr_assert_eq(mf_config_load(&cfg, cpath, &err), MF_OK);
     int32_t tokens[4] = {5, 6, 7, 8};
-    mf_prompt p = {"x", tokens, 4};
+    mf_prompt p = {.id = "x", .tokens = tokens, .T = 4};
     mf_prompts ps = {&p, 1, "0"};
     mf_precision prec;
     cr_assert_eq(mf_precision_parse(&prec, "fp32", &err), MF_OK, "%s", err.msg);
-    mf_run_info info = {"hand", NULL, &prec, "cpu", "native", 1, MF_RECORD_LOGITS, "hand", &ps, 0, &cfg, "w", "hand", NULL};
+    mf_run_info info = {.model_dir = "hand", .prec = &prec, .device = "cpu", .numerics = "native", .threads = 1,
+                        .record = MF_RECORD_LOGITS, .input_path = "hand", .prompts = &ps, .cfg = &cfg,
+                        .weights_digest = "w", .imported_from = "hand"};
     mf_run_writer *w;
     cr_assert_eq(mf_run_create(&w, dir, &info, false, &err), MF_OK, "%s", err.msg);
     mf_seq_result r = {.T = 4, .n_moe = 3, .k = 4, .E = experts, .V = 384, .H = 64};

@@ -85,6 +85,7 @@ static void export_jsonl(mf_run *r, size_t s, const seq_tensors *st, FILE *out) 
             fputc(*c, out);
         }
         fprintf(out, "\", \"pos\": %d, \"token\": %d", p, token_at(st, p));
+        if (p >= T - r->seqs[s].generated) fputs(", \"generated\": true", out);
         if (st->logits) {
             fputs(", \"logits\": [", out);
             put_row(out, st->logits, (size_t)p * V, V, ',', true);
@@ -130,10 +131,13 @@ static void export_jsonl(mf_run *r, size_t s, const seq_tensors *st, FILE *out) 
  * in the CSV (use JSON lines for them). */
 static void export_csv(mf_run *r, size_t s, const seq_tensors *st, FILE *out) {
     const int T = r->seqs[s].length, K = r->top_k, E = r->n_experts;
+    /* a run that generated has one more column: whether the position's token was generated */
+    const bool gen_col = r->max_new_tokens > 0;
     for (int p = 0; p < T; p++) {
+        const char *gen = !gen_col ? "" : p >= T - r->seqs[s].generated ? ",true" : ",false";
         if (!r->n_moe) {
             put_csv_field(out, r->seqs[s].id);
-            fprintf(out, ",%d,%d,,,,,\n", p, token_at(st, p));
+            fprintf(out, ",%d,%d,,,,,%s\n", p, token_at(st, p), gen);
             continue;
         }
         for (int m = 0; m < r->n_moe; m++) {
@@ -147,13 +151,16 @@ static void export_csv(mf_run *r, size_t s, const seq_tensors *st, FILE *out) {
             put_row(out, st->router, slot * E, E, ';', false);
             fputc(',', out);
             if (st->shared) put_num(out, mf_load_as_f64(st->shared->data, st->shared->dtype, slot), st->shared->dtype, false);
+            fputs(gen, out);
             fputc('\n', out);
         }
     }
 }
 
 int mf_run_export(mf_run *r, mf_export_format fmt, FILE *out, mf_error *err) {
-    if (fmt == MF_EXPORT_CSV) fputs("seq,pos,token,layer,experts,weights,router_logits,shared_gate\n", out);
+    if (fmt == MF_EXPORT_CSV)
+        fputs(r->max_new_tokens > 0 ? "seq,pos,token,layer,experts,weights,router_logits,shared_gate,generated\n"
+                                    : "seq,pos,token,layer,experts,weights,router_logits,shared_gate\n", out);
     for (size_t s = 0; s < r->n_seqs; s++) {
         seq_tensors st;
         int rc = get_all(r, s, &st, err);

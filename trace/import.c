@@ -157,8 +157,9 @@ int mf_import_crova(const char *src_dir, const char *model_dir, const char *out_
         if (router_dtype != MF_DTYPE_INVALID) prec.part[MF_PART_ROUTER] = router_dtype;
         char from[4200];
         snprintf(from, sizeof from, "crova %s", src_dir);
-        mf_run_info info = {model_dir, NULL, &prec, "imported", "unknown", 0, MF_RECORD_LOGITS, src_dir, &prompts, 0,
-                            &cfg, wdigest, from, NULL};
+        mf_run_info info = {.model_dir = model_dir, .prec = &prec, .device = "imported", .numerics = "unknown",
+                            .record = MF_RECORD_LOGITS, .input_path = src_dir, .prompts = &prompts, .cfg = &cfg,
+                            .weights_digest = wdigest, .imported_from = from};
         rc = mf_run_create(&w, tmp, &info, false, err);
         for (size_t i = 0; i < n && !rc; i++) {
             const mf_st_tensor *lg = mf_st_find(files[i], "logits"), *rl = mf_st_find(files[i], "router_logits");

@@ -21,6 +21,7 @@ typedef struct mf_prompt {
     char *id;
     int32_t *tokens;
     int T;
+    int generated;   /* of the T tokens, the last this many were generated (0 for a prompt) */
 } mf_prompt;
 
 typedef struct mf_prompts {
@@ -71,6 +72,7 @@ typedef struct mf_run_info {
     const char *weights_digest;
     const char *imported_from;  /* e.g. "crova DIR"; experts are then derived, not dispatched */
     const char *device_name;    /* a GPU's name and architecture (NULL: the CPU's) */
+    const struct mf_generation *generation;   /* NULL: the prompts as they stand */
 } mf_run_info;
 
 typedef struct mf_run_writer mf_run_writer;
@@ -98,6 +100,7 @@ bool mf_run_remove_dir(const char *dir);
 typedef struct mf_run_seq {
     char *id;
     int length;
+    int generated;      /* the last this many positions were generated (0 in a run that does not generate) */
     int shard;          /* index into the shard list */
 } mf_run_seq;
 
@@ -117,6 +120,7 @@ typedef struct mf_run {
     int *moe_layers;           /* [n_moe] model layer index of each MoE layer */
     bool has_shared;
     bool complete;
+    int max_new_tokens;        /* generation.max_new_tokens of a run that generated, else 0 */
     char precision[64];
     char record[32];
     bool ids_checked;          /* token and expert ids were checked against the model (every open but the unhashed) */
@@ -156,11 +160,41 @@ typedef struct mf_trace_opts {
     const char *label;       /* progress bar label */
     bool silent;             /* no closing line */
     const char *device;      /* NULL or "cpu": the CPU; "cuda[:N]", "hip[:N]": a GPU */
+    int generate;            /* continue every prompt greedily by up to this many tokens (0: none) */
 } mf_trace_opts;
 
 /* Parses and checks the precision and numerics of a trace. */
 int mf_trace_check(const mf_trace_opts *o, mf_precision *prec, mf_numerics *num, mf_error *err);
 int mf_trace(const mf_trace_opts *o, mf_error *err);
+
+/* ---- generation ----------------------------------------------------------- */
+
+#define MF_MAX_STOP_TOKENS 64
+#define MF_MAX_NEW_TOKENS (1 << 16)
+
+/* Greedy decoding as Hugging Face generate(do_sample=False) does it. */
+typedef struct mf_generation {
+    int max_new_tokens;
+    int32_t eos[MF_MAX_STOP_TOKENS];   /* generation stops after any of these (kept in the output) */
+    int n_eos;
+    char eos_source[32];               /* "generation_config.json", "config.json" or "none" */
+    bool forced;                       /* the tokens are another run's, traced in one pass (teacher forcing) */
+} mf_generation;
+
+/* eos_token_id (an id, a list or null) from DIR/generation_config.json, or config.json where there is none. */
+int mf_generation_load(mf_generation *g, const char *model_dir, int vocab, int max_new_tokens, mf_error *err);
+bool mf_generation_stops(const mf_generation *g, int32_t token);
+/* A run's sequences as prompts (its generated tokens included and marked), for teacher forcing; forced gets the
+ * run's generation (max_new_tokens 0 where it generated nothing). */
+int mf_prompts_from_run(mf_prompts *p, mf_generation *forced, const char *run_dir, int vocab, mf_error *err);
+/* The argmax of V logits rounded to the head's dtype, the lowest id of equal values (torch.argmax);
+ * MF_EINVAL where one is NaN. */
+int mf_greedy_token(const double *logits, int V, mf_dtype head, int32_t *token);
+/* The prompt, then up to max_new_tokens greedy tokens, each run one step against the key-value cache (the
+ * decode path). tokens (room for p->T + max_new_tokens) gets the prompt and the generated tokens; r every
+ * position's results, the generated ones as their decode steps computed them. */
+int mf_generate_cpu(const mf_model *m, const mf_run_opts *o, const mf_generation *gen, const mf_prompt *p,
+                    int32_t *tokens, int *generated, mf_seq_result *r, mf_error *err);
 
 /* ---- import -------------------------------------------------------------- */
 

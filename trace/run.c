@@ -162,6 +162,19 @@ static json_t *build_manifest(const mf_run_info *in) {
     json_object_set_new(input, "n_sequences", json_integer((json_int_t)in->prompts->n));
     json_object_set_new(man, "input", input);
     if (in->imported_from) json_object_set_new(man, "imported_from", json_string(in->imported_from));
+    if (in->generation) {
+        /* how the prompts were continued: what a reader needs to say which answers may be compared */
+        json_t *g = json_object(), *eos = json_array();
+        json_object_set_new(g, "strategy", json_string(in->generation->forced ? "teacher-forced" : "greedy"));
+        json_object_set_new(g, "max_new_tokens", json_integer(in->generation->max_new_tokens));
+        for (int i = 0; i < in->generation->n_eos; i++) json_array_append_new(eos, json_integer(in->generation->eos[i]));
+        json_object_set_new(g, "eos_token_id", eos);
+        json_object_set_new(g, "eos_from", json_string(in->generation->eos_source));
+        /* greedy tokens come one step at a time against the cache; forced ones in one pass over the sequence */
+        json_object_set_new(g, "path", json_string(in->generation->forced ? "prefill" : "decode"));
+        if (in->generation->forced) json_object_set_new(g, "forced_from", json_string(in->input_path));
+        json_object_set_new(man, "generation", g);
+    }
     json_object_set_new(man, "sequences", json_array());
     json_object_set_new(man, "shards", json_array());
     json_object_set_new(man, "complete", json_false());
@@ -356,7 +369,8 @@ int mf_run_create(mf_run_writer **out, const char *dir, const mf_run_info *info,
         static const char *keys[][2] = {{"model", "architecture"}, {"model", "config_digest"},
                                         {"model", "weights_digest"}, {"precision", "name"},
                                         {NULL, "numerics"},          {NULL, "record"},
-                                        {"input", "digest"},         {"device", "kind"}};
+                                        {"input", "digest"},         {"device", "kind"},
+                                        {NULL, "generation"}};
         for (size_t i = 0; i < sizeof keys / sizeof keys[0] && !rc; i++)
             rc = check_same(dir, prev, w->manifest, keys[i][0], keys[i][1], err);
         if (rc) {
@@ -531,6 +545,7 @@ int mf_run_writer_add(mf_run_writer *w, const mf_prompt *p, const mf_seq_result 
     json_t *s = json_object();
     json_object_set_new(s, "id", json_string(p->id));
     json_object_set_new(s, "length", json_integer(T));
+    if (w->info.generation) json_object_set_new(s, "generated", json_integer(p->generated));
     json_array_append_new(w->pending_seqs, s);
     w->pending_count++;
     bool due = mf_st_writer_bytes(w->pending) >= SHARD_MAX_BYTES ||
@@ -665,6 +680,11 @@ static int check_manifest(mf_run *r, json_t *man, const char *path, mf_error *er
     snprintf(r->record, sizeof r->record, "%s", rec);
     r->has_shared = json_is_true(json_object_get(model, "has_shared_expert"));
     r->complete = json_is_true(json_object_get(man, "complete"));
+    /* a generating run says how far it went; its sequences say which positions it generated */
+    r->max_new_tokens = 0;
+    json_t *gen = json_object_get(man, "generation");
+    if (gen && (rc = want_int(gen, "generation.", "max_new_tokens", 1, MF_MAX_NEW_TOKENS, &r->max_new_tokens, path, err)))
+        return rc;
     /* the MoE layers: model layer indices, strictly increasing, inside the model */
     if (json_array_size(ml) > (size_t)r->n_layers)
         return mf_fail(err, MF_EFORMAT, "%s: model.moe_layers lists %zu layers of a %d-layer model", path, json_array_size(ml),
@@ -946,6 +966,19 @@ static int run_open(mf_run **out, const char *dir, bool hash, const char *(*give
         r->seqs[i].id = mf_xstrdup(id);
         r->seqs[i].length = (int)json_integer_value(l);
         r->seqs[i].shard = shard;
+        /* a generated sequence keeps at least one prompt token: generation starts from one */
+        json_t *g = json_object_get(s, "generated");
+        if (g && (!json_is_integer(g) || json_integer_value(g) < 0 || json_integer_value(g) >= r->seqs[i].length)) {
+            rc = mf_fail(err, MF_EFORMAT, "%s: sequence %s: generated must be an integer from 0 to %d (its length less one)",
+                         path, id, r->seqs[i].length - 1);
+            break;
+        }
+        r->seqs[i].generated = g ? (int)json_integer_value(g) : 0;
+        if (r->seqs[i].generated > r->max_new_tokens) {
+            rc = mf_fail(err, MF_EFORMAT, "%s: sequence %s: %d tokens generated, more than generation.max_new_tokens (%d)",
+                         path, id, r->seqs[i].generated, r->max_new_tokens);
+            break;
+        }
         sorted_ids[i] = r->seqs[i].id;
     }
     if (!rc && r->n_seqs) {

@@ -74,7 +74,15 @@ int mf_trace(const mf_trace_opts *o, mf_error *err) {
     if (!o->resume && mf_path_join(manifest, sizeof manifest, o->out, "manifest.json") && mf_path_exists(manifest))
         return mf_fail(err, MF_EINVAL, "%s: a run is already there (use --resume to continue it, or another --out)", o->out);
     mf_prompts prompts;
-    if ((rc = mf_prompts_load(&prompts, o->input, cfg.vocab, err))) return rc;
+    mf_generation gen;
+    /* a run directory as input: its tokens, generated ones included, traced as they stand */
+    const bool forced = mf_is_dir(o->input);
+    if (forced && o->generate > 0)
+        return mf_fail(err, MF_EINVAL, "%s: a run's tokens are traced as they stand; --generate takes a prompt file",
+                       o->input);
+    if ((rc = forced ? mf_prompts_from_run(&prompts, &gen, o->input, cfg.vocab, err)
+                     : mf_prompts_load(&prompts, o->input, cfg.vocab, err)))
+        return rc;
     mf_model *model = NULL;
     mf_run_writer *w = NULL;
     mf_gpu *gpu = NULL;
@@ -84,8 +92,16 @@ int mf_trace(const mf_trace_opts *o, mf_error *err) {
                      "or logits on %s", device);
         goto done;
     }
+    if (o->generate > 0) {
+        if (mf_device_is_gpu(device)) {
+            rc = mf_fail(err, MF_EUNSUPPORTED, "--generate runs on the CPU for now (%s has no decode path yet)", device);
+            goto done;
+        }
+        if ((rc = mf_generation_load(&gen, o->model_dir, cfg.vocab, o->generate, err))) goto done;
+    }
     int max_T = 0;
     for (size_t i = 0; i < prompts.n; i++) max_T = prompts.seq[i].T > max_T ? prompts.seq[i].T : max_T;
+    if (o->generate > 0) max_T += o->generate;
     /* a GPU reads the files once, hashing them as it uploads them, and converts on the device */
     const bool on_gpu = mf_device_is_gpu(device);
     const unsigned flags = on_gpu ? MF_LOAD_DEFER_DIGEST | MF_LOAD_NO_CONVERT : MF_LOAD_POPULATE;
@@ -94,50 +110,71 @@ int mf_trace(const mf_trace_opts *o, mf_error *err) {
     const double t_load = mf_now();
     if ((rc = mf_model_load(&model, o->model_dir, prec.weights, flags, err))) goto done;
     if (mf_device_is_gpu(device) && (rc = mf_gpu_open(&gpu, device, model, &prec, &numerics, max_T, err))) goto done;
-    mf_run_info info = {o->model_dir, model, &prec, device, numerics.name, threads, record, o->input, &prompts,
-                        o->shard_seqs, NULL, NULL, NULL, gpu ? mf_gpu_describe(gpu) : NULL};
+    mf_run_info info = {.model_dir = o->model_dir, .model = model, .prec = &prec, .device = device,
+                        .numerics = numerics.name, .threads = threads, .record = record, .input_path = o->input,
+                        .prompts = &prompts, .shard_seqs = o->shard_seqs, .device_name = gpu ? mf_gpu_describe(gpu) : NULL,
+                        .generation = o->generate > 0 || (forced && gen.max_new_tokens > 0) ? &gen : NULL};
     if ((rc = mf_run_create(&w, o->out, &info, o->resume, err))) goto done;
     const double load_s = mf_now() - t_load;
     mf_run_opts ro = {prec, threads, record == MF_RECORD_FULL, &numerics};
     uint64_t total = 0, done_tokens = 0, computed = 0;
     for (size_t i = 0; i < prompts.n; i++) total += (uint64_t)prompts.seq[i].T;
+    const uint64_t prompt_tokens = total;
+    if (o->generate > 0) total += (uint64_t)o->generate * prompts.n;   /* at most */
+    /* a generated sequence: the prompt's tokens, then the generated ones */
+    int32_t *gen_tokens = o->generate > 0 ? mf_xmalloc((size_t)max_T * sizeof *gen_tokens) : NULL;
+    uint64_t generated_tokens = 0;
     mf_progress bar;
     mf_progress_begin(&bar, o->label ? o->label : "trace", total);
     const double t0 = mf_now();
     double forward_s = 0;
     for (size_t i = 0; i < prompts.n; i++) {
         const mf_prompt *p = &prompts.seq[i];
+        const uint64_t seq_total = (uint64_t)p->T + (o->generate > 0 ? (uint64_t)o->generate : 0);
         if (mf_run_writer_has(w, p->id)) {
-            done_tokens += (uint64_t)p->T;
+            done_tokens += seq_total;
             continue;
         }
         mf_seq_result r;
+        mf_prompt traced = *p;
         const double tf = mf_now();
-        /* a GPU's logits go to the run as it hands them over (bf16 in a bf16 run), not widened to doubles */
-        rc = gpu ? mf_gpu_forward(gpu, p->tokens, p->T, MF_GPU_ROUTING, &r, err)
-                 : mf_forward_cpu(model, &ro, p->tokens, p->T, &r, err);
-        if (!rc && gpu) r.logits_raw = mf_gpu_host_logits(gpu, &r.logits_raw_dtype);
+        if (o->generate > 0) {
+            rc = mf_generate_cpu(model, &ro, &gen, p, gen_tokens, &traced.generated, &r, err);
+            traced.tokens = gen_tokens;
+            traced.T = p->T + traced.generated;
+        } else {
+            /* a GPU's logits go to the run as it hands them over (bf16 in a bf16 run), not widened to doubles */
+            rc = gpu ? mf_gpu_forward(gpu, p->tokens, p->T, MF_GPU_ROUTING, &r, err)
+                     : mf_forward_cpu(model, &ro, p->tokens, p->T, &r, err);
+            if (!rc && gpu) r.logits_raw = mf_gpu_host_logits(gpu, &r.logits_raw_dtype);
+        }
         forward_s += mf_now() - tf;
         if (rc) {
             mf_fail_wrap(err, "sequence %s", p->id);
             break;
         }
-        rc = mf_run_writer_add(w, p, &r, err);
+        rc = mf_run_writer_add(w, &traced, &r, err);
         mf_seq_result_free(&r);
         if (rc) break;
-        done_tokens += (uint64_t)p->T;
-        computed += (uint64_t)p->T;
+        done_tokens += seq_total;
+        computed += (uint64_t)traced.T;
+        generated_tokens += (uint64_t)traced.generated;
         mf_progress_update(&bar, done_tokens, p->id);
     }
     mf_progress_end(&bar);
+    free(gen_tokens);
     if (!rc) rc = mf_run_writer_close(w, err);
     if (!rc && !o->silent) {
         const double secs = mf_now() - t0;
-        mf_log("moeflip: wrote %s: %zu sequences, %llu tokens (%llu computed in %.3f s, %.0f tokens/s; the forward "
+        mf_log("moeflip: wrote %s: %zu sequences, %llu %stokens (%llu computed in %.3f s, %.0f tokens/s; the forward "
                "passes %.3f s, %.0f tokens/s; writing the run %.3f s); model loaded in %.2f s; %s, %s on %s",
-               o->out, mf_run_writer_done(w), (unsigned long long)total, (unsigned long long)computed, secs,
+               o->out, mf_run_writer_done(w), (unsigned long long)prompt_tokens, o->generate > 0 ? "prompt " : "", (unsigned long long)computed, secs,
                secs > 0 ? (double)computed / secs : 0.0, forward_s, forward_s > 0 ? (double)computed / forward_s : 0.0,
                secs - forward_s, load_s, prec.name, numerics.name, gpu ? mf_gpu_describe(gpu) : "cpu");
+        if (o->generate > 0)
+            mf_log("moeflip: generated %llu tokens (greedy, at most %d a sequence, stopping at %d eos token%s from %s)",
+                   (unsigned long long)generated_tokens, o->generate, gen.n_eos, gen.n_eos == 1 ? "" : "s",
+                   gen.eos_source);
     }
 done:
     mf_run_writer_free(w);
