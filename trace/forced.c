@@ -1,0 +1,65 @@
+/* A run directory as a trace's input: its sequences, prompt and generated
+ * tokens, traced as they stand in one pass (CroVA's teacher forcing: every
+ * target sees the reference's response). */
+#include "mf_trace.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+int mf_prompts_from_run(mf_prompts *p, mf_generation *forced, const char *run_dir, int vocab, mf_error *err) {
+    memset(p, 0, sizeof *p);
+    memset(forced, 0, sizeof *forced);
+    mf_run *r;
+    int rc = mf_run_open(&r, run_dir, err);   /* validated whole: shards, digests, ids within its model */
+    if (rc) return rc;
+    if (r->vocab != vocab) {
+        rc = mf_fail(err, MF_EMISMATCH, "%s: its model has a vocabulary of %d tokens, this one %d", run_dir, r->vocab, vocab);
+        goto done;
+    }
+    if (r->n_seqs == 0) {
+        rc = mf_fail(err, MF_EINVAL, "%s: no sequences", run_dir);
+        goto done;
+    }
+    /* the input's digest: over the ids and tokens (what is traced), so that --resume knows the same input */
+    char *all = NULL;
+    size_t all_len = 0;
+    p->seq = mf_xcalloc(r->n_seqs, sizeof *p->seq);
+    for (size_t i = 0; i < r->n_seqs && !rc; i++) {
+        const mf_st_tensor *t;
+        if ((rc = mf_run_tensor(r, i, "tokens", &t, err))) break;
+        if (!t) {
+            rc = mf_fail(err, MF_EFORMAT, "%s: sequence %s has no tokens", run_dir, r->seqs[i].id);
+            break;
+        }
+        mf_prompt *s = &p->seq[p->n++];
+        s->id = mf_xstrdup(r->seqs[i].id);
+        s->T = r->seqs[i].length;
+        s->generated = r->seqs[i].generated;
+        s->tokens = mf_xmalloc((size_t)s->T * sizeof *s->tokens);
+        memcpy(s->tokens, t->data, (size_t)s->T * sizeof *s->tokens);
+        for (int k = 0; k < s->T; k++)
+            if (s->tokens[k] < 0 || s->tokens[k] >= vocab) {
+                rc = mf_fail(err, MF_EFORMAT, "%s: sequence %s, position %d: token %d outside the vocabulary", run_dir,
+                             s->id, k, s->tokens[k]);
+                break;
+            }
+        const size_t idn = strlen(s->id) + 1, tn = (size_t)s->T * sizeof *s->tokens;
+        all = mf_xrealloc(all, all_len + idn + tn);
+        memcpy(all + all_len, s->id, idn);
+        memcpy(all + all_len + idn, s->tokens, tn);
+        all_len += idn + tn;
+    }
+    if (!rc) {
+        mf_digest_buffer(all, all_len, p->digest);
+        if (r->max_new_tokens > 0) {
+            forced->max_new_tokens = r->max_new_tokens;
+            forced->forced = true;
+            snprintf(forced->eos_source, sizeof forced->eos_source, "none");
+        }
+    }
+    free(all);
+done:
+    mf_run_close(r);
+    if (rc) mf_prompts_free(p);
+    return rc;
+}
