@@ -92,6 +92,11 @@ static int find_seq(mf_run *r, const char *id) {
     return -1;
 }
 
+/* Both runs generated their responses themselves: their tokens may part after the prompt. */
+static bool own_responses(const mf_run *ref, const mf_run *tgt) {
+    return ref->max_new_tokens > 0 && tgt->max_new_tokens > 0 && !ref->forced && !tgt->forced;
+}
+
 int mf_diff_align(mf_run *ref, mf_run *tgt, mf_error *err) { return mf_diff_align_named(ref, ref->dir, tgt, tgt->dir, err); }
 
 int mf_diff_align_named(mf_run *ref, const char *ref_name, mf_run *tgt, const char *tgt_name, mf_error *err) {
@@ -138,6 +143,14 @@ int mf_diff_align_named(mf_run *ref, const char *ref_name, mf_run *tgt, const ch
             return rc;
         if (!ta || !tb) return mf_fail(err, MF_EFORMAT, "sequence %s: no tokens", id);
         int64_t na = mf_st_numel(ta), nb = mf_st_numel(tb);
+        if (own_responses(ref, tgt)) {
+            /* the prompts must agree; what each run generated after them is what is compared */
+            const int pa = ref->seqs[i].length - ref->seqs[i].generated, pb = tgt->seqs[j].length - tgt->seqs[j].generated;
+            if (pa != pb)
+                return mf_fail(err, MF_EMISMATCH, "sequence %s: a %d-token prompt in %s, %d in %s", id, pa, ref_name, pb,
+                               tgt_name);
+            na = nb = pa;
+        }
         for (int64_t t = 0; t < na && t < nb; t++) {
             int32_t x, y;
             memcpy(&x, ta->data + 4 * t, 4);
@@ -291,6 +304,7 @@ static uint16_t get_u16(const mf_st_tensor *t, size_t i) {
 
 typedef struct seq_view {
     const mf_st_tensor *tokens, *ids, *w, *router, *shared, *logits;
+    size_t len;   /* the sequence's positions in its run: the stride of a layer's rows */
 } seq_view;
 
 static int view(mf_run *r, size_t s, seq_view *v, mf_error *err) {
@@ -300,6 +314,7 @@ static int view(mf_run *r, size_t s, seq_view *v, mf_error *err) {
         (rc = mf_run_tensor(r, s, "topk_w", &v->w, err)) || (rc = mf_run_tensor(r, s, "router", &v->router, err)) ||
         (rc = mf_run_tensor(r, s, "shared_gate", &v->shared, err)) || (rc = mf_run_tensor(r, s, "logits", &v->logits, err)))
         return rc;
+    v->len = (size_t)r->seqs[s].length;
     return MF_OK;
 }
 
@@ -446,18 +461,19 @@ static void router_sq_errors(const double *x0, const double *y0, int n, int E, d
  * k-th scores and bins. */
 static void load_layer(layer_rows *w, const seq_view *R, const seq_view *T, int l, int n, int E, int K, bool gates,
                        bool shared) {
-    load_row(R->router, (size_t)l * n * E, n * E, w->router_ref);
-    load_row(T->router, (size_t)l * n * E, n * E, w->router_tgt);
+    /* the first n positions of layer l in each run (a generated run's rows may run on past them) */
+    load_row(R->router, (size_t)l * R->len * E, n * E, w->router_ref);
+    load_row(T->router, (size_t)l * T->len * E, n * E, w->router_tgt);
     if (gates) {
-        load_row(R->w, (size_t)l * n * K, n * K, w->gate_ref);
-        load_row(T->w, (size_t)l * n * K, n * K, w->gate_tgt);
+        load_row(R->w, (size_t)l * R->len * K, n * K, w->gate_ref);
+        load_row(T->w, (size_t)l * T->len * K, n * K, w->gate_tgt);
     }
     if (shared) {
-        load_row(R->shared, (size_t)l * n, n, w->shared_ref);
-        load_row(T->shared, (size_t)l * n, n, w->shared_tgt);
+        load_row(R->shared, (size_t)l * R->len, n, w->shared_ref);
+        load_row(T->shared, (size_t)l * T->len, n, w->shared_tgt);
     }
     router_sq_errors(w->router_ref, w->router_tgt, n, E, w->router_sq);
-    ref_margins(w->router_ref, R->ids->data + 2 * (size_t)l * n * K, n, E, K, w->margin, w->kth, w->bin, w->unchosen);
+    ref_margins(w->router_ref, R->ids->data + 2 * (size_t)l * R->len * K, n, E, K, w->margin, w->kth, w->bin, w->unchosen);
 }
 
 /* Whether the two runs dispatched the same experts in the same order at a slot; overlap gets how many experts they
@@ -612,10 +628,10 @@ static void add_layer(mf_diff_acc *a, mf_case *c, const seq_view *R, const seq_v
     /* the sums in registers across the layer, added to in the same order as one slot at a time */
     double router_sq = sums->router_sq, gate_sq = sums->gate_sq, shared_sq_sum = sums->shared_sq;
     for (int t = 0; t < n; t++) {
-        const size_t ko = ((size_t)l * n + t) * (size_t)K;
+        const size_t kr = ((size_t)l * R->len + t) * (size_t)K, kt = ((size_t)l * T->len + t) * (size_t)K;
         uint16_t A[K], B[K];
-        memcpy(A, R->ids->data + 2 * ko, sizeof A);
-        memcpy(B, T->ids->data + 2 * ko, sizeof B);
+        memcpy(A, R->ids->data + 2 * kr, sizeof A);
+        memcpy(B, T->ids->data + 2 * kt, sizeof B);
         int overlap;
         const bool ord = same_order(A, B, K, &overlap), set = overlap == K;
         n_set += set;
@@ -682,6 +698,7 @@ static void add_positions(mf_diff_acc *a, mf_case *c, const seq_view *R, const s
         p->flipped_slots = f->flipped_at[t];
         p->kl = p->sq_err = NAN;
         p->top1 = -1;
+        p->generated = t >= c->prompt_len;
         c->router_positions_all_layers_equal += L > 0 && f->all_equal[t];
         const int cls = f->flipped_at[t] >= 2 ? 2 : f->flipped_at[t];
         c->cond_positions[cls]++;
@@ -705,6 +722,34 @@ static void add_positions(mf_diff_acc *a, mf_case *c, const seq_view *R, const s
     }
 }
 
+/* The positions of sequence si (reference) and ti (target) that are compared: all of them, or, where both runs
+ * generated their own responses, those before the first token where they part (from there on each position's
+ * input differs). The responses' agreement goes into the case. */
+static int compared_positions(const mf_run *ref, size_t si, const mf_run *tgt, const seq_view *R,
+                              const seq_view *T, mf_case *c) {
+    const int n = (int)R->len;
+    c->prompt_len = n - ref->seqs[si].generated;
+    if (!own_responses(ref, tgt)) return n;
+    const int m = (int)T->len, shorter = n < m ? n : m;
+    int part = shorter, agree = 0;
+    for (int t = c->prompt_len; t < shorter; t++) {
+        int32_t x, y;
+        memcpy(&x, R->tokens->data + 4 * (size_t)t, 4);
+        memcpy(&y, T->tokens->data + 4 * (size_t)t, 4);
+        agree += x == y;
+        if (x != y && part == shorter) part = t;
+    }
+    c->responses = true;
+    c->response_ref = n - c->prompt_len;
+    c->response_tgt = m - c->prompt_len;
+    c->first_divergence = part - c->prompt_len;
+    c->response_agree = agree;
+    c->response_equal = n == m && part == shorter;
+    /* the position holding the first differing token ran on different inputs; the one before it is the last
+     * whose inputs agree (its logits chose the differing tokens) */
+    return part;
+}
+
 /* Sequence si of the reference against sequence ti of the target: one new case. */
 static int add_sequence(mf_diff_acc *a, mf_run *ref, size_t si, mf_run *tgt, size_t ti, mf_error *err) {
     init_edges();
@@ -712,8 +757,10 @@ static int add_sequence(mf_diff_acc *a, mf_run *ref, size_t si, mf_run *tgt, siz
     int rc;
     if ((rc = view(ref, si, &R, err)) || (rc = view(tgt, ti, &T, err))) return rc;
     const char *id = ref->seqs[si].id;
-    const int n = (int)mf_st_numel(R.tokens), L = a->L;
+    const int L = a->L;
     mf_case *c = new_case(a, id);
+    const int n = compared_positions(ref, si, tgt, &R, &T, c);
+    a->generated |= ref->seqs[si].generated > 0;
     c->positions = n;
     c->flip_first = a->n_flips;
     c->vocab = a->V;
@@ -779,6 +826,7 @@ int mf_diff_merge(mf_diff_acc *dst, mf_diff_acc *src, mf_error *err) {
         free(lo);
     }
     src->n_cases = 0;
+    dst->generated |= src->generated;
     for (size_t i = 0; i < src->n_pos; i++) *new_pos(dst) = src->pos[i];
     src->n_pos = 0;
     if (src->n_flips) {

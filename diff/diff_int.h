@@ -4,6 +4,9 @@
 
 #include "mf_diff.h"
 
+#include <jansson.h>
+#include <stdio.h>
+
 /* mf_diff_acc_add_range for runs already checked with mf_diff_align (or mf_diff_align_named, whose messages name
  * the runs by their labels): the check is not made twice. */
 int diff_acc_add_aligned(mf_diff_acc *a, mf_run *ref, mf_run *tgt, size_t first, size_t count, mf_error *err);
@@ -22,5 +25,15 @@ int diff_write_json(const char *path, mf_run *ref, mf_run **targets, mf_diff_acc
                     mf_error *err);
 void diff_print_summary(FILE *out, mf_run *ref, mf_run **targets, mf_diff_acc **accs, int n_targets,
                         const diff_labels *labels);
+
+/* The bootstrap interval of f over the plan (NaN draws dropped), and {"value", "ci95"} as diff.json writes them. */
+void diff_ci(double (*f)(const void *, const int *, size_t), const void *ctx, const int *plan, size_t n, int B,
+             double ci[2]);
+json_t *diff_value_ci(double v, const double ci[2]);
+
+/* Generated responses compared (diff/responses.c): diff.json's "responses" (NULL when no case has both runs'
+ * own responses) and the summary's lines. */
+json_t *diff_responses_json(const mf_diff_acc *a, const int *plan, int B);
+void diff_responses_summary(FILE *out, const mf_diff_acc *a);
 
 #endif

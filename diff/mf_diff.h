@@ -36,6 +36,12 @@ typedef struct mf_case {
     int64_t cond_positions[3], cond_top1[3];   /* positions with 0, 1, >= 2 flipped slots */
     double cond_kl[3];
     int64_t *layer_slots, *layer_set_equal, *layer_ord_equal;   /* [L] */
+    /* generated runs: the prompt's length, each run's response (what follows it), where they first differ
+     * (the shorter length when they never do), and how many of the shorter's positions agree. Positions from the
+     * first differing token on are not compared (their inputs differ). */
+    bool responses;                  /* both runs generated their own (neither teacher-forced) */
+    int prompt_len, response_ref, response_tgt, first_divergence, response_agree;
+    bool response_equal;
     size_t pos_first, flip_first;   /* this case's runs in the accumulator's pos[] and flip_list[] */
     int pos_count, flip_count;
 } mf_case;
@@ -49,6 +55,7 @@ typedef struct mf_position {
     int flipped_slots;
     double kl, sq_err;       /* NaN when the runs have no full logits */
     int top1;                /* 1 agree, 0 differ, -1 unknown */
+    bool generated;          /* the reference generated this position's token */
 } mf_position;
 
 /* One flipped slot (sparse: kept always, for the layer x position maps). */
@@ -83,6 +90,7 @@ typedef struct mf_diff_acc {
     mf_flip *flip_list;
     size_t n_flips, cap_flips;
     bool keep_slots;
+    bool generated;                   /* some case has generated positions (the positions CSV marks them) */
     mf_slot *slots;
     size_t n_slots, cap_slots;
 } mf_diff_acc;
@@ -99,7 +107,10 @@ int mf_diff_acc_add_range(mf_diff_acc *a, mf_run *ref, mf_run *tgt, size_t first
 int mf_diff_merge(mf_diff_acc *dst, mf_diff_acc *src, mf_error *err);
 
 /* Checks that two runs can be compared: same model and the same token
- * sequences; the message names the first mismatching sequence and position. */
+ * sequences; the message names the first mismatching sequence and position.
+ * Two runs that each generated their responses need the same prompts only:
+ * their responses are compared as tokens, and their records up to the first
+ * token where they part. */
 int mf_diff_align(mf_run *ref, mf_run *tgt, mf_error *err);
 /* mf_diff_align with the runs named ref_name and tgt_name in the message instead of by their directories. */
 int mf_diff_align_named(mf_run *ref, const char *ref_name, mf_run *tgt, const char *tgt_name, mf_error *err);

@@ -215,6 +215,13 @@ static json_t *value_ci(double v, const double ci[2]) {
     return o;
 }
 
+void diff_ci(double (*f)(const void *, const int *, size_t), const void *ctx, const int *plan, size_t n, int B,
+             double ci[2]) {
+    ci_of(f, ctx, plan, n, B, ci);
+}
+
+json_t *diff_value_ci(double v, const double ci[2]) { return value_ci(v, ci); }
+
 /* ---- router noise scale: P(flip | margin) = Phi(-margin / sigma) ------------- */
 
 static double bin_center(int b) {
@@ -758,6 +765,8 @@ static json_t *target_json(mf_run *run, const char *label, mf_diff_acc *a, mf_di
     json_object_set_new(t, "flips", fl);
     if (floor_acc && floor_acc != a)
         json_object_set_new(t, "floor", json_pack("{s:o}", "excess", metrics_json(a, floor_acc, plan, B, warnings, who_f)));
+    json_t *resp = diff_responses_json(a, plan, B);
+    if (resp) json_object_set_new(t, "responses", resp);
     json_object_set_new(t, "sequences", json_sprintf(SEQ_MARK "%d", index));
     return t;
 }
@@ -876,6 +885,7 @@ void diff_print_summary(FILE *out, mf_run *ref, mf_run **targets, mf_diff_acc **
         if (not_numbers)
             fprintf(out, "  warning: %d metric%s above %s not a number%s (diff.json's \"warnings\" say which sequences)\n",
                     not_numbers, not_numbers > 1 ? "s" : "", not_numbers > 1 ? "are" : "is", not_numbers > 1 ? "s" : "");
+        diff_responses_summary(out, a);
         if (a->L) {
             fprintf(out, "  %-8s %8s %8s %8s %10s\n", "layer", "flips", "primary", "ties", "sigma");
             for (int l = 0; l < a->L; l++)
@@ -890,7 +900,11 @@ int mf_diff_write_positions(const char *path, mf_diff_acc **accs, int n_targets,
     mf_atomic_file af;
     int rc = mf_atomic_open(&af, path, err);
     if (rc) return rc;
-    fputs("target,seq,pos,token,first_flip_layer,flipped_slots,kl,sq_err,top1\n", af.fp);
+    /* a diff of generated runs says which positions' tokens were generated */
+    bool generated = false;
+    for (int i = 0; i < n_targets; i++) generated |= accs[i]->generated;
+    fputs(generated ? "target,seq,pos,token,first_flip_layer,flipped_slots,kl,sq_err,top1,generated\n"
+                    : "target,seq,pos,token,first_flip_layer,flipped_slots,kl,sq_err,top1\n", af.fp);
     for (int i = 0; i < n_targets; i++) {
         mf_diff_acc *a = accs[i];
         sort_cases(a);
@@ -901,6 +915,7 @@ int mf_diff_write_positions(const char *path, mf_diff_acc **accs, int n_targets,
             if (isnan(p->kl)) fputs(",,", af.fp);
             else fprintf(af.fp, "%.17g,%.17g,", p->kl, p->sq_err);
             if (p->top1 >= 0) fprintf(af.fp, "%d", p->top1);
+            if (generated) fputs(p->generated ? ",true" : ",false", af.fp);
             fputc('\n', af.fp);
         }
     }

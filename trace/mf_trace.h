@@ -121,6 +121,7 @@ typedef struct mf_run {
     bool has_shared;
     bool complete;
     int max_new_tokens;        /* generation.max_new_tokens of a run that generated, else 0 */
+    bool forced;               /* its generated tokens are another run's, teacher-forced (generation.strategy) */
     char precision[64];
     char record[32];
     bool ids_checked;          /* token and expert ids were checked against the model (every open but the unhashed) */

@@ -685,6 +685,10 @@ static int check_manifest(mf_run *r, json_t *man, const char *path, mf_error *er
     json_t *gen = json_object_get(man, "generation");
     if (gen && (rc = want_int(gen, "generation.", "max_new_tokens", 1, MF_MAX_NEW_TOKENS, &r->max_new_tokens, path, err)))
         return rc;
+    const char *strategy = json_string_value(json_object_get(gen, "strategy"));
+    if (gen && (!strategy || (strcmp(strategy, "greedy") && strcmp(strategy, "teacher-forced"))))
+        return mf_fail(err, MF_EFORMAT, "%s: generation.strategy must be \"greedy\" or \"teacher-forced\"", path);
+    r->forced = strategy && !strcmp(strategy, "teacher-forced");
     /* the MoE layers: model layer indices, strictly increasing, inside the model */
     if (json_array_size(ml) > (size_t)r->n_layers)
         return mf_fail(err, MF_EFORMAT, "%s: model.moe_layers lists %zu layers of a %d-layer model", path, json_array_size(ml),
