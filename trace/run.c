@@ -216,7 +216,7 @@ static void remove_strays(const char *dir, json_t *shards) {
 static int check_same(const char *dir, json_t *old, json_t *fresh, const char *obj, const char *key, mf_error *err) {
     json_t *a = obj ? json_object_get(json_object_get(old, obj), key) : json_object_get(old, key);
     json_t *b = obj ? json_object_get(json_object_get(fresh, obj), key) : json_object_get(fresh, key);
-    if (!json_equal(a, b)) {
+    if ((a || b) && !json_equal(a, b)) {   /* jansson's json_equal is false for two absent values */
         char *sa = a ? json_dumps(a, JSON_ENCODE_ANY) : NULL, *sb = b ? json_dumps(b, JSON_ENCODE_ANY) : NULL;
         mf_fail(err, MF_EMISMATCH, "%s: cannot resume: the run has %s%s%s = %s, this command has %s", dir, obj ? obj : "",
                 obj ? "." : "", key, sa ? sa : "nothing", sb ? sb : "nothing");
