@@ -63,8 +63,12 @@ def main():
 def one_case(a, case):
     path = os.path.join(a.fixtures, case)
     model = load_case(path).eval()
-    gc = GenerationConfig.from_pretrained(path) if os.path.exists(os.path.join(path, "generation_config.json")) \
+    found = GenerationConfig.from_pretrained(path) if os.path.exists(os.path.join(path, "generation_config.json")) \
         else model.generation_config
+    # Only the stop tokens are taken from the files: moeflip's --generate is plain greedy decoding, so a
+    # repetition penalty or a minimum length a config might carry must not shape the oracle.
+    gc = GenerationConfig(eos_token_id=found.eos_token_id, pad_token_id=found.pad_token_id, do_sample=False,
+                          max_new_tokens=a.new)
     out = {"max_new_tokens": a.new, "eos_token_id": gc.eos_token_id, "transformers": transformers.__version__,
            "torch": torch.__version__, "dtype": "float64", "attn_implementation": "eager", "sequences": []}
     with open(os.path.join(path, "tokens.jsonl")) as f:
