@@ -8,6 +8,7 @@
 #define EXIT_USAGE 2
 
 int cmd_trace(int argc, char **argv);
+int cmd_tokenize(int argc, char **argv);
 int cmd_inspect(int argc, char **argv);
 int cmd_export(int argc, char **argv);
 int cmd_synth(int argc, char **argv);

@@ -11,6 +11,7 @@ static const struct {
     int (*run)(int, char **);
     const char *summary;
 } commands[] = {
+    {"tokenize", cmd_tokenize, "encode texts to token ids with a Hugging Face tokenizer.json (or decode them)"},
     {"trace", cmd_trace, "run a model over prompts and record its routing (a run directory)"},
     {"inspect", cmd_inspect, "describe a run directory"},
     {"export", cmd_export, "print a run as JSON lines or CSV"},

@@ -241,16 +241,41 @@ typedef struct mf_model_bytes {
 } mf_model_bytes;
 int mf_model_measure(const char *dir, mf_dtype weights, unsigned flags, mf_model_bytes *out, mf_error *err);
 
-/* ---- tokenizer (decoding only) ---------------------------------------- */
+/* ---- tokenizer ---------------------------------------------------------
+ *
+ * A Hugging Face tokenizer.json, read as tokenizers 0.23 reads it, encoding a text to exactly the ids of its
+ * Tokenizer.encode(text) and decoding ids as its Tokenizer.decode (docs/tokenizers.md):
+ *   normalizers    NFC, NFD, NFKC, NFKD, Lowercase, Prepend, Replace, Strip, StripAccents, ByteLevel, Sequence
+ *   pre-tokenizers ByteLevel, Split, Metaspace, Digits, Whitespace, WhitespaceSplit, Punctuation,
+ *                  CharDelimiterSplit, BertPreTokenizer, Sequence
+ *   model          BPE (merges, continuing_subword_prefix, end_of_word_suffix, unk and fuse_unk, byte_fallback,
+ *                  ignore_merges)
+ *   added tokens   special or not, normalized or not, single_word, lstrip, rstrip
+ *   post-processor TemplateProcessing, RobertaProcessing, BertProcessing, ByteLevel, Sequence
+ *   decoders       ByteLevel, Metaspace, Replace, ByteFallback, Fuse, Strip, BPEDecoder, WordPiece, CTC, Sequence
+ * Anything else (another model, truncation, padding, BPE dropout) is refused with one line naming it. A loaded
+ * tokenizer is read only: several threads may encode with it at once. */
 
 typedef struct mf_tokenizer mf_tokenizer;
 
-/* A Hugging Face tokenizer.json with a BPE model (byte-level, as GPT-2, OLMoE and Qwen use). */
 int mf_tokenizer_load(mf_tokenizer **out, const char *path, mf_error *err);
+/* The same from the file's text (len bytes); origin names it in messages. */
+int mf_tokenizer_parse(mf_tokenizer **out, const char *json_text, size_t len, const char *origin, mf_error *err);
 void mf_tokenizer_free(mf_tokenizer *t);
+/* One past the largest id of the vocabulary and the added tokens. */
 int mf_tokenizer_size(const mf_tokenizer *t);
-/* The text of ids (malloc'ed, NUL-terminated; the bytes as the model produced them, which may cut a UTF-8
- * character at a token boundary). Unknown ids decode to nothing. */
+/* The ids of text (len bytes of UTF-8), as Tokenizer.encode(text, add_special_tokens=...) gives them; *ids is
+ * malloc'ed (never NULL on success, *n may be 0). */
+int mf_tokenizer_encode(const mf_tokenizer *t, const char *text, size_t len, bool add_special_tokens, int32_t **ids,
+                        size_t *n, mf_error *err);
+/* Tokenizer.decode(ids, skip_special_tokens): the text through the file's decoder (without one: the tokens
+ * joined by spaces); unknown ids are skipped. *text is malloc'ed, NUL-terminated, valid UTF-8 when the decoder
+ * makes it so (ByteLevel and ByteFallback replace broken bytes with U+FFFD). */
+int mf_tokenizer_decode_text(const mf_tokenizer *t, const int32_t *ids, size_t n, bool skip_special_tokens, char **text,
+                             size_t *len, mf_error *err);
+/* Each token's own bytes, for showing one token at a time (malloc'ed, NUL-terminated): byte-level characters
+ * turned back into bytes (so a UTF-8 character may be cut at a token boundary), added tokens as their content,
+ * other tokens as they are; unknown ids give nothing. */
 char *mf_tokenizer_decode(const mf_tokenizer *t, const int32_t *ids, int n);
 
 /* ---- synthetic checkpoints -------------------------------------------- */

@@ -33,6 +33,25 @@ typedef struct mf_prompts {
 /* JSON lines {"id": "...", "tokens": [ids]}; everything is validated before
  * anything runs: ids unique and well-formed, tokens integers in [0, vocab). */
 int mf_prompts_load(mf_prompts *p, const char *path, int vocab, mf_error *err);
+/* The same where a line may hold {"id", "text"} instead (a line with "tokens" uses them): the text is
+ * encoded with the tokenizer.json at tokenizer_path (read at the first such line; NULL or absent: such a
+ * line is refused, naming the file), as Hugging Face tokenizers' Tokenizer.encode(text) does. */
+int mf_prompts_load_text(mf_prompts *p, const char *path, int vocab, const char *tokenizer_path, mf_error *err);
+
+/* Texts: JSON lines {"id": "...", "text": "..."} (ids as prompt files have them, unique; texts of at most
+ * MF_MAX_TEXT_BYTES bytes, possibly empty), for `moeflip tokenize`. */
+#define MF_MAX_TEXT_BYTES (16 << 20)
+typedef struct mf_text {
+    char *id;
+    char *text;
+    size_t len;
+} mf_text;
+typedef struct mf_texts {
+    mf_text *v;
+    size_t n;
+} mf_texts;
+int mf_texts_load(mf_texts *t, const char *path, mf_error *err);
+void mf_texts_free(mf_texts *t);
 void mf_prompts_free(mf_prompts *p);
 /* A sequence id as prompt files and runs take it: 1 to MF_MAX_SEQ_ID bytes of UTF-8 without '/', '\\' or
  * control characters. */

@@ -80,8 +80,11 @@ int mf_trace(const mf_trace_opts *o, mf_error *err) {
     if (forced && o->generate > 0)
         return mf_fail(err, MF_EINVAL, "%s: a run's tokens are traced as they stand; --generate takes a prompt file",
                        o->input);
+    char tok_path[4200];   /* {"id", "text"} lines are encoded with the model's tokenizer.json */
+    if (!mf_path_join(tok_path, sizeof tok_path, o->model_dir, "tokenizer.json"))
+        return mf_fail(err, MF_EINVAL, "%s: path too long", o->model_dir);
     if ((rc = forced ? mf_prompts_from_run(&prompts, &gen, o->input, cfg.vocab, err)
-                     : mf_prompts_load(&prompts, o->input, cfg.vocab, err)))
+                     : mf_prompts_load_text(&prompts, o->input, cfg.vocab, tok_path, err)))
         return rc;
     mf_model *model = NULL;
     mf_run_writer *w = NULL;
