@@ -760,6 +760,7 @@ static int add_sequence(mf_diff_acc *a, mf_run *ref, size_t si, mf_run *tgt, siz
     const int L = a->L;
     mf_case *c = new_case(a, id);
     const int n = compared_positions(ref, si, tgt, &R, &T, c);
+    if ((rc = diff_answers_case(c, ref->seqs[si].choices, tgt->seqs[ti].choices, ref->dir, tgt->dir, err))) return rc;
     a->generated |= ref->seqs[si].generated > 0;
     c->positions = n;
     c->flip_first = a->n_flips;

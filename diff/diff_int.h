@@ -36,4 +36,11 @@ json_t *diff_value_ci(double v, const double ci[2]);
 json_t *diff_responses_json(const mf_diff_acc *a, const int *plan, int B);
 void diff_responses_summary(FILE *out, const mf_diff_acc *a);
 
+/* Multiple-choice answers compared (diff/answers.c): a case's items from both runs (MF_EMISMATCH when their
+ * choices differ), diff.json's "answers" (NULL when no case has them) and the summary's lines. */
+int diff_answers_case(mf_case *c, const mf_run_choices *r, const mf_run_choices *t, const char *ref_name,
+                      const char *tgt_name, mf_error *err);
+json_t *diff_answers_json(const mf_diff_acc *a, const int *plan, int B);
+void diff_answers_summary(FILE *out, const mf_diff_acc *a);
+
 #endif

@@ -42,6 +42,11 @@ typedef struct mf_case {
     bool responses;                  /* both runs generated their own (neither teacher-forced) */
     int prompt_len, response_ref, response_tgt, first_divergence, response_agree;
     bool response_equal;
+    /* a multiple-choice item both runs scored: its answer and each run's pick (-1: none, or NaN scores), the
+     * reference's pick's score and its lead over the best other choice, and the target's score of that pick */
+    bool answers;
+    int answer, pred_ref, pred_tgt, n_choices;
+    double answer_margin_ref, logprob_ref, logprob_tgt;
     size_t pos_first, flip_first;   /* this case's runs in the accumulator's pos[] and flip_list[] */
     int pos_count, flip_count;
 } mf_case;

@@ -767,6 +767,8 @@ static json_t *target_json(mf_run *run, const char *label, mf_diff_acc *a, mf_di
         json_object_set_new(t, "floor", json_pack("{s:o}", "excess", metrics_json(a, floor_acc, plan, B, warnings, who_f)));
     json_t *resp = diff_responses_json(a, plan, B);
     if (resp) json_object_set_new(t, "responses", resp);
+    json_t *answers = diff_answers_json(a, plan, B);
+    if (answers) json_object_set_new(t, "answers", answers);
     json_object_set_new(t, "sequences", json_sprintf(SEQ_MARK "%d", index));
     return t;
 }
@@ -886,6 +888,7 @@ void diff_print_summary(FILE *out, mf_run *ref, mf_run **targets, mf_diff_acc **
             fprintf(out, "  warning: %d metric%s above %s not a number%s (diff.json's \"warnings\" say which sequences)\n",
                     not_numbers, not_numbers > 1 ? "s" : "", not_numbers > 1 ? "are" : "is", not_numbers > 1 ? "s" : "");
         diff_responses_summary(out, a);
+        diff_answers_summary(out, a);
         if (a->L) {
             fprintf(out, "  %-8s %8s %8s %8s %10s\n", "layer", "flips", "primary", "ties", "sigma");
             for (int l = 0; l < a->L; l++)

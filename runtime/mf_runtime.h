@@ -61,6 +61,9 @@ int mf_cpu_session_open(mf_cpu_session **out, const mf_model *m, const mf_run_op
 int mf_cpu_session_forward(mf_cpu_session *s, const int32_t *tokens, int n, mf_seq_result *r, mf_error *err);
 /* Positions run so far. */
 int mf_cpu_session_length(const mf_cpu_session *s);
+/* Forgets the positions from pos on (1 <= pos <= the length): the next token is position pos again, its
+ * results the same bits as if the forgotten ones had never run (several continuations of one prompt). */
+int mf_cpu_session_rewind(mf_cpu_session *s, int pos, mf_error *err);
 void mf_cpu_session_close(mf_cpu_session *s);
 
 void mf_seq_result_free(mf_seq_result *r);

@@ -3,6 +3,7 @@
  * target sees the reference's response). */
 #include "mf_trace.h"
 
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -43,11 +44,32 @@ int mf_prompts_from_run(mf_prompts *p, mf_generation *forced, const char *run_di
                              s->id, k, s->tokens[k]);
                 break;
             }
+        /* a multiple-choice item keeps its choices and answer: every target scores the same ones */
+        s->answer = -1;
+        const mf_run_choices *rc_ = r->seqs[i].choices;
+        if (rc_) {
+            s->n_choices = rc_->n;
+            s->answer = rc_->answer;
+            s->choices = mf_xcalloc((size_t)rc_->n, sizeof *s->choices);
+            for (int k = 0; k < rc_->n; k++) {
+                s->choices[k].n = rc_->v[k].n;
+                s->choices[k].logprob = NAN;
+                s->choices[k].tokens = mf_xmalloc((size_t)rc_->v[k].n * sizeof(int32_t));
+                memcpy(s->choices[k].tokens, rc_->v[k].tokens, (size_t)rc_->v[k].n * sizeof(int32_t));
+            }
+        }
         const size_t idn = strlen(s->id) + 1, tn = (size_t)s->T * sizeof *s->tokens;
         all = mf_xrealloc(all, all_len + idn + tn);
         memcpy(all + all_len, s->id, idn);
         memcpy(all + all_len + idn, s->tokens, tn);
         all_len += idn + tn;
+        for (int k = 0; k < s->n_choices; k++) {   /* the choices are input too */
+            const size_t cn = (size_t)s->choices[k].n * sizeof(int32_t);
+            all = mf_xrealloc(all, all_len + cn + 1);
+            all[all_len] = (char)(k == s->answer ? 'A' : 'C');
+            memcpy(all + all_len + 1, s->choices[k].tokens, cn);
+            all_len += cn + 1;
+        }
     }
     if (!rc) {
         mf_digest_buffer(all, all_len, p->digest);

@@ -11,6 +11,8 @@ void mf_prompts_free(mf_prompts *p) {
     for (size_t i = 0; i < p->n; i++) {
         free(p->seq[i].id);
         free(p->seq[i].tokens);
+        for (int k = 0; k < p->seq[i].n_choices; k++) free(p->seq[i].choices[k].tokens);
+        free(p->seq[i].choices);
     }
     free(p->seq);
     memset(p, 0, sizeof *p);
@@ -91,24 +93,39 @@ static int unique_ids(const char **ids, size_t n, const char *path, mf_error *er
     return MF_OK;
 }
 
+/* The tokenizer, read at the first line that needs it (what names what needs it in messages). */
+static int need_tokenizer(const lines *L, const char *sid, const char *what, const char *tok_path, mf_tokenizer **tok,
+                          mf_error *err) {
+    if (*tok) return MF_OK;
+    if (!tok_path)
+        return mf_fail(err, MF_EINVAL, "%s:%d: sequence %s has %s, and no tokenizer.json is given to encode it", L->path,
+                       L->lineno, sid, what);
+    if (!mf_path_exists(tok_path))
+        return mf_fail(err, MF_EINVAL, "%s:%d: sequence %s has %s, and %s, which would encode it, does not exist", L->path,
+                       L->lineno, sid, what, tok_path);
+    const int rc = mf_tokenizer_load(tok, tok_path, err);
+    if (rc) return mf_fail_wrap(err, "%s:%d: sequence %s: %s needs the tokenizer", L->path, L->lineno, sid, what);
+    return MF_OK;
+}
+
+/* Whether a line's choices include a text (they need the tokenizer). */
+static bool has_text_choice(json_t *o) {
+    json_t *c = json_object_get(o, "choices");
+    for (size_t i = 0; json_is_array(c) && i < json_array_size(c); i++)
+        if (json_is_string(json_array_get(c, i))) return true;
+    return false;
+}
+
 /* A line's text through the tokenizer, into s (tokens in [0, vocab)). */
 static int encode_text(const lines *L, const char *sid, json_t *text, int vocab, const char *tok_path, mf_tokenizer **tok,
                        mf_prompt *s, mf_error *err) {
-    if (!*tok) {
-        if (!tok_path)
-            return mf_fail(err, MF_EINVAL, "%s:%d: sequence %s has a \"text\" and no \"tokens\", and no tokenizer.json is given to encode it",
-                           L->path, L->lineno, sid);
-        if (!mf_path_exists(tok_path))
-            return mf_fail(err, MF_EINVAL, "%s:%d: sequence %s has a \"text\" and no \"tokens\", and %s, which would encode it, does not exist",
-                           L->path, L->lineno, sid, tok_path);
-        const int rc = mf_tokenizer_load(tok, tok_path, err);
-        if (rc) return mf_fail_wrap(err, "%s:%d: sequence %s: its text needs the tokenizer", L->path, L->lineno, sid);
-    }
+    int rc = need_tokenizer(L, sid, "a \"text\" and no \"tokens\"", tok_path, tok, err);
+    if (rc) return rc;
     if (json_string_length(text) > MF_MAX_TEXT_BYTES)
         return mf_fail(err, MF_EINVAL, "%s:%d: sequence %s: a text of more than %d bytes", L->path, L->lineno, sid, MF_MAX_TEXT_BYTES);
     int32_t *ids;
     size_t n;
-    int rc = mf_tokenizer_encode(*tok, json_string_value(text), json_string_length(text), true, &ids, &n, err);
+    rc = mf_tokenizer_encode(*tok, json_string_value(text), json_string_length(text), true, &ids, &n, err);
     if (rc) return mf_fail_wrap(err, "%s:%d: sequence %s: encoding its text", L->path, L->lineno, sid);
     if (n == 0) rc = mf_fail(err, MF_EINVAL, "%s:%d: sequence %s: its text encodes to no tokens", L->path, L->lineno, sid);
     else if (n > (size_t)MF_MAX_SEQ_TOKENS)
@@ -124,6 +141,16 @@ static int encode_text(const lines *L, const char *sid, json_t *text, int vocab,
     s->tokens = ids;
     s->T = (int)n;
     return MF_OK;
+}
+
+/* The line's "choices" and "answer", if any, into s. */
+static int line_choices(const lines *L, const char *sid, json_t *o, mf_prompt *s, const char *text, size_t text_len, int vocab,
+                        const char *tok_path, mf_tokenizer **tok, mf_error *err) {
+    int rc = MF_OK;
+    if (has_text_choice(o) && (rc = need_tokenizer(L, sid, "a choice given as text", tok_path, tok, err))) return rc;
+    char where[MF_MAX_SEQ_ID + 4200];
+    snprintf(where, sizeof where, "%s:%d: sequence %s", L->path, L->lineno, sid);
+    return mf_choices_parse(s, o, text, text_len, vocab, *tok, where, err);
 }
 
 int mf_prompts_load_text(mf_prompts *p, const char *path, int vocab, const char *tokenizer_path, mf_error *err) {
@@ -147,6 +174,7 @@ int mf_prompts_load_text(mf_prompts *p, const char *path, int vocab, const char 
         if (p->n == cap) p->seq = mf_xrealloc(p->seq, (cap *= 2) * sizeof *p->seq);
         mf_prompt *s = &p->seq[p->n];
         memset(s, 0, sizeof *s);
+        s->answer = -1;
         if (!toks && json_is_string(text)) {   /* a text to encode */
             if ((rc = encode_text(&L, sid, text, vocab, tokenizer_path, &tok, s, err))) {
                 json_decref(o);
@@ -154,7 +182,9 @@ int mf_prompts_load_text(mf_prompts *p, const char *path, int vocab, const char 
             }
             s->id = mf_xstrdup(sid);
             p->n++;
+            rc = line_choices(&L, sid, o, s, json_string_value(text), json_string_length(text), vocab, tokenizer_path, &tok, err);
             json_decref(o);
+            if (rc) goto fail;
             continue;
         }
         if (!toks && text) {
@@ -193,7 +223,9 @@ int mf_prompts_load_text(mf_prompts *p, const char *path, int vocab, const char 
             }
             s->tokens[t] = (int32_t)tk;
         }
+        rc = line_choices(&L, sid, o, s, NULL, 0, vocab, tokenizer_path, &tok, err);
         json_decref(o);
+        if (rc) goto fail;
     }
     if (rc < 0) goto fail;
     if (p->n == 0) {

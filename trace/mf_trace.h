@@ -12,16 +12,34 @@
 #include "mf_models.h"
 #include "mf_runtime.h"
 
+#include <jansson.h>
+
 /* ---- prompts ----------------------------------------------------------- */
 
 #define MF_MAX_SEQ_ID 200          /* bytes of a sequence id (UTF-8) */
 #define MF_MAX_SEQ_TOKENS (1 << 20)   /* tokens of one sequence */
+
+#define MF_MAX_CHOICES 64   /* answer choices of one item */
+
+/* One answer choice of a multiple-choice item: its tokens (what follows the prompt) and, once traced, its score:
+ * the sum of the tokens' log-probabilities after the prompt (lm-evaluation-harness's loglikelihood), NaN where
+ * a logit was not a number; greedy when every token was the argmax of its position (the harness's is_greedy). */
+typedef struct mf_choice {
+    int32_t *tokens;
+    int n;
+    double logprob;
+    bool greedy;
+} mf_choice;
 
 typedef struct mf_prompt {
     char *id;
     int32_t *tokens;
     int T;
     int generated;   /* of the T tokens, the last this many were generated (0 for a prompt) */
+    /* a multiple-choice item: its choices (none: n_choices 0) and the index of the right one (-1: not given) */
+    mf_choice *choices;
+    int n_choices;
+    int answer;
 } mf_prompt;
 
 typedef struct mf_prompts {
@@ -37,6 +55,25 @@ int mf_prompts_load(mf_prompts *p, const char *path, int vocab, mf_error *err);
  * encoded with the tokenizer.json at tokenizer_path (read at the first such line; NULL or absent: such a
  * line is refused, naming the file), as Hugging Face tokenizers' Tokenizer.encode(text) does. */
 int mf_prompts_load_text(mf_prompts *p, const char *path, int vocab, const char *tokenizer_path, mf_error *err);
+
+/* An item's choices from a prompt line's "choices" (texts, or token lists) and "answer" (an index): a text
+ * choice's tokens are those that encoding prompt text + choice adds after the prompt text's own (both without
+ * special tokens), as lm-evaluation-harness splits them; a prompt given as tokens takes the text choice encoded
+ * on its own. where names the line in messages ("FILE:LINE: sequence ID"). */
+int mf_choices_parse(mf_prompt *s, json_t *line, const char *prompt_text, size_t prompt_len, int vocab,
+                     mf_tokenizer *tok, const char *where, mf_error *err);
+/* The item's choice with the highest score (the lower index of equal ones); -1 when a score is NaN. */
+int mf_choices_predicted(const mf_choice *c, int n);
+/* Scores every choice of p: one forward pass of the prompt and the choice on the CPU (model, ro) or a GPU. */
+int mf_choices_score(mf_prompt *p, const mf_model *m, const mf_run_opts *ro, mf_gpu *gpu, mf_error *err);
+/* The manifest's "choices" object of a sequence, and the check of one read back (an item a run records). */
+json_t *mf_choices_json(const mf_prompt *p);
+typedef struct mf_run_choices {
+    int n, answer, predicted;   /* answer, predicted: -1 where none */
+    mf_choice *v;
+} mf_run_choices;
+int mf_choices_from_json(mf_run_choices *out, json_t *o, int vocab, const char *where, mf_error *err);
+void mf_run_choices_free(mf_run_choices *c);
 
 /* Texts: JSON lines {"id": "...", "text": "..."} (ids as prompt files have them, unique; texts of at most
  * MF_MAX_TEXT_BYTES bytes, possibly empty), for `moeflip tokenize`. */
@@ -121,6 +158,7 @@ typedef struct mf_run_seq {
     int length;
     int generated;      /* the last this many positions were generated (0 in a run that does not generate) */
     int shard;          /* index into the shard list */
+    mf_run_choices *choices;   /* a multiple-choice item's choices and scores, or NULL */
 } mf_run_seq;
 
 typedef struct mf_run {

@@ -546,6 +546,8 @@ int mf_run_writer_add(mf_run_writer *w, const mf_prompt *p, const mf_seq_result 
     json_object_set_new(s, "id", json_string(p->id));
     json_object_set_new(s, "length", json_integer(T));
     if (w->info.generation) json_object_set_new(s, "generated", json_integer(p->generated));
+    json_t *choices = mf_choices_json(p);
+    if (choices) json_object_set_new(s, "choices", choices);
     json_array_append_new(w->pending_seqs, s);
     w->pending_count++;
     bool due = mf_st_writer_bytes(w->pending) >= SHARD_MAX_BYTES ||
@@ -593,7 +595,10 @@ void mf_run_writer_free(mf_run_writer *w) {
 
 void mf_run_close(mf_run *r) {
     if (!r) return;
-    for (size_t i = 0; i < r->n_seqs; i++) free(r->seqs[i].id);
+    for (size_t i = 0; i < r->n_seqs; i++) {
+        free(r->seqs[i].id);
+        mf_run_choices_free(r->seqs[i].choices);
+    }
     for (size_t i = 0; i < r->n_shards; i++) {
         free(r->shard_files[i]);
         if (r->shards) mf_st_close(r->shards[i]);
@@ -982,6 +987,13 @@ static int run_open(mf_run **out, const char *dir, bool hash, const char *(*give
             rc = mf_fail(err, MF_EFORMAT, "%s: sequence %s: %d tokens generated, more than generation.max_new_tokens (%d)",
                          path, id, r->seqs[i].generated, r->max_new_tokens);
             break;
+        }
+        json_t *ch = json_object_get(s, "choices");
+        if (ch) {
+            char where[MF_MAX_SEQ_ID + 4300];
+            snprintf(where, sizeof where, "%s: sequence %s", path, id);
+            r->seqs[i].choices = mf_xcalloc(1, sizeof *r->seqs[i].choices);
+            if ((rc = mf_choices_from_json(r->seqs[i].choices, ch, r->vocab, where, err))) break;
         }
         sorted_ids[i] = r->seqs[i].id;
     }

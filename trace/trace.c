@@ -103,8 +103,13 @@ int mf_trace(const mf_trace_opts *o, mf_error *err) {
         if ((rc = mf_generation_load(&gen, o->model_dir, cfg.vocab, o->generate, err))) goto done;
     }
     int max_T = 0;
-    for (size_t i = 0; i < prompts.n; i++) max_T = prompts.seq[i].T > max_T ? prompts.seq[i].T : max_T;
-    if (o->generate > 0) max_T += o->generate;
+    for (size_t i = 0; i < prompts.n; i++) {
+        const mf_prompt *p = &prompts.seq[i];
+        int longest = p->T + (o->generate > 0 ? o->generate : 0);
+        for (int k = 0; k < p->n_choices; k++)   /* a choice is scored after the prompt */
+            longest = p->T - p->generated + p->choices[k].n > longest ? p->T - p->generated + p->choices[k].n : longest;
+        max_T = longest > max_T ? longest : max_T;
+    }
     /* a GPU reads the files once, hashing them as it uploads them, and converts on the device */
     const bool on_gpu = mf_device_is_gpu(device);
     const unsigned flags = on_gpu ? MF_LOAD_DEFER_DIGEST | MF_LOAD_NO_CONVERT : MF_LOAD_POPULATE;
@@ -127,6 +132,7 @@ int mf_trace(const mf_trace_opts *o, mf_error *err) {
     /* a generated sequence: the prompt's tokens, then the generated ones */
     int32_t *gen_tokens = o->generate > 0 ? mf_xmalloc((size_t)max_T * sizeof *gen_tokens) : NULL;
     uint64_t generated_tokens = 0;
+    int scored = 0, answered = 0, correct = 0, unscored = 0;   /* multiple-choice items */
     mf_progress bar;
     mf_progress_begin(&bar, o->label ? o->label : "trace", total);
     const double t0 = mf_now();
@@ -141,6 +147,17 @@ int mf_trace(const mf_trace_opts *o, mf_error *err) {
         mf_seq_result r;
         mf_prompt traced = *p;
         const double tf = mf_now();
+        /* the choices first: a GPU's logits of the sequence itself stay in its buffer until they are written */
+        if (p->n_choices) {
+            if ((rc = mf_choices_score(&traced, model, &ro, gpu, err))) {
+                mf_fail_wrap(err, "sequence %s", p->id);
+                break;
+            }
+            const int pred = mf_choices_predicted(p->choices, p->n_choices);
+            scored++;
+            unscored += pred < 0;
+            if (p->answer >= 0) answered++, correct += pred == p->answer;
+        }
         if (o->generate > 0) {
             rc = mf_generate_cpu(model, &ro, &gen, p, gen_tokens, &traced.generated, &r, err);
             traced.tokens = gen_tokens;
@@ -174,6 +191,12 @@ int mf_trace(const mf_trace_opts *o, mf_error *err) {
                o->out, mf_run_writer_done(w), (unsigned long long)prompt_tokens, o->generate > 0 ? "prompt " : "", (unsigned long long)computed, secs,
                secs > 0 ? (double)computed / secs : 0.0, forward_s, forward_s > 0 ? (double)computed / forward_s : 0.0,
                secs - forward_s, load_s, prec.name, numerics.name, gpu ? mf_gpu_describe(gpu) : "cpu");
+        if (scored) {
+            char right[96] = "";
+            if (answered) snprintf(right, sizeof right, ", %d of the %d with an answer right (%.1f%%)", correct, answered, 100.0 * correct / answered);
+            mf_log("moeflip: scored %d multiple-choice items%s", scored, right);
+            if (unscored) mf_log("moeflip: warning: %d items have a NaN score: their prediction is null", unscored);
+        }
         if (o->generate > 0)
             mf_log("moeflip: generated %llu tokens (greedy, at most %d a sequence, stopping at %d eos token%s from %s)",
                    (unsigned long long)generated_tokens, o->generate, gen.n_eos, gen.n_eos == 1 ? "" : "s",

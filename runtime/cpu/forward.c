@@ -186,6 +186,13 @@ void mf_cpu_session_close(mf_cpu_session *s) {
 
 int mf_cpu_session_length(const mf_cpu_session *s) { return s->pos; }
 
+int mf_cpu_session_rewind(mf_cpu_session *s, int pos, mf_error *err) {
+    if (pos < 1 || pos > s->pos)
+        return mf_fail(err, MF_EINVAL, "a session at position %d cannot rewind to %d", s->pos, pos);
+    s->pos = pos;   /* the cache's rows from pos on are written again by the next steps */
+    return MF_OK;
+}
+
 int mf_cpu_session_forward(mf_cpu_session *s, const int32_t *tokens, int n, mf_seq_result *r, mf_error *err) {
     memset(r, 0, sizeof *r);
     if (n <= 0) return mf_fail(err, MF_EINVAL, "empty sequence");
