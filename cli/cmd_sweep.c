@@ -7,13 +7,16 @@
 
 static const char *help =
     "usage: moeflip sweep [--model DIR --input FILE] [--out DIR] [--reference CFG] [--targets CFG,CFG...] [--repeat]\n"
-    "                     [--threads N] [--bootstrap N]\n"
+    "                     [--generate N] [--threads N] [--bootstrap N]\n"
     "\n"
     "Traces a reference and targets of one model on one prompt file, diffs every target against the reference\n"
     "and the NVIDIA and AMD targets against each other at the same precision, draws every figure and writes\n"
     "OUT/report.html. A configuration is NUMERICS@PRECISION (fp64 alone for the reference).\n"
     "\n"
-    "  --model DIR, --input FILE   [the embedded default checkpoint and its prompts]\n"
+    "  --model DIR, --input FILE   [the embedded default checkpoint and its texts: open prompts and\n"
+    "                               multiple-choice items]; lines of token ids or texts, with choices or not\n"
+    "  --generate N                continue every prompt greedily by up to N tokens in every configuration and\n"
+    "                               compare the responses [16 on the default texts, else 0]\n"
     "  --out DIR                   [moeflip-out]\n"
     "  --reference CFG             [fp64]\n"
     "  --targets LIST              [emu:hopper@bf16,emu:cdna3@bf16,emu:cdna3@fp32,emu:cdna3@selective:router,\n"
@@ -22,14 +25,15 @@ static const char *help =
     "  --bootstrap N               [2000]\n";
 
 int cmd_sweep(int argc, char **argv) {
-    mf_sweep_opts o = {NULL, NULL, NULL, NULL, NULL, false, 0, 2000};
+    mf_sweep_opts o = {.bootstrap = 2000, .generate = -1};
     long v;
     static const struct option opts[] = {
         {"model", required_argument, 0, 'm'},     {"input", required_argument, 0, 'i'},
         {"out", required_argument, 0, 'o'},       {"reference", required_argument, 0, 'r'},
         {"targets", required_argument, 0, 't'},   {"repeat", no_argument, 0, 'R'},
         {"threads", required_argument, 0, 'j'},   {"bootstrap", required_argument, 0, 'b'},
-        {"quiet", no_argument, 0, 'q'},           {"help", no_argument, 0, 'h'},
+        {"generate", required_argument, 0, 'g'},  {"quiet", no_argument, 0, 'q'},
+        {"help", no_argument, 0, 'h'},
         {0, 0, 0, 0}};
     int c;
     optind = 1;
@@ -49,6 +53,10 @@ int cmd_sweep(int argc, char **argv) {
         case 'b':
             if (!cli_parse_int(optarg, 0, 10000000, &v)) return cli_usage_error("sweep", "--bootstrap takes a count");
             o.bootstrap = (int)v;
+            break;
+        case 'g':
+            if (!cli_parse_int(optarg, 0, 65536, &v)) return cli_usage_error("sweep", "--generate takes a token count, 0 to 65536");
+            o.generate = (int)v;
             break;
         case 'q': mf_log_set_quiet(true); break;
         case 'h': fputs(help, stdout); return 0;

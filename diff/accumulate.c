@@ -725,11 +725,13 @@ static void add_positions(mf_diff_acc *a, mf_case *c, const seq_view *R, const s
 /* The positions of sequence si (reference) and ti (target) that are compared: all of them, or, where both runs
  * generated their own responses, those before the first token where they part (from there on each position's
  * input differs). The responses' agreement goes into the case. */
-static int compared_positions(const mf_run *ref, size_t si, const mf_run *tgt, const seq_view *R,
+static int compared_positions(const mf_run *ref, size_t si, const mf_run *tgt, size_t ti, const seq_view *R,
                               const seq_view *T, mf_case *c) {
     const int n = (int)R->len;
     c->prompt_len = n - ref->seqs[si].generated;
     if (!own_responses(ref, tgt)) return n;
+    /* a sequence neither run continued (its line asked for no new tokens) has no response to compare */
+    if (ref->seqs[si].generated == 0 && tgt->seqs[ti].generated == 0) return n;
     const int m = (int)T->len, shorter = n < m ? n : m;
     int part = shorter, agree = 0;
     for (int t = c->prompt_len; t < shorter; t++) {
@@ -759,7 +761,7 @@ static int add_sequence(mf_diff_acc *a, mf_run *ref, size_t si, mf_run *tgt, siz
     const char *id = ref->seqs[si].id;
     const int L = a->L;
     mf_case *c = new_case(a, id);
-    const int n = compared_positions(ref, si, tgt, &R, &T, c);
+    const int n = compared_positions(ref, si, tgt, ti, &R, &T, c);
     if ((rc = diff_answers_case(c, ref->seqs[si].choices, tgt->seqs[ti].choices, ref->dir, tgt->dir, err))) return rc;
     a->generated |= ref->seqs[si].generated > 0;
     c->positions = n;

@@ -36,6 +36,10 @@ json_t *diff_value_ci(double v, const double ci[2]);
 json_t *diff_responses_json(const mf_diff_acc *a, const int *plan, int B);
 void diff_responses_summary(FILE *out, const mf_diff_acc *a);
 
+/* With the model's tokenizer: the texts of a target's responses (prompt, the part both runs generated alike,
+ * and each run's rest) and of its changed items (prompt, choices), added to its diff.json object. */
+void diff_texts_add(json_t *target, mf_run *ref, mf_run *tgt, const mf_tokenizer *tk);
+
 /* Multiple-choice answers compared (diff/answers.c): a case's items from both runs (MF_EMISMATCH when their
  * choices differ), diff.json's "answers" (NULL when no case has them) and the summary's lines. */
 int diff_answers_case(mf_case *c, const mf_run_choices *r, const mf_run_choices *t, const char *ref_name,

@@ -806,6 +806,8 @@ int diff_write_json(const char *path, mf_run *ref, mf_run **targets, mf_diff_acc
     for (int i = 0; i < n_targets; i++)
         json_array_append_new(ts, target_json(targets[i], target_label(labels, i, targets[i]), accs[i], accs[0], floor_acc, plan,
                                               o->bootstrap, i, warnings));
+    if (tk)
+        for (int i = 0; i < n_targets; i++) diff_texts_add(json_array_get(ts, (size_t)i), ref, targets[i], tk);
     json_object_set_new(root, "targets", ts);
     if (floor_acc) {
         const char *floor_label = label_or_dir(labels ? labels->floor : NULL, floor_run);

@@ -108,3 +108,77 @@ void diff_responses_summary(FILE *out, const mf_diff_acc *a) {
         else fprintf(out, "  %-40s null (no response to compare)\n", names[m]);
     }
 }
+
+/* ids[0..n) as text through the tokenizer's decoder, as a JSON string: bytes that are not UTF-8 (a character
+ * cut where a response parts) become U+FFFD, so that the string is always one jansson takes. */
+static json_t *text_json(const mf_tokenizer *tk, const int32_t *ids, size_t n) {
+    char *text = NULL;
+    size_t len = 0;
+    if (mf_tokenizer_decode_text(tk, ids, n, false, &text, &len, NULL)) return json_null();
+    char *clean = mf_xmalloc(len * 3 + 1);
+    size_t k = 0;
+    for (size_t i = 0; i < len;) {
+        const int l = mf_utf8_char((const unsigned char *)text + i, len - i);
+        if (l > 0 && !(l == 1 && text[i] == 0)) {
+            memcpy(clean + k, text + i, (size_t)l);
+            k += (size_t)l;
+            i += (size_t)l;
+        } else {
+            memcpy(clean + k, "\xef\xbf\xbd", 3);
+            k += 3;
+            i++;
+        }
+    }
+    json_t *s = json_stringn(clean, k);
+    free(clean);
+    free(text);
+    return s ? s : json_null();
+}
+
+static int seq_index(const mf_run *r, const char *id) {
+    for (size_t i = 0; i < r->n_seqs; i++)
+        if (!strcmp(r->seqs[i].id, id)) return (int)i;
+    return -1;
+}
+
+/* The tokens of sequence id of run r (borrowed from its shard) and their count; NULL when it has none. */
+static const int32_t *seq_tokens(mf_run *r, const char *id, int *n) {
+    const int i = seq_index(r, id);
+    const mf_st_tensor *t;
+    if (i < 0 || mf_run_tensor(r, (size_t)i, "tokens", &t, NULL) || !t) return NULL;
+    *n = r->seqs[i].length;
+    return (const int32_t *)(const void *)t->data;
+}
+
+void diff_texts_add(json_t *target, mf_run *ref, mf_run *tgt, const mf_tokenizer *tk) {
+    size_t i;
+    json_t *e;
+    /* each response: the prompt, what both runs generated alike, and where each went after they parted */
+    json_array_foreach(json_object_get(json_object_get(target, "responses"), "per_sequence"), i, e) {
+        const char *id = json_string_value(json_object_get(e, "id"));
+        int nr, nt;
+        const int32_t *a = seq_tokens(ref, id, &nr), *b = seq_tokens(tgt, id, &nt);
+        if (!a || !b) continue;
+        const int P = (int)json_integer_value(json_object_get(e, "prompt_length"));
+        const int d = (int)json_integer_value(json_object_get(e, "first_divergence"));
+        if (P < 0 || d < 0 || P + d > nr || P + d > nt) continue;
+        json_object_set_new(e, "prompt_text", text_json(tk, a, (size_t)P));
+        json_object_set_new(e, "common_text", text_json(tk, a + P, (size_t)d));
+        json_object_set_new(e, "reference_rest", text_json(tk, a + P + d, (size_t)(nr - P - d)));
+        json_object_set_new(e, "target_rest", text_json(tk, b + P + d, (size_t)(nt - P - d)));
+    }
+    /* each changed item: its prompt and its choices */
+    json_array_foreach(json_object_get(json_object_get(target, "answers"), "changed"), i, e) {
+        const char *id = json_string_value(json_object_get(e, "id"));
+        const int si = seq_index(ref, id);
+        int n;
+        const int32_t *a = seq_tokens(ref, id, &n);
+        if (si < 0 || !a || !ref->seqs[si].choices) continue;
+        const int P = n - ref->seqs[si].generated;
+        json_object_set_new(e, "prompt_text", text_json(tk, a, (size_t)P));
+        json_t *cs = json_array();
+        for (int k = 0; k < ref->seqs[si].choices->n; k++)
+            json_array_append_new(cs, text_json(tk, ref->seqs[si].choices->v[k].tokens, (size_t)ref->seqs[si].choices->v[k].n));
+        json_object_set_new(e, "choices_text", cs);
+    }
+}

@@ -17,7 +17,12 @@ typedef struct mf_sweep_opts {
     bool repeat;               /* add a repeat of the first target, the noise floor */
     int threads;
     int bootstrap;
+    /* continue every prompt greedily by this many tokens in every configuration (0: none; -1: the default,
+     * MF_SWEEP_DEFAULT_GENERATE on the embedded model's own texts, none on a prompt file of yours) */
+    int generate;
 } mf_sweep_opts;
+
+#define MF_SWEEP_DEFAULT_GENERATE 16
 
 int mf_sweep(const mf_sweep_opts *o, mf_error *err);
 

@@ -72,6 +72,33 @@ static double metric(const char *diff_path, int target, const char *name, double
     return v;
 }
 
+/* targets[target].obj.key(.sub).value of a diff.json, NaN where it is absent or null; n gets obj.count_key. */
+static double sub_metric(const char *diff_path, int target, const char *obj, const char *key, const char *sub,
+                         const char *count_key, long long *n) {
+    json_t *d = json_load_file(diff_path, 0, NULL);
+    json_t *o = json_object_get(json_array_get(json_object_get(d, "targets"), (size_t)target), obj);
+    json_t *m = json_object_get(o, key);
+    if (sub) m = json_object_get(m, sub);
+    const double v = json_is_number(json_object_get(m, "value")) ? json_number_value(json_object_get(m, "value")) : NAN;
+    if (n) *n = json_integer_value(json_object_get(o, count_key));
+    json_decref(d);
+    return v;
+}
+
+/* The headline of the responses and answers of target t of a diff (a, b: the two runs' names). */
+static void print_text_headline(const char *diff_path, int t, const char *a, const char *b) {
+    long long n = 0, items = 0;
+    const double eq = sub_metric(diff_path, t, "responses", "response_equal_pct", NULL, "sequences", &n);
+    if (n > 0)
+        printf("  %s and %s generate the same response for %.0f%% of %lld prompts (first divergence at token %.3g, "
+               "median)\n", a, b, eq, n, sub_metric(diff_path, t, "responses", "first_divergence_median", NULL, NULL, NULL));
+    const double agree = sub_metric(diff_path, t, "answers", "answer_agreement_pct", NULL, "items", &items);
+    if (items > 0)
+        printf("  they pick the same answer on %.0f%% of %lld multiple-choice items (accuracy %.0f%% and %.0f%%)\n", agree,
+               items, sub_metric(diff_path, t, "answers", "accuracy_pct", "reference", NULL, NULL),
+               sub_metric(diff_path, t, "answers", "accuracy_pct", "target", NULL, NULL));
+}
+
 static void draw_all(const char *diff_path, int n_targets, const char *fig_dir, const char *prefix) {
     char *text;
     size_t len;
@@ -98,11 +125,17 @@ int mf_sweep(const mf_sweep_opts *o, mf_error *err) {
     } else {
         snprintf(model, sizeof model, "%s/model", out);
         if ((rc = mf_default_model_write(model, err))) return rc;
-        /* the default's own short prompt set keeps the whole sweep well under a minute on 2 cores */
+        /* the default's own short set of texts (open prompts and multiple-choice items) keeps the whole sweep
+         * about a minute on 2 cores */
         if (o->input) snprintf(input, sizeof input, "%s", o->input);
         else snprintf(input, sizeof input, "%s/%s", model,
-                      mf_path_exists(model) && mf_default_has("sweep-prompts.jsonl") ? "sweep-prompts.jsonl" : "prompts.jsonl");
+                      mf_default_has("sweep-texts.jsonl")     ? "sweep-texts.jsonl"
+                      : mf_default_has("sweep-prompts.jsonl") ? "sweep-prompts.jsonl"
+                                                              : "prompts.jsonl");
     }
+    const int generate = o->generate >= 0 ? o->generate
+                         : !o->model_dir && !o->input && mf_default_has("sweep-texts.jsonl") ? MF_SWEEP_DEFAULT_GENERATE
+                                                                                              : 0;
     snprintf(runs, sizeof runs, "%s/runs", out);
     snprintf(figs, sizeof figs, "%s/figures", out);
     if ((rc = mf_mkdir_p(runs, err)) || (rc = mf_mkdir_p(figs, err))) return rc;
@@ -133,7 +166,7 @@ int mf_sweep(const mf_sweep_opts *o, mf_error *err) {
         snprintf(c->run, sizeof c->run, "%s/%s", runs, c->name);
         mf_trace_opts to = {.model_dir = model, .input = input, .out = c->run, .precision = c->precision,
                             .numerics = c->numerics, .record = "logits", .threads = o->threads, .resume = true,
-                            .label = c->name, .silent = true};
+                            .label = c->name, .silent = true, .generate = generate};
         mf_error e = {0};
         if (mf_trace(&to, &e)) {
             mf_log("moeflip: %s failed: %s", c->name, e.msg);
@@ -187,6 +220,9 @@ int mf_sweep(const mf_sweep_opts *o, mf_error *err) {
                ci[0], ci[1]);
         v = metric(diff_vendor, 0, "forward_kl", ci);
         printf("  their output distributions differ by KL %.3g nats per token [%.3g, %.3g]\n", v, ci[0], ci[1]);
+        print_text_headline(diff_vendor, 0, nv->numerics, amd->numerics);
+    } else {
+        print_text_headline(diff_main, 0, ref.name, ok[0]->name);
     }
     for (int i = 0; i < nok; i++)
         if (strstr(ok[i]->precision, "selective:router")) {

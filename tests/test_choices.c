@@ -265,6 +265,8 @@ Test(choices, refusals) {
     refused("{\"id\": \"a\", \"tokens\": [1, 2], \"choices\": [[3], []]}\n", "choice 1");
     refused("{\"id\": \"a\", \"tokens\": [1, 2], \"choices\": [[3], 7]}\n", "choice 1");
     refused("{\"id\": \"a\", \"text\": \"x\", \"choices\": [\" y\", \"\"]}\n", "adds no token");
+    refused("{\"id\": \"a\", \"text\": \"x\", \"max_new_tokens\": -1}\n", "max_new_tokens");
+    refused("{\"id\": \"a\", \"tokens\": [1], \"max_new_tokens\": 1.5}\n", "max_new_tokens");
 }
 
 /* A text choice after a prompt given as tokens needs the tokenizer, and says so where there is none. */

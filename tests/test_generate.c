@@ -318,3 +318,51 @@ Test(generate, reader_refuses_impossible_marks) {
     mf_run_close(r);
     free(text);
 }
+
+/* A line's own "max_new_tokens" lowers --generate for it (0: traced, not continued); what it generates is the
+ * first tokens of Hugging Face's continuation; a diff counts as responses only the sequences that were continued. */
+Test(generate, a_line_lowers_its_own_limit, .timeout = 120) {
+    json_t *g = hf_generate("hf/olmoe");
+    const char *dir = temp_dir();
+    FILE *in = fopen(fixture("hf/olmoe/tokens.jsonl"), "r");
+    char line[8192], text[32768] = "";
+    size_t used = 0;
+    static const char *const limits[3] = {", \"max_new_tokens\": 2}", ", \"max_new_tokens\": 0}", "}"};
+    for (int k = 0; k < 3 && fgets(line, sizeof line, in); k++) {
+        char *end = strrchr(line, '}');
+        cr_assert(end);
+        *end = 0;
+        used += (size_t)snprintf(text + used, sizeof text - used, "%s%s\n", line, limits[k]);
+    }
+    fclose(in);
+    write_text(dir, "limits.jsonl", text);
+    char err[4096];
+    cr_assert_eq(run_moeflip(err, sizeof err, "trace -q --model %s --input %s/limits.jsonl --out %s/lim --precision fp64 --record routing --generate 6",
+                             fixture("hf/olmoe"), dir, dir),
+                 0, "%s", err);
+    char run[4200];
+    snprintf(run, sizeof run, "%s/lim", dir);
+    static const char *const ids[3] = {"s0", "s1", "s2"};
+    const int want_gen[3] = {2, 0, 6};
+    for (int k = 0; k < 3; k++) {
+        int n, gen;
+        int32_t *got = run_tokens(run, ids[k], &n, &gen);
+        json_t *s = json_array_get(json_object_get(g, "sequences"), (size_t)k);
+        const int prompt = (int)json_integer_value(json_object_get(s, "prompt_length"));
+        cr_expect_eq(gen, want_gen[k], "%s: %d generated, its limit makes it %d", ids[k], gen, want_gen[k]);
+        cr_expect_eq(n, prompt + want_gen[k]);
+        for (int t = prompt; t < n; t++)
+            cr_expect_eq(got[t], (int)json_integer_value(json_array_get(json_object_get(s, "tokens"), (size_t)t)), "%s position %d",
+                         ids[k], t);
+        free(got);
+    }
+    /* the run against itself: two responses (s0, s2), s1 not one */
+    char out[4300];
+    snprintf(out, sizeof out, "%s/d.json", dir);
+    cr_assert_eq(run_moeflip(err, sizeof err, "diff %s %s -o %s", run, run, out), 0, "%s", err);
+    json_t *d = json_load_file(out, 0, NULL);
+    json_t *resp = json_object_get(json_array_get(json_object_get(d, "targets"), 0), "responses");
+    cr_expect_eq(json_integer_value(json_object_get(resp, "sequences")), 2, "responses of s0 and s2 only");
+    json_decref(d);
+    json_decref(g);
+}

@@ -220,7 +220,7 @@ Test(viz, report_opens_with_the_headline_and_short_labels) {
 }
 
 /* The main job with no arguments in an empty folder, then the report in Chromium. */
-Test(viz, sweep_default_and_report_in_chromium, .timeout = 240) {
+Test(viz, sweep_default_and_report_in_chromium, .timeout = 600) {
     const char *d = temp_dir();
     char cmd[9000], err[4096];
     snprintf(cmd, sizeof cmd, "cd '%s' && %s sweep -q > sweep.txt 2> sweep.err", d, MF_TEST_BIN);
@@ -231,6 +231,10 @@ Test(viz, sweep_default_and_report_in_chromium, .timeout = 240) {
     snprintf(path, sizeof path, "%s/moeflip-out/report.html", d);
     cr_assert_eq(mf_read_file(path, &t, &n, &e), MF_OK, "%s", e.msg);
     cr_assert(strstr(t, "<table") && strstr(t, "<img") && strstr(t, "data:image/svg+xml;base64,"));
+    /* the default texts are generated on and scored: the responses side by side, the answers' table */
+    cr_assert(strstr(t, "<h3>Generated responses</h3>") && strstr(t, "<h3>Multiple-choice answers</h3>"),
+              "the report lacks the responses or the answers");
+    cr_assert(strstr(t, "In Python, a list comprehension"), "the report does not show the prompts' text");
     cr_assert_null(strstr(t, "http://"), "no external resources");
     cr_assert_null(strstr(t, "https://"), "no external resources");
     cr_assert_null(strstr(t, "<script"), "no scripts");
@@ -240,6 +244,7 @@ Test(viz, sweep_default_and_report_in_chromium, .timeout = 240) {
     snprintf(path, sizeof path, "%s/sweep.txt", d);
     cr_assert_eq(mf_read_file(path, &t, &n, &e), MF_OK);
     cr_assert(strstr(t, "report: moeflip-out/report.html"), "%s", t);
+    cr_assert(strstr(t, "generate the same response for") && strstr(t, "of 12 multiple-choice items"), "%s", t);
     free(t);
     /* Chromium: the page loads, its DOM has the tables and figures, and a screenshot has content */
     if (system("command -v chromium > /dev/null 2>&1") != 0) cr_skip_test("chromium is not installed");

@@ -143,10 +143,18 @@ static int encode_text(const lines *L, const char *sid, json_t *text, int vocab,
     return MF_OK;
 }
 
-/* The line's "choices" and "answer", if any, into s. */
+/* The line's "choices" and "answer", and its "max_new_tokens", if any, into s. */
 static int line_choices(const lines *L, const char *sid, json_t *o, mf_prompt *s, const char *text, size_t text_len, int vocab,
                         const char *tok_path, mf_tokenizer **tok, mf_error *err) {
     int rc = MF_OK;
+    json_t *mx = json_object_get(o, "max_new_tokens");
+    if (mx) {
+        if (!json_is_integer(mx) || json_integer_value(mx) < 0 || json_integer_value(mx) > MF_MAX_NEW_TOKENS)
+            return mf_fail(err, MF_EINVAL, "%s:%d: sequence %s: \"max_new_tokens\" must be an integer from 0 to %d", L->path,
+                           L->lineno, sid, MF_MAX_NEW_TOKENS);
+        s->own_max_new = true;
+        s->max_new = (int)json_integer_value(mx);
+    }
     if (has_text_choice(o) && (rc = need_tokenizer(L, sid, "a choice given as text", tok_path, tok, err))) return rc;
     char where[MF_MAX_SEQ_ID + 4200];
     snprintf(where, sizeof where, "%s:%d: sequence %s", L->path, L->lineno, sid);

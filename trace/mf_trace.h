@@ -40,6 +40,9 @@ typedef struct mf_prompt {
     mf_choice *choices;
     int n_choices;
     int answer;
+    /* the line's own "max_new_tokens": it lowers --generate for this sequence (0: traced, not continued) */
+    bool own_max_new;
+    int max_new;
 } mf_prompt;
 
 typedef struct mf_prompts {

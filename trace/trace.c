@@ -159,7 +159,9 @@ int mf_trace(const mf_trace_opts *o, mf_error *err) {
             if (p->answer >= 0) answered++, correct += pred == p->answer;
         }
         if (o->generate > 0) {
-            rc = mf_generate_cpu(model, &ro, &gen, p, gen_tokens, &traced.generated, &r, err);
+            mf_generation own = gen;   /* a line may ask for fewer new tokens than --generate */
+            if (p->own_max_new && p->max_new < own.max_new_tokens) own.max_new_tokens = p->max_new;
+            rc = mf_generate_cpu(model, &ro, &own, p, gen_tokens, &traced.generated, &r, err);
             traced.tokens = gen_tokens;
             traced.T = p->T + traced.generated;
         } else {

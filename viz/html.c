@@ -233,6 +233,155 @@ static void run_cells(out *o, json_t *run) {
     puts_(o, "</tr>");
 }
 
+/* A row of one metric of each target's sub-object (responses or answers); "path" is key or key/sub. */
+static bool any_target_has(json_t *targets, const char *obj) {
+    size_t i;
+    json_t *t;
+    json_array_foreach(targets, i, t) if (json_object_get(t, obj)) return true;
+    return false;
+}
+
+static void obj_metric_row(out *o, json_t *targets, const char *obj, const char *key, const char *sub, const char *label) {
+    printf_(o, "<tr><th>%s</th>", label);
+    size_t i;
+    json_t *t;
+    json_array_foreach(targets, i, t) {
+        json_t *m = json_object_get(json_object_get(t, obj), key);
+        if (sub) m = json_object_get(m, sub);
+        value_cell(o, m);
+    }
+    puts_(o, "</tr>\n");
+}
+
+/* A response's text, newlines kept visible; absent text (no tokenizer) as a dash. */
+static void text_span(out *o, json_t *e, const char *key, const char *cls) {
+    const char *s = json_string_value(json_object_get(e, key));
+    if (!s) return;
+    printf_(o, "<span class=%s>", cls);
+    esc(o, s);
+    puts_(o, "</span>");
+}
+
+/* The generated responses: the token-agreement metrics per target, then for each target its responses beside
+ * the reference's, the part both generated alike in plain text and each one's rest marked from the first token
+ * where they part. The sequences that part come first; at most 12 are shown. */
+static void responses_part(out *o, json_t *targets) {
+    if (!any_target_has(targets, "responses")) return;
+    puts_(o, "<h3>Generated responses</h3>\n<table class=summary><thead><tr><th>metric</th>");
+    size_t i;
+    json_t *t;
+    json_array_foreach(targets, i, t) {
+        puts_(o, "<th>");
+        short_setting(o, t, targets);
+        puts_(o, "</th>");
+    }
+    puts_(o, "</tr></thead><tbody>\n");
+    obj_metric_row(o, targets, "responses", "response_equal_pct", NULL, "response_equal_pct");
+    obj_metric_row(o, targets, "responses", "first_divergence_median", NULL, "first_divergence_median");
+    obj_metric_row(o, targets, "responses", "generated_token_agreement_pct", NULL, "generated_token_agreement_pct");
+    puts_(o, "</tbody></table>\n");
+    json_array_foreach(targets, i, t) {
+        json_t *seqs = json_object_get(json_object_get(t, "responses"), "per_sequence");
+        if (!json_array_size(seqs) || !json_object_get(json_array_get(seqs, 0), "prompt_text")) continue;
+        printf_(o, "<details%s><summary>Target %zu: ", i == 0 ? " open" : "", i + 1);
+        short_setting(o, t, targets);
+        puts_(o, ", its responses beside the reference's (first differing token on, marked)</summary>\n"
+                 "<table class=texts><thead><tr><th>sequence</th><th>prompt</th><th>reference</th><th>target</th>"
+                 "<th>first divergence</th></tr></thead><tbody>\n");
+        int shown = 0;
+        for (int pass = 0; pass < 2 && shown < 12; pass++) {
+            size_t j;
+            json_t *e;
+            json_array_foreach(seqs, j, e) {
+                const bool equal = json_is_true(json_object_get(e, "equal"));
+                if (equal != (pass == 1) || shown >= 12) continue;
+                shown++;
+                puts_(o, "<tr><td>");
+                esc(o, str(e, "id"));
+                puts_(o, "</td><td>");
+                text_span(o, e, "prompt_text", "prompt");
+                puts_(o, "</td><td>");
+                text_span(o, e, "common_text", "same");
+                text_span(o, e, "reference_rest", "parted");
+                puts_(o, "</td><td>");
+                text_span(o, e, "common_text", "same");
+                text_span(o, e, "target_rest", "parted");
+                if (equal) puts_(o, "</td><td>none</td></tr>\n");
+                else printf_(o, "</td><td>token %lld</td></tr>\n", (long long)json_integer_value(json_object_get(e, "first_divergence")));
+            }
+        }
+        printf_(o, "</tbody></table><p class=meta>%d of %zu sequences shown.</p></details>\n", shown, json_array_size(seqs));
+    }
+}
+
+static void choice_text(out *o, json_t *e, json_t *pick) {
+    if (!json_is_integer(pick)) {
+        puts_(o, "<td>none (NaN scores)</td>");
+        return;
+    }
+    const json_int_t k = json_integer_value(pick);
+    printf_(o, "<td>%lld", (long long)k);
+    const char *s = json_string_value(json_array_get(json_object_get(e, "choices_text"), (size_t)k));
+    if (s) {
+        puts_(o, ": <span class=same>");
+        esc(o, s);
+        puts_(o, "</span>");
+    }
+    puts_(o, "</td>");
+}
+
+/* Multiple-choice answers: agreement and accuracy per target, and the items whose pick changed. */
+static void answers_part(out *o, json_t *targets) {
+    if (!any_target_has(targets, "answers")) return;
+    puts_(o, "<h3>Multiple-choice answers</h3>\n<table class=summary><thead><tr><th>metric</th>");
+    size_t i;
+    json_t *t;
+    json_array_foreach(targets, i, t) {
+        puts_(o, "<th>");
+        short_setting(o, t, targets);
+        puts_(o, "</th>");
+    }
+    puts_(o, "</tr></thead><tbody>\n");
+    obj_metric_row(o, targets, "answers", "answer_agreement_pct", NULL, "answer_agreement_pct");
+    obj_metric_row(o, targets, "answers", "accuracy_pct", "reference", "accuracy_pct, reference");
+    obj_metric_row(o, targets, "answers", "accuracy_pct", "target", "accuracy_pct, target");
+    puts_(o, "<tr><th>items changed</th>");
+    json_array_foreach(targets, i, t) {
+        json_t *a = json_object_get(t, "answers");
+        if (a) printf_(o, "<td>%zu of %lld</td>", json_array_size(json_object_get(a, "changed")),
+                       (long long)json_integer_value(json_object_get(a, "items")));
+        else puts_(o, "<td>&ndash;</td>");
+    }
+    puts_(o, "</tr></tbody></table>\n");
+    json_array_foreach(targets, i, t) {
+        json_t *changed = json_object_get(json_object_get(t, "answers"), "changed");
+        if (!json_array_size(changed)) continue;
+        printf_(o, "<details><summary>Target %zu: ", i + 1);
+        short_setting(o, t, targets);
+        printf_(o, ", the %zu items whose answer changed</summary>\n<table class=texts><thead><tr><th>item</th><th>prompt</th>"
+                   "<th>answer</th><th>reference's pick</th><th>target's pick</th><th>reference's lead</th></tr></thead><tbody>\n",
+                json_array_size(changed));
+        size_t j;
+        json_t *e;
+        json_array_foreach(changed, j, e) {
+            puts_(o, "<tr><td>");
+            esc(o, str(e, "id"));
+            puts_(o, "</td><td>");
+            text_span(o, e, "prompt_text", "prompt");
+            puts_(o, "</td>");
+            json_t *ans = json_object_get(e, "answer");
+            if (json_is_integer(ans)) choice_text(o, e, ans);
+            else puts_(o, "<td>&ndash;</td>");
+            choice_text(o, e, json_object_get(e, "reference"));
+            choice_text(o, e, json_object_get(e, "target"));
+            json_t *lead = json_object_get(e, "reference_margin");
+            if (json_is_number(lead)) printf_(o, "<td title=\"log-probability of its pick less the best other\">%.3g</td></tr>\n", json_number_value(lead));
+            else puts_(o, "<td>&ndash;</td></tr>\n");
+        }
+        puts_(o, "</tbody></table></details>\n");
+    }
+}
+
 static void section(out *o, const char *text, json_t *d, int *fig_no) {
     json_t *ref = json_object_get(d, "reference"), *targets = json_object_get(d, "targets");
     json_t *model = json_object_get(ref, "model");
@@ -281,6 +430,8 @@ static void section(out *o, const char *text, json_t *d, int *fig_no) {
         puts_(o, "</tr>\n");
     }
     puts_(o, "</tbody></table>\n");
+    responses_part(o, targets);
+    answers_part(o, targets);
     json_array_foreach(targets, i, t) {
         printf_(o, "<h3>Target %zu: ", i + 1);
         short_setting(o, t, targets);
@@ -331,7 +482,9 @@ static const char *css =
     ".fig img,.fig svg{position:absolute;left:0;top:0}.hover rect{fill:transparent}.hover rect:hover{fill:rgba(0,0,0,.12)}"
     "figcaption{font-size:12px;color:#555}.note{color:#a00}"
     "table.headline{font-size:15px}table.headline th,table.headline td{padding:6px 12px}table.headline th,table.headline td:nth-child(2){text-align:left}"
-    ".setting{white-space:nowrap}table.summary th,table.layers th{white-space:normal}";
+    ".setting{white-space:nowrap}table.summary th,table.layers th{white-space:normal}"
+    "table.texts td{text-align:left;vertical-align:top;max-width:420px;white-space:pre-wrap;font-size:12px}"
+    ".prompt{color:#777}.parted{background:#fde2c8}summary{cursor:pointer;margin:8px 0}";
 
 int mf_report_write_many(const char **paths, int n, const char *out_path, mf_error *err) {
     char **texts = mf_xcalloc((size_t)n + 1, sizeof *texts);
