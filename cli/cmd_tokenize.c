@@ -1,7 +1,7 @@
 /* moeflip tokenize: texts to token ids (the prompt files of trace) with a Hugging Face tokenizer.json, or ids
  * back to texts with --decode. */
 #include "cli.h"
-#include "mf_trace.h"
+#include "mf_rundir.h"
 
 #include <getopt.h>
 #include <jansson.h>

@@ -81,25 +81,6 @@ static mf_mm mm_in(const fwd *f, mf_dtype D) {
 #define ROA(x) (x)
 #include "forward_body.h"
 
-void mf_seq_result_free(mf_seq_result *r) {
-    free(r->topk_ids);
-    free(r->topk_w);
-    free(r->router);
-    free(r->shared_gate);
-    free(r->router_in);
-    free(r->logits);
-    memset(r, 0, sizeof *r);
-}
-
-void mf_seq_result_shape(mf_seq_result *r, const mf_config *c, int T) {
-    r->T = T;
-    r->n_moe = c->n_moe_layers;
-    r->k = c->top_k;
-    r->E = c->n_experts;
-    r->V = c->vocab;
-    r->H = c->hidden;
-}
-
 const char *const MF_SEQ_DIGEST_NAMES[MF_SEQ_DIGESTS] = {"logits", "router", "topk_ids", "topk_w", "shared_gate"};
 
 void mf_seq_results_digest(const mf_seq_result *r, size_t n, char out[MF_SEQ_DIGESTS][33]) {

@@ -1,7 +1,7 @@
 /* A run directory as a trace's input: its sequences, prompt and generated
  * tokens, traced as they stand in one pass (CroVA's teacher forcing: every
  * target sees the reference's response). */
-#include "mf_trace.h"
+#include "mf_rundir.h"
 
 #include <stdlib.h>
 #include <string.h>

@@ -5,7 +5,7 @@
  * Ids are written as CSV fields, quoted when they hold a comma or a quote.
  * The run was validated when it was opened (mf_run_open): every tensor used
  * here is there with the shape the manifest declares. */
-#include "mf_trace.h"
+#include "mf_rundir.h"
 
 #include <errno.h>
 #include <math.h>
