@@ -21,8 +21,7 @@ int mf_prompts_from_run(mf_prompts *p, mf_generation *forced, const char *run_di
         goto done;
     }
     /* the input's digest: over the ids and tokens (what is traced), so that --resume knows the same input */
-    char *all = NULL;
-    size_t all_len = 0;
+    mf_buf all = {0};
     p->seq = mf_xcalloc(r->n_seqs, sizeof *p->seq);
     for (size_t i = 0; i < r->n_seqs && !rc; i++) {
         const mf_st_tensor *t;
@@ -43,21 +42,18 @@ int mf_prompts_from_run(mf_prompts *p, mf_generation *forced, const char *run_di
                              s->id, k, s->tokens[k]);
                 break;
             }
-        const size_t idn = strlen(s->id) + 1, tn = (size_t)s->T * sizeof *s->tokens;
-        all = mf_xrealloc(all, all_len + idn + tn);
-        memcpy(all + all_len, s->id, idn);
-        memcpy(all + all_len + idn, s->tokens, tn);
-        all_len += idn + tn;
+        mf_buf_put(&all, s->id, strlen(s->id) + 1);
+        mf_buf_put(&all, s->tokens, (size_t)s->T * sizeof *s->tokens);
     }
     if (!rc) {
-        mf_digest_buffer(all, all_len, p->digest);
+        mf_digest_buffer(all.s, all.n, p->digest);
         if (r->max_new_tokens > 0) {
             forced->max_new_tokens = r->max_new_tokens;
             forced->forced = true;
             snprintf(forced->eos_source, sizeof forced->eos_source, "none");
         }
     }
-    free(all);
+    mf_buf_free(&all);
 done:
     mf_run_close(r);
     if (rc) mf_prompts_free(p);
