@@ -1,4 +1,4 @@
-/* Export a run as JSON lines or CSV (DESIGN.md §8). Numbers are printed with
+/* Export a run as JSON lines or CSV (docs/run-format.md, "Export"). Numbers are printed with
  * enough digits to round-trip: 17 significant digits for F64, 9 otherwise.
  * JSON has no NaN or infinities: JSON lines write a value that is not a
  * number as null (CSV as NaN, Infinity, -Infinity, which CSV readers take).

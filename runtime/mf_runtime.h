@@ -1,8 +1,8 @@
 /* moeflip runtime: the forward pass of a loaded model over one sequence,
  * recording what the router did at every MoE layer.
  *
- * The CPU executor follows transformers v5 (5.17, "v5-late" in
- * shared/reference/hf-moe-forward.md §0) cast point by cast point: in a bf16
+ * The CPU executor follows transformers v5 (5.17) cast point by cast point
+ * (docs/precision.md, "Cast points"): in a bf16
  * run every op's result is rounded to bf16, elementwise math in between runs
  * in fp32 ("opmath"), matrix products accumulate in fp32; the MoE combine is
  * grouped_mm's (slot products summed in fp32, one rounding). In an fp64 run
