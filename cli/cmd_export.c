@@ -1,6 +1,6 @@
 /* moeflip export: a run as JSON lines or CSV, on stdout or into a file. */
 #include "cli.h"
-#include "mf_trace.h"
+#include "mf_rundir.h"
 
 #include <getopt.h>
 #include <string.h>

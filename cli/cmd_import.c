@@ -1,6 +1,6 @@
 /* moeflip import: others' captures as runs. */
 #include "cli.h"
-#include "mf_trace.h"
+#include "mf_rundir.h"
 
 #include <getopt.h>
 #include <string.h>

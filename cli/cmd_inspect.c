@@ -1,6 +1,6 @@
 /* moeflip inspect: what a run holds. */
 #include "cli.h"
-#include "mf_trace.h"
+#include "mf_rundir.h"
 
 #include <getopt.h>
 #include <jansson.h>

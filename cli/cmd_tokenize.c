@@ -1,7 +1,7 @@
 /* moeflip tokenize: texts to token ids (the prompt files of trace) with a Hugging Face tokenizer.json, or ids
  * back to texts with --decode. */
 #include "cli.h"
-#include "mf_trace.h"
+#include "mf_rundir.h"
 
 #include <getopt.h>
 #include <jansson.h>
@@ -26,23 +26,8 @@ static const char *help =
     "  --decode             ids to texts, through the file's decoder (Tokenizer.decode)\n"
     "  --skip-special       with --decode: leave special tokens out (skip_special_tokens=True)\n";
 
-typedef struct out_buf {
-    char *s;
-    size_t n, cap;
-} out_buf;
-
-static void put(out_buf *b, const char *s, size_t n) {
-    if (b->n + n + 1 > b->cap) {
-        while (b->n + n + 1 > b->cap) b->cap = b->cap ? b->cap * 2 : 1 << 16;
-        b->s = mf_xrealloc(b->s, b->cap);
-    }
-    memcpy(b->s + b->n, s, n);
-    b->n += n;
-    b->s[b->n] = 0;
-}
-
 /* s as a JSON string (bytes that are not UTF-8, which no decoder makes, shown as '?') */
-static void put_json_string(out_buf *b, const char *s, size_t n) {
+static void put_json_string(mf_buf *b, const char *s, size_t n) {
     char *t = mf_xmalloc(n + 1);
     for (size_t i = 0; i < n;) {
         const int len = (unsigned char)s[i] < 0x80 ? 1 : mf_utf8_char((const unsigned char *)s + i, n - i);
@@ -52,12 +37,12 @@ static void put_json_string(out_buf *b, const char *s, size_t n) {
     json_t *j = json_stringn_nocheck(t, n);
     free(t);
     char *d = json_dumps(j, JSON_ENCODE_ANY);
-    put(b, d, strlen(d));
+    mf_buf_put(b, d, strlen(d));
     free(d);
     json_decref(j);
 }
 
-static int write_out(const char *out_path, const out_buf *b, mf_error *err) {
+static int write_out(const char *out_path, const mf_buf *b, mf_error *err) {
     if (out_path) return mf_write_file_atomic(out_path, b->s ? b->s : "", b->n, err) ? 1 : 0;
     if ((b->n && fwrite(b->s, 1, b->n, stdout) != b->n) || fflush(stdout) != 0 || ferror(stdout)) return -1;
     return 0;
@@ -103,7 +88,7 @@ int cmd_tokenize(int argc, char **argv) {
     mf_error err = {0};
     mf_tokenizer *tok;
     if (mf_tokenizer_load(&tok, tok_file, &err)) return cli_fail(&err);
-    out_buf b = {0};
+    mf_buf b = {0};
     int rc = 0;
     if (!decode) {
         mf_texts texts;
@@ -119,15 +104,15 @@ int cmd_tokenize(int argc, char **argv) {
                 rc = 1;
                 break;
             }
-            put(&b, "{\"id\": ", 7);
+            mf_buf_put(&b, "{\"id\": ", 7);
             put_json_string(&b, texts.v[i].id, strlen(texts.v[i].id));
-            put(&b, ", \"tokens\": [", 13);
+            mf_buf_put(&b, ", \"tokens\": [", 13);
             for (size_t k = 0; k < n; k++) {
                 char num[16];
                 const int l = snprintf(num, sizeof num, k ? ", %d" : "%d", ids[k]);
-                put(&b, num, (size_t)l);
+                mf_buf_put(&b, num, (size_t)l);
             }
-            put(&b, "]}\n", 3);
+            mf_buf_put(&b, "]}\n", 3);
             free(ids);
         }
         mf_texts_free(&texts);
@@ -145,11 +130,11 @@ int cmd_tokenize(int argc, char **argv) {
                 rc = 1;
                 break;
             }
-            put(&b, "{\"id\": ", 7);
+            mf_buf_put(&b, "{\"id\": ", 7);
             put_json_string(&b, ps.seq[i].id, strlen(ps.seq[i].id));
-            put(&b, ", \"text\": ", 10);
+            mf_buf_put(&b, ", \"text\": ", 10);
             put_json_string(&b, text, len);
-            put(&b, "}\n", 2);
+            mf_buf_put(&b, "}\n", 2);
             free(text);
         }
         mf_prompts_free(&ps);

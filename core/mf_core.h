@@ -310,4 +310,20 @@ void *mf_xcalloc(size_t n, size_t size);
 void *mf_xrealloc(void *p, size_t n);
 char *mf_xstrdup(const char *s);
 
+/* A growable byte string: s holds n bytes and a NUL after them (s is NULL while nothing was put), cap the room.
+ * Zero-initialised it is empty; growing it doubles the room, so n puts cost O(n) copies. */
+typedef struct mf_buf {
+    char *s;
+    size_t n, cap;
+} mf_buf;
+/* Room for `more` bytes beyond n and the NUL. */
+void mf_buf_reserve(mf_buf *b, size_t more);
+void mf_buf_put(mf_buf *b, const void *data, size_t n);
+void mf_buf_puts(mf_buf *b, const char *str);
+void mf_buf_putc(mf_buf *b, char c);
+void mf_buf_printf(mf_buf *b, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+/* The string, NUL-terminated (never NULL), handed over: the buffer is left empty. */
+char *mf_buf_take(mf_buf *b, size_t *len);
+void mf_buf_free(mf_buf *b);
+
 #endif

@@ -163,3 +163,54 @@ void *mf_module_symbol(void *module, const char *name) { return dlsym(module, na
 void mf_module_close(void *module) {
     if (module) dlclose(module);
 }
+
+void mf_buf_reserve(mf_buf *b, size_t more) {
+    if (b->s && b->n + more + 1 <= b->cap) return;
+    size_t cap = b->cap ? b->cap : 64;
+    while (cap < b->n + more + 1) cap *= 2;
+    b->s = mf_xrealloc(b->s, cap);
+    b->cap = cap;
+}
+
+void mf_buf_put(mf_buf *b, const void *data, size_t n) {
+    mf_buf_reserve(b, n);
+    if (n) memcpy(b->s + b->n, data, n);
+    b->n += n;
+    b->s[b->n] = 0;
+}
+
+void mf_buf_puts(mf_buf *b, const char *str) { mf_buf_put(b, str, strlen(str)); }
+
+void mf_buf_putc(mf_buf *b, char c) { mf_buf_put(b, &c, 1); }
+
+void mf_buf_printf(mf_buf *b, const char *fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    char small[256];
+    const int n = vsnprintf(small, sizeof small, fmt, ap);
+    va_end(ap);
+    if (n < 0) return;
+    if ((size_t)n < sizeof small) {
+        mf_buf_put(b, small, (size_t)n);
+        return;
+    }
+    mf_buf_reserve(b, (size_t)n);
+    va_start(ap, fmt);
+    vsnprintf(b->s + b->n, (size_t)n + 1, fmt, ap);
+    va_end(ap);
+    b->n += (size_t)n;
+}
+
+char *mf_buf_take(mf_buf *b, size_t *len) {
+    mf_buf_reserve(b, 0);
+    char *s = b->s;
+    s[b->n] = 0;
+    if (len) *len = b->n;
+    memset(b, 0, sizeof *b);
+    return s;
+}
+
+void mf_buf_free(mf_buf *b) {
+    free(b->s);
+    memset(b, 0, sizeof *b);
+}

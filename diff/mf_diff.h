@@ -11,7 +11,7 @@
 #define MF_DIFF_H
 
 #include "mf_core.h"
-#include "mf_trace.h"
+#include "mf_rundir.h"
 
 #define MF_MARGIN_BINS 34   /* bin 0: exact ties; 1..32: 4 per decade from 1e-6 to 1e2; 33: above */
 

@@ -460,28 +460,6 @@ static json_t *crova_paired(const mf_diff_acc *a, const mf_diff_acc *b, const in
  * jansson tree: the same schema and values (reals as jansson prints them at 17
  * digits, strings escaped as jansson does). */
 
-typedef struct sbuf {
-    char *p;
-    size_t n, cap;
-} sbuf;
-
-static void sb_reserve(sbuf *b, size_t more) {
-    if (b->n + more + 1 <= b->cap) return;
-    size_t cap = b->cap ? b->cap : 4096;
-    while (cap < b->n + more + 1) cap *= 2;
-    b->p = mf_xrealloc(b->p, cap);
-    b->cap = cap;
-}
-
-static void sb_put(sbuf *b, const char *s, size_t n) {
-    sb_reserve(b, n);
-    memcpy(b->p + b->n, s, n);
-    b->n += n;
-    b->p[b->n] = 0;
-}
-
-static void sb_puts(sbuf *b, const char *s) { sb_put(b, s, strlen(s)); }
-
 /* Decimal digits of v at o (at most 11 bytes); returns the end. */
 static inline char *put_int(char *o, int v) {
     unsigned u = v < 0 ? 0u - (unsigned)v : (unsigned)v;
@@ -494,16 +472,16 @@ static inline char *put_int(char *o, int v) {
     return o;
 }
 
-static void sb_int(sbuf *b, int v) {
-    sb_reserve(b, 12);
-    b->n = (size_t)(put_int(b->p + b->n, v) - b->p);
-    b->p[b->n] = 0;
+static void sb_int(mf_buf *b, int v) {
+    mf_buf_reserve(b, 12);
+    b->n = (size_t)(put_int(b->s + b->n, v) - b->s);
+    b->s[b->n] = 0;
 }
 
 /* A JSON array of one int field of count positions: "[a, b, ...]". */
-static void sb_pos_ints(sbuf *b, const mf_position *pos, int count, bool tokens) {
-    sb_reserve(b, (size_t)count * 13 + 2);
-    char *o = b->p + b->n;
+static void sb_pos_ints(mf_buf *b, const mf_position *pos, int count, bool tokens) {
+    mf_buf_reserve(b, (size_t)count * 13 + 2);
+    char *o = b->s + b->n;
     *o++ = '[';
     for (int j = 0; j < count; j++) {
         if (j) {
@@ -513,16 +491,16 @@ static void sb_pos_ints(sbuf *b, const mf_position *pos, int count, bool tokens)
         o = put_int(o, tokens ? pos[j].token : pos[j].flipped_slots);
     }
     *o++ = ']';
-    b->n = (size_t)(o - b->p);
-    b->p[b->n] = 0;
+    b->n = (size_t)(o - b->s);
+    b->s[b->n] = 0;
 }
 
 /* A real as jansson writes it with JSON_REAL_PRECISION(17): %.17g, ".0" when
  * it would read as an integer, no '+' or leading zeros in the exponent; null
  * when not finite (num_or_null). */
-static void sb_real(sbuf *b, double x) {
+static void sb_real(mf_buf *b, double x) {
     if (!isfinite(x)) {
-        sb_put(b, "null", 4);
+        mf_buf_put(b, "null", 4);
         return;
     }
     char t[40];
@@ -540,14 +518,14 @@ static void sb_real(sbuf *b, double x) {
         memmove(to, from, strlen(from) + 1);
         n = (int)strlen(t);
     }
-    sb_put(b, t, (size_t)n);
+    mf_buf_put(b, t, (size_t)n);
 }
 
 /* A JSON string: quotes, backslashes and control characters escaped as
  * jansson escapes them; other bytes (valid UTF-8) as they are. */
-static void sb_str(sbuf *b, const char *s) {
-    sb_reserve(b, 6 * strlen(s) + 2);
-    char *o = b->p + b->n;
+static void sb_str(mf_buf *b, const char *s) {
+    mf_buf_reserve(b, 6 * strlen(s) + 2);
+    char *o = b->s + b->n;
     *o++ = '"';
     for (const unsigned char *p = (const unsigned char *)s; *p; p++) {
         const unsigned char c = *p;
@@ -567,8 +545,8 @@ static void sb_str(sbuf *b, const char *s) {
         } else *o++ = (char)c;
     }
     *o++ = '"';
-    b->n = (size_t)(o - b->p);
-    b->p[b->n] = 0;
+    b->n = (size_t)(o - b->s);
+    b->s[b->n] = 0;
 }
 
 /* Length of the well-formed UTF-8 character at p (RFC 3629: no overlong
@@ -588,7 +566,7 @@ static int utf8_char(const unsigned char *p) {
 }
 
 /* A token's text for display: valid UTF-8, control characters made visible. */
-static void sb_token_text(sbuf *b, const mf_tokenizer *tk, int32_t id) {
+static void sb_token_text(mf_buf *b, const mf_tokenizer *tk, int32_t id) {
     char *raw = mf_tokenizer_decode(tk, &id, 1), out[96];
     size_t n = 0;
     for (const unsigned char *p = (const unsigned char *)raw; *p && n < sizeof out - 8;) {
@@ -617,58 +595,58 @@ static void sb_token_text(sbuf *b, const mf_tokenizer *tk, int32_t id) {
 /* Per sequence: tokens (and their texts), each position's flipped-slot count
  * and KL, and the flipped slots as [layer, position, inherited] (for the
  * layer x position maps and the flips-KL plot). indent: the array's depth. */
-static void sequences_text(sbuf *b, const mf_diff_acc *a, const mf_tokenizer *tk, int indent) {
+static void sequences_text(mf_buf *b, const mf_diff_acc *a, const mf_tokenizer *tk, int indent) {
     if (!a->n_cases) {
-        sb_put(b, "[]", 2);
+        mf_buf_put(b, "[]", 2);
         return;
     }
-    sb_put(b, "[", 1);
+    mf_buf_put(b, "[", 1);
     for (size_t ci = 0; ci < a->n_cases; ci++) {
         const mf_case *c = &a->cases[ci];
         const mf_position *pos = a->pos + c->pos_first;
-        sb_reserve(b, (size_t)c->pos_count * 16 + (size_t)c->flip_count * 24 + 256);
-        sb_put(b, ci ? ",\n" : "\n", ci ? 2 : 1);
-        for (int i = 0; i < indent + 1; i++) sb_put(b, " ", 1);
-        sb_puts(b, "{\"id\": ");
+        mf_buf_reserve(b, (size_t)c->pos_count * 16 + (size_t)c->flip_count * 24 + 256);
+        mf_buf_put(b, ci ? ",\n" : "\n", ci ? 2 : 1);
+        for (int i = 0; i < indent + 1; i++) mf_buf_put(b, " ", 1);
+        mf_buf_puts(b, "{\"id\": ");
         sb_str(b, c->id);
-        sb_puts(b, ", \"tokens\": ");
+        mf_buf_puts(b, ", \"tokens\": ");
         sb_pos_ints(b, pos, c->pos_count, true);
         if (tk) {
-            sb_puts(b, ", \"token_text\": [");
+            mf_buf_puts(b, ", \"token_text\": [");
             for (int j = 0; j < c->pos_count; j++) {
-                if (j) sb_put(b, ", ", 2);
+                if (j) mf_buf_put(b, ", ", 2);
                 sb_token_text(b, tk, pos[j].token);
             }
-            sb_put(b, "]", 1);
+            mf_buf_put(b, "]", 1);
         }
-        sb_puts(b, ", \"flipped_slots\": ");
+        mf_buf_puts(b, ", \"flipped_slots\": ");
         sb_pos_ints(b, pos, c->pos_count, false);
         bool has_kl = false;
         for (int j = 0; j < c->pos_count; j++) has_kl |= !isnan(pos[j].kl);
-        sb_puts(b, ", \"kl\": ");
+        mf_buf_puts(b, ", \"kl\": ");
         if (has_kl) {
-            sb_put(b, "[", 1);
+            mf_buf_put(b, "[", 1);
             for (int j = 0; j < c->pos_count; j++) {
-                if (j) sb_put(b, ", ", 2);
+                if (j) mf_buf_put(b, ", ", 2);
                 sb_real(b, pos[j].kl);
             }
-            sb_put(b, "]", 1);
-        } else sb_put(b, "null", 4);
-        sb_puts(b, ", \"flips\": [");
+            mf_buf_put(b, "]", 1);
+        } else mf_buf_put(b, "null", 4);
+        mf_buf_puts(b, ", \"flips\": [");
         for (int j = 0; j < c->flip_count; j++) {
             const mf_flip *f = &a->flip_list[c->flip_first + (size_t)j];
-            if (j) sb_put(b, ", ", 2);
-            sb_put(b, "[", 1);
+            if (j) mf_buf_put(b, ", ", 2);
+            mf_buf_put(b, "[", 1);
             sb_int(b, f->layer);
-            sb_put(b, ", ", 2);
+            mf_buf_put(b, ", ", 2);
             sb_int(b, f->pos);
-            sb_puts(b, f->inherited ? ", true]" : ", false]");
+            mf_buf_puts(b, f->inherited ? ", true]" : ", false]");
         }
-        sb_put(b, "]}", 2);
+        mf_buf_put(b, "]}", 2);
     }
-    sb_put(b, "\n", 1);
-    for (int i = 0; i < indent; i++) sb_put(b, " ", 1);
-    sb_put(b, "]", 1);
+    mf_buf_put(b, "\n", 1);
+    for (int i = 0; i < indent; i++) mf_buf_put(b, " ", 1);
+    mf_buf_put(b, "]", 1);
 }
 
 /* Where target i's sequences go in the dumped tree: a string no run name
@@ -830,14 +808,14 @@ int diff_write_json(const char *path, mf_run *ref, mf_run **targets, mf_diff_acc
     char *text = json_dumps(root, JSON_INDENT(1) | JSON_PRESERVE_ORDER | JSON_REAL_PRECISION(17));
     json_decref(root);
     /* each target's marker string becomes its sequences, written by hand */
-    sbuf out = {0};
+    mf_buf out = {0};
     size_t need = strlen(text);   /* one allocation: no copying as the text grows */
     for (int i = 0; i < n_targets; i++)
         need += accs[i]->n_pos * (tk ? 48 : 16) + accs[i]->n_flips * 24 + accs[i]->n_cases * 128;
-    sb_reserve(&out, need);
+    mf_buf_reserve(&out, need);
     const char *from = text;
     for (const char *m; (m = strstr(from, SEQ_MARK_DUMPED));) {
-        sb_put(&out, from, (size_t)(m - from));
+        mf_buf_put(&out, from, (size_t)(m - from));
         const char *q = m + strlen(SEQ_MARK_DUMPED);
         const int i = atoi(q);
         const char *line = m;   /* the key's line: its indent is the array's depth */
@@ -847,11 +825,11 @@ int diff_write_json(const char *path, mf_run *ref, mf_run **targets, mf_diff_acc
         sequences_text(&out, accs[i], tk, indent);
         from = strchr(q, '"') + 1;
     }
-    sb_puts(&out, from);
+    mf_buf_puts(&out, from);
     free(text);
     mf_tokenizer_free(tk);
-    int rc = mf_write_file_atomic(path, out.p, out.n, err);
-    free(out.p);
+    int rc = mf_write_file_atomic(path, out.s, out.n, err);
+    free(out.s);
     return rc;
 }
 

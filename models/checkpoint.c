@@ -146,13 +146,11 @@ static void cache_store(const mf_checkpoint *c, char (*file_hex)[33]) {
     size_t len = 0;
     mf_error ignore = {0};
     if (mf_path_exists(path) && mf_read_file(path, &old, &len, &ignore)) old = NULL;
-    size_t cap = 4096 + (old ? len : 0), n = 0;
-    char *out = mf_xmalloc(cap);
+    mf_buf out = {0};
+    mf_buf_reserve(&out, 4096 + (old ? len : 0));
     int lines = 0;
-    for (size_t i = 0; i < c->nfiles; i++) {
-        const int w = snprintf(out + n, cap - n, "%s %s %s\n", c->files[i]->identity, file_hex[i], c->files[i]->path);
-        if (w > 0 && (size_t)w < cap - n) n += (size_t)w, lines++;
-    }
+    for (size_t i = 0; i < c->nfiles; i++, lines++)
+        mf_buf_printf(&out, "%s %s %s\n", c->files[i]->identity, file_hex[i], c->files[i]->path);
     for (char *line = old, *next; line && *line && lines < 2000; line = next, lines++) {
         next = strchr(line, '\n');
         next = next ? next + 1 : line + strlen(line);
@@ -162,17 +160,14 @@ static void cache_store(const mf_checkpoint *c, char (*file_hex)[33]) {
             mine = !strncmp(line, c->files[i]->identity, il) && line[il] == ' ';
         }
         if (mine) continue;
-        const size_t ll = (size_t)(next - line);
-        if (n + ll + 1 > cap) out = mf_xrealloc(out, cap = 2 * cap + ll);
-        memcpy(out + n, line, ll);
-        n += ll;
+        mf_buf_put(&out, line, (size_t)(next - line));
     }
     char dir[4096];
     snprintf(dir, sizeof dir, "%s", path);
     char *slash = strrchr(dir, '/');
     if (slash) *slash = 0;
-    if (!mf_mkdir_p(dir, &ignore)) mf_write_file_atomic(path, out, n, &ignore);
-    free(out);
+    if (!mf_mkdir_p(dir, &ignore)) mf_write_file_atomic(path, out.s, out.n, &ignore);
+    mf_buf_free(&out);
     free(old);
 }
 

@@ -241,6 +241,28 @@ typedef struct mf_model_bytes {
 } mf_model_bytes;
 int mf_model_measure(const char *dir, mf_dtype weights, unsigned flags, mf_model_bytes *out, mf_error *err);
 
+/* ---- a sequence's results -------------------------------------------- */
+
+/* What one sequence's forward pass produced (runtime/ computes it, rundir/ records it). Arrays are row-major. */
+typedef struct mf_seq_result {
+    int T, n_moe, k, E, V, H;
+    uint16_t *topk_ids;     /* [n_moe, T, k], rank order */
+    double *topk_w;         /* [n_moe, T, k], the weights applied */
+    double *router;         /* [n_moe, T, E], raw router logits as computed */
+    double *shared_gate;    /* [n_moe, T], sigmoid gate of the shared expert, or NULL */
+    double *router_in;      /* [n_moe, T, H] or NULL */
+    double *logits;         /* [T, V] */
+    /* or, where logits is NULL, the logits [T, V] as the device handed them
+     * over (a GPU's host buffer, of logits_raw_dtype), borrowed: valid until
+     * that device's next forward, never freed here */
+    const void *logits_raw;
+    mf_dtype logits_raw_dtype;
+} mf_seq_result;
+
+void mf_seq_result_free(mf_seq_result *r);
+/* The shape fields of a result for T positions of a model with this config (CPU and GPU alike). */
+void mf_seq_result_shape(mf_seq_result *r, const mf_config *c, int T);
+
 /* ---- tokenizer ---------------------------------------------------------
  *
  * A Hugging Face tokenizer.json, read as tokenizers 0.23 reads it, encoding a text to exactly the ids of its

@@ -269,18 +269,15 @@ static int synth_into(const char *dir, mf_arch arch, mf_synth_size size, const m
     /* prompts: tiny: three short sequences; small: four of 512 tokens (pp512) */
     const int nseq = small || big ? 4 : 3;
     static const int tiny_len[3] = {21, 13, 34};
-    size_t cap = 1 << 16, len = 0;
-    char *out = mf_xmalloc(cap);
+    mf_buf out = {0};
     for (int q = 0; q < nseq; q++) {
         int T = small || big ? 512 : tiny_len[q];
-        if (len + (size_t)T * 8 + 64 > cap) out = mf_xrealloc(out, cap = 2 * cap + (size_t)T * 8 + 64);
-        len += (size_t)snprintf(out + len, cap - len, "{\"id\": \"s%d\", \"tokens\": [", q);
-        for (int t = 0; t < T; t++)
-            len += (size_t)snprintf(out + len, cap - len, t ? ", %d" : "%d", (int)(mf_rng_next(&s.rng) % (uint64_t)V));
-        len += (size_t)snprintf(out + len, cap - len, "]}\n");
+        mf_buf_printf(&out, "{\"id\": \"s%d\", \"tokens\": [", q);
+        for (int t = 0; t < T; t++) mf_buf_printf(&out, t ? ", %d" : "%d", (int)(mf_rng_next(&s.rng) % (uint64_t)V));
+        mf_buf_puts(&out, "]}\n");
     }
     mf_path_join(path, sizeof path, dir, "tokens.jsonl");
-    rc = mf_write_file_atomic(path, out, len, err);
-    free(out);
+    rc = mf_write_file_atomic(path, out.s, out.n, err);
+    mf_buf_free(&out);
     return rc;
 }

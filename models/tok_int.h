@@ -29,18 +29,16 @@
 
 /* ---- growable byte strings ------------------------------------------- */
 
-typedef struct tk_buf {
-    char *s;
-    size_t n, cap;
-} tk_buf;
+/* core's mf_buf under the tokenizer's short names */
+typedef mf_buf tk_buf;
 
-void tkb_reserve(tk_buf *b, size_t more);
-void tkb_put(tk_buf *b, const void *p, size_t n);
-void tkb_putc(tk_buf *b, char c);
+static inline void tkb_reserve(tk_buf *b, size_t more) { mf_buf_reserve(b, more); }
+static inline void tkb_put(tk_buf *b, const void *p, size_t n) { mf_buf_put(b, p, n); }
+static inline void tkb_putc(tk_buf *b, char c) { mf_buf_putc(b, c); }
 void tkb_cp(tk_buf *b, uint32_t cp);   /* UTF-8 of a code point */
-void tkb_free(tk_buf *b);
+static inline void tkb_free(tk_buf *b) { mf_buf_free(b); }
 /* the string, NUL-terminated, handed over (the buffer is left empty) */
-char *tkb_take(tk_buf *b, size_t *len);
+static inline char *tkb_take(tk_buf *b, size_t *len) { return mf_buf_take(b, len); }
 
 /* ---- UTF-8 and Unicode properties (tok_text.c) ------------------------ */
 

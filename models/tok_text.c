@@ -11,23 +11,6 @@
 
 /* ---- byte strings ------------------------------------------------------ */
 
-void tkb_reserve(tk_buf *b, size_t more) {
-    if (b->n + more + 1 <= b->cap) return;
-    size_t cap = b->cap ? b->cap : 64;
-    while (cap < b->n + more + 1) cap *= 2;
-    b->s = mf_xrealloc(b->s, cap);
-    b->cap = cap;
-}
-
-void tkb_put(tk_buf *b, const void *p, size_t n) {
-    tkb_reserve(b, n);
-    if (n) memcpy(b->s + b->n, p, n);
-    b->n += n;
-    b->s[b->n] = 0;
-}
-
-void tkb_putc(tk_buf *b, char c) { tkb_put(b, &c, 1); }
-
 void tkb_cp(tk_buf *b, uint32_t cp) {
     char u[4];
     int n;
@@ -39,20 +22,6 @@ void tkb_cp(tk_buf *b, uint32_t cp) {
         u[0] = (char)(0xf0 | cp >> 18), u[1] = (char)(0x80 | ((cp >> 12) & 63)), u[2] = (char)(0x80 | ((cp >> 6) & 63)),
         u[3] = (char)(0x80 | (cp & 63)), n = 4;
     tkb_put(b, u, (size_t)n);
-}
-
-void tkb_free(tk_buf *b) {
-    free(b->s);
-    memset(b, 0, sizeof *b);
-}
-
-char *tkb_take(tk_buf *b, size_t *len) {
-    tkb_reserve(b, 0);
-    char *s = b->s;
-    s[b->n] = 0;
-    if (len) *len = b->n;
-    memset(b, 0, sizeof *b);
-    return s;
 }
 
 /* ---- UTF-8 ------------------------------------------------------------- */

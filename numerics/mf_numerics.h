@@ -57,7 +57,7 @@ const char *mf_gemm_kernel_name(void);
 /* Forces the portable kernels (true) or the widest again (false). */
 void mf_gemm_force_portable(bool on);
 
-/* ---- matrix-instruction models (shared/NUMERICS.md) ----------------- */
+/* ---- matrix-instruction models (docs/numerics.md) -------------------- */
 
 /* Operand formats of matrix instructions. TF32 (and AMD's xf32) operands are
  * fp32 bit patterns whose low 13 fraction bits the unit ignores; FNUZ are
@@ -209,7 +209,7 @@ double mf_sigmoid(double x);
 /* ---- precision policies ------------------------------------------------ */
 
 /* Which dtype each part of the model computes in (CroVA's precision modes,
- * crova-paper-code.md §3, plus `router`). A part computing in a wider dtype
+ * plus `router`; docs/precision.md). A part computing in a wider dtype
  * than the residual stream takes its inputs exactly and casts its outputs
  * back to the stream's dtype (the head's logits stay in its dtype).
  *

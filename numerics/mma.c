@@ -1,4 +1,4 @@
-/* Bit-accurate models of GPU matrix instructions (shared/NUMERICS.md).
+/* Bit-accurate models of GPU matrix instructions (docs/numerics.md, "The instruction models").
  *
  * Every input is decoded to an exact (sign, integer significand, exponent)
  * triple and every intermediate is an exact integer scaled by a power of two,

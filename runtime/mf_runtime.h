@@ -1,8 +1,8 @@
 /* moeflip runtime: the forward pass of a loaded model over one sequence,
  * recording what the router did at every MoE layer.
  *
- * The CPU executor follows transformers v5 (5.17, "v5-late" in
- * shared/reference/hf-moe-forward.md §0) cast point by cast point: in a bf16
+ * The CPU executor follows transformers v5 (5.17) cast point by cast point
+ * (docs/precision.md, "Cast points"): in a bf16
  * run every op's result is rounded to bf16, elementwise math in between runs
  * in fp32 ("opmath"), matrix products accumulate in fp32; the MoE combine is
  * grouped_mm's (slot products summed in fp32, one rounding). In an fp64 run
@@ -21,21 +21,8 @@ typedef struct mf_run_opts {
     const mf_numerics *numerics; /* how matrix products run (NULL: native) */
 } mf_run_opts;
 
-/* What one sequence's forward pass produced. Arrays are row-major. */
-typedef struct mf_seq_result {
-    int T, n_moe, k, E, V, H;
-    uint16_t *topk_ids;     /* [n_moe, T, k], rank order */
-    double *topk_w;         /* [n_moe, T, k], the weights applied */
-    double *router;         /* [n_moe, T, E], raw router logits as computed */
-    double *shared_gate;    /* [n_moe, T], sigmoid gate of the shared expert, or NULL */
-    double *router_in;      /* [n_moe, T, H] or NULL */
-    double *logits;         /* [T, V] */
-    /* or, where logits is NULL, the logits [T, V] as the device handed them
-     * over (a GPU's host buffer, of logits_raw_dtype), borrowed: valid until
-     * that device's next forward, never freed here */
-    const void *logits_raw;
-    mf_dtype logits_raw_dtype;
-} mf_seq_result;
+/* What a forward pass produces, mf_seq_result, is declared in mf_models.h: the run writer (rundir/) records
+ * it without seeing the executor. */
 
 /* Loads a model for a run of the given precision (weights rounded to the
  * policy's weight dtype, packed for its compute type). */
@@ -65,10 +52,6 @@ int mf_cpu_session_length(const mf_cpu_session *s);
  * results the same bits as if the forgotten ones had never run (several continuations of one prompt). */
 int mf_cpu_session_rewind(mf_cpu_session *s, int pos, mf_error *err);
 void mf_cpu_session_close(mf_cpu_session *s);
-
-void mf_seq_result_free(mf_seq_result *r);
-/* The shape fields of a result for T positions of a model with this config (CPU and GPU alike). */
-void mf_seq_result_shape(mf_seq_result *r, const mf_config *c, int T);
 
 /* Digests of n sequences' outputs, each over all sequences in order:
  * logits, router, topk_ids, topk_w, shared_gate (MF_SEQ_DIGEST_NAMES). Two

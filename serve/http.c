@@ -27,41 +27,6 @@ enum {
 
 /* ---- helpers ---------------------------------------------------------- */
 
-void server_log(server *s, const char *fmt, ...) {
-    if (s->o.quiet) return;
-    char line[1200];
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(line, sizeof line, fmt, ap);
-    va_end(ap);
-    fprintf(stderr, "moeflip serve: %s\n", line);
-}
-
-/* Compares a presented token with the secret in time that depends on neither:
- * both are padded into fixed buffers and every byte is looked at. */
-bool ct_token_equal(const char *given, size_t given_len, const char *secret) {
-    unsigned char a[MF_SERVE_TOKEN_MAX + 1] = {0}, b[MF_SERVE_TOKEN_MAX + 1] = {0};
-    size_t slen = strlen(secret);
-    size_t gl = given_len > MF_SERVE_TOKEN_MAX ? MF_SERVE_TOKEN_MAX : given_len;
-    memcpy(a, given, gl);
-    memcpy(b, secret, slen);
-    volatile unsigned char d = (unsigned char)((given_len != slen) | (given_len > MF_SERVE_TOKEN_MAX));
-    for (size_t i = 0; i < sizeof a; i++) d |= (unsigned char)(a[i] ^ b[i]);
-    explicit_bzero(a, sizeof a);
-    explicit_bzero(b, sizeof b);
-    return d == 0;
-}
-
-void hex_encode(const void *data, size_t n, char *out) {
-    static const char hx[] = "0123456789abcdef";
-    const unsigned char *p = data;
-    for (size_t i = 0; i < n; i++) {
-        out[2 * i] = hx[p[i] >> 4];
-        out[2 * i + 1] = hx[p[i] & 15];
-    }
-    out[2 * n] = 0;
-}
-
 static const char *reason(int status) {
     switch (status) {
     case 100: return "Continue";
@@ -97,9 +62,9 @@ static void conn_free(conn *c) {
     if (c->next) c->next->prev = c->prev;
     s->n_conns--;
     explicit_bzero(c->auth, sizeof c->auth);
-    free(c->body);
-    if (c->leftover) explicit_bzero(c->leftover, c->leftover_len);   /* requests, perhaps with a token */
-    free(c->leftover);
+    mf_buf_free(&c->body);
+    if (c->leftover.s) explicit_bzero(c->leftover.s, c->leftover.n);   /* requests, perhaps with a token */
+    mf_buf_free(&c->leftover);
     free(c);
 }
 
@@ -377,9 +342,7 @@ static void on_read(uv_stream_t *st, ssize_t nread, const uv_buf_t *buf) {
         if (c->state == CS_DRAIN) {
             /* dropped */
         } else if (c->state == CS_WAIT) {
-            c->leftover = mf_xrealloc(c->leftover, c->leftover_len + (size_t)nread);
-            memcpy(c->leftover + c->leftover_len, buf->base, (size_t)nread);
-            c->leftover_len += (size_t)nread;
+            mf_buf_put(&c->leftover, buf->base, (size_t)nread);
             conn_stop_reading(c);
         } else {
             server *s = c->srv;
@@ -471,9 +434,7 @@ static void begin_request(conn *c) {
     c->n_headers = 0;
     c->route = R_NONE;
     c->arg[0] = 0;
-    free(c->body);
-    c->body = NULL;
-    c->body_len = 0;
+    mf_buf_free(&c->body);
     c->started = mf_now();
     c->got = 0;
     /* a new connection has the header time from its accept; a kept-alive one waits up to the idle time for its
@@ -491,14 +452,12 @@ void conn_resume(conn *c) {
     begin_request(c);
     http_parser_pause(&c->parser, 0);
     conn_start_reading(c);
-    if (c->leftover_len) {
-        char *l = c->leftover;
-        size_t n = c->leftover_len;
-        c->leftover = NULL;
-        c->leftover_len = 0;
-        feed(c, l, n);
-        explicit_bzero(l, n);
-        free(l);
+    if (c->leftover.n) {
+        mf_buf l = c->leftover;
+        c->leftover = (mf_buf){0};
+        feed(c, l.s, l.n);
+        explicit_bzero(l.s, l.n);
+        mf_buf_free(&l);
     }
 }
 
@@ -515,9 +474,7 @@ static void feed(conn *c, const char *data, size_t n) {
     enum http_errno e = HTTP_PARSER_ERRNO(&c->parser);
     if (e == HPE_PAUSED) {
         if (c->state == CS_WAIT && done < n) {   /* a pipelined request: kept for later */
-            c->leftover = mf_xrealloc(c->leftover, c->leftover_len + (n - done));
-            memcpy(c->leftover + c->leftover_len, data + done, n - done);
-            c->leftover_len += n - done;
+            mf_buf_put(&c->leftover, data + done, n - done);
             conn_stop_reading(c);
         }
         return;
@@ -752,14 +709,11 @@ static int on_body(http_parser *p, const char *at, size_t len) {
         return 0;
     }
     if (c->route == R_DIFF_POST) {
-        if (c->body_len + len > MAX_SMALL_BODY) {
+        if (c->body.n + len > MAX_SMALL_BODY) {
             conn_error(c, 413, "request bodies here are limited to %d bytes", MAX_SMALL_BODY);
             return 0;
         }
-        c->body = mf_xrealloc(c->body, c->body_len + len + 1);
-        memcpy(c->body + c->body_len, at, len);
-        c->body_len += len;
-        c->body[c->body_len] = 0;
+        mf_buf_put(&c->body, at, len);
     }
     return 0;
 }
@@ -809,7 +763,7 @@ static int on_message_complete(http_parser *p) {
             upload_finish(u);   /* answers when the pool has verified and stored the run */
         }
         break;
-    case R_DIFF_POST: diffs_post(c, c->body ? c->body : "", c->body_len); break;
+    case R_DIFF_POST: diffs_post(c, c->body.s ? c->body.s : "", c->body.n); break;
     case R_DIFF_GET: diffs_get(c, c->arg); break;
     default: conn_error(c, 404, "no such resource");
     }

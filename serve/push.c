@@ -13,7 +13,7 @@
  * stalls, 408, 429 and 5xx are retried with backoff; success is only the
  * server's answer that it verified and stored the run. */
 #include "serve_int.h"
-#include "mf_trace.h"
+#include "mf_rundir.h"
 
 #include <curl/curl.h>
 #include <errno.h>

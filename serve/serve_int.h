@@ -36,6 +36,15 @@ typedef struct conn conn;
 typedef struct upload upload;
 typedef struct diff_job diff_job;
 
+/* ---- helpers (util.c): what the store and the connections both use ------ */
+
+/* One line on stderr, "moeflip serve: ...", unless the server is quiet. */
+void server_log(server *s, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+/* Whether a presented token equals the secret, in time that depends on neither. */
+bool ct_token_equal(const char *given, size_t given_len, const char *secret);
+/* 2n lowercase hex digits and a NUL into out. */
+void hex_encode(const void *data, size_t n, char *out);
+
 /* ---- the run store (store.c) ------------------------------------------- */
 
 typedef struct run_entry {
@@ -132,8 +141,7 @@ struct conn {
     int n_headers;
     int route;               /* set at headers complete */
     char arg[MAX_URL + 1];   /* the route's argument (a run name, a diff path) */
-    char *body;              /* small bodies (POST /api/diffs) */
-    size_t body_len;
+    mf_buf body;             /* small bodies (POST /api/diffs) */
     upload *up;
     diff_job *waiting;       /* the diff this request waits for */
     conn *wait_next;
@@ -144,8 +152,7 @@ struct conn {
     size_t rbuf_len, rbuf_cap;
     bool rbuf_kept;
     /* bytes received after a paused request, fed once it is answered */
-    char *leftover;
-    size_t leftover_len;
+    mf_buf leftover;
 };
 
 struct server {
@@ -211,9 +218,6 @@ void conn_body_spliced(conn *c, uint64_t n);
 void server_init(server *s, uv_loop_t *loop, const mf_serve_opts *o);
 /* Adopts an accepted or opened stream as a connection (the fuzz target feeds a socketpair). */
 conn *server_adopt_pipe(server *s, int fd);
-void server_log(server *s, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
-bool ct_token_equal(const char *given, size_t given_len, const char *secret);
-void hex_encode(const void *data, size_t n, char *out);
 
 /* The UI page (ui.c). */
 extern const char mf_serve_ui_html[];

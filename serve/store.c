@@ -1,7 +1,7 @@
 /* The run store: names, the directory of each run, the index the list
  * endpoint shows, and rebuilding it from disk at start. */
 #include "serve_int.h"
-#include "mf_trace.h"
+#include "mf_rundir.h"
 
 #include <errno.h>
 #include <fcntl.h>

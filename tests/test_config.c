@@ -1,5 +1,5 @@
 /* config.json: class defaults for absent keys (transformers' configuration
- * classes, shared/reference/hf-moe-forward.md), both rope spellings, MoE and
+ * classes; docs/models.md), both rope spellings, MoE and
  * sliding layers. */
 #include <criterion/criterion.h>
 #include <string.h>

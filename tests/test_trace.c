@@ -10,7 +10,7 @@
 #include "mf_trace.h"
 #include "testutil.h"
 
-/* The jsonl export follows DESIGN.md §8 and agrees with HF's fp64 run. */
+/* The jsonl export follows docs/run-format.md ("Export") and agrees with HF's fp64 run. */
 Test(trace, export_jsonl_schema_and_values) {
     const char *d = temp_dir();
     char run[4200], out[4200], err[2048];

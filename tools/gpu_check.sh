@@ -3,7 +3,7 @@
 #   tools/gpu_check.sh [BUILD_DIR] [OUT.json]
 # Builds BUILD_DIR when it lacks moeflip_gpu_check (needs nvcc and the Debian
 # -dev packages of the README), runs the ctest label "gpu" when BUILD_DIR has
-# the test suite, then every validation of tools/gpu_check.c: fp32 against
+# the test suite, then every validation of tests/gpu_check.c: fp32 against
 # fp64, fixed against emu:hopper, emu:ARCH against the CPU, on every fixture,
 # a synthetic model of each architecture and two 512-token ones. OUT.json is
 # the record that tests/fixtures/gpu/h200-check.json is a copy of.

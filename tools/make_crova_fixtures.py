@@ -27,7 +27,7 @@ Output, per case:
                                                   tie counts, paired_bootstrap point values, float64 values,
                                                   torch CPU values (with --torch-results)
 
-The metrics follow shared/reference/crova-paper-code.md §1.1, §1.2, §1.4 and §1.5 (point values only):
+The metrics follow CroVA's case_stats, summarize and paired_bootstrap (point values only; docs/diff.md states them):
 float32 arithmetic for each per-case sum (blocks of 64 positions summed in float32, block sums accumulated
 in a Python float), log_softmax in float32, argmax = first maximal index, top-k with ties broken as
 "larger value first, equal values: lower index first", expert sets from top-k of the raw router logits.
@@ -47,7 +47,7 @@ PAIRS = (("fp64", "bf16cpu"), ("fp64", "bf16cuda"), ("bf16cpu", "bf16cuda"))
 BLOCK = 64
 TOPN = 5
 CONVENTIONS = {
-    "per_case": "crova case_stats sums (reference §1.1, §1.2), numpy float32: each block of 64 positions summed "
+    "per_case": "crova case_stats sums, numpy float32: each block of 64 positions summed "
                 "in float32 (numpy pairwise sum), block sums added in a Python float; log_softmax and exp in float32",
     "router_logit_sq_err": "one float32 sum over all L*T*E entries of the case",
     "argmax": "first maximal index",
@@ -55,8 +55,8 @@ CONVENTIONS = {
             "alt_tiebreak_high_index_first and torch_cpu)",
     "router_sets": "top-k (k = experts_per_token) of the stored raw router logits, as float32",
     "equal_bits": "only when both captures hold BF16 logits, else null; summary has equal_bits_pct only then",
-    "summary": "crova summarize point values (§1.4), cases sorted by id; no CIs",
-    "paired_bootstrap": "crova paired_bootstrap point values (§1.5), A = fp64_vs_bf16cpu, B = fp64_vs_bf16cuda; "
+    "summary": "crova summarize point values, cases sorted by id; no CIs",
+    "paired_bootstrap": "crova paired_bootstrap point values, A = fp64_vs_bf16cpu, B = fp64_vs_bf16cuda; "
                         "no CIs (they need numpy default_rng(20260820) resampling)",
     "float64_check": "sq_err, prob_sq_err, kl, router_logit_sq_err of the same stored values computed in "
                      "float64 (the fp32 kl is rounding-noise dominated: compare a double-precision tool with these)",
@@ -246,7 +246,7 @@ def alt_counts(ref, tgt, k):
 
 
 def summarize(per_case):
-    """Point values of crova summarize() (§1.4), cases in case_id order."""
+    """Point values of crova summarize(), cases in case_id order."""
     ids = sorted(per_case)
     S = lambda key: sum(per_case[c][key] for c in ids)
     pos = S("positions")
@@ -275,7 +275,7 @@ def summarize(per_case):
 
 
 def paired_point(a, b):
-    """Point values of crova paired_bootstrap(a, b) (§1.5); a, b: per_case dicts against one reference."""
+    """Point values of crova paired_bootstrap(a, b); a, b: per_case dicts against one reference."""
     if sorted(a) != sorted(b):
         raise ValueError("case sets differ")
     ids = sorted(a)

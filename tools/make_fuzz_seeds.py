@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Seeds for serve/fuzz/corpus that reach the paths the fuzz target's options open (serve/fuzz/fuzz_request.c):
+"""Seeds for tests/fuzz/corpus/serve that reach the paths the fuzz target's options open (tests/fuzz/fuzz_serve.c):
 diffs of the store's runs "fa" and "fb" answered before the client closes, a diff abandoned at once, a chunked
 upload in chunks the (small, fuzz-build) upload sizes adopt, and requests cut short that reach the 100 ms timeouts.
 
@@ -34,7 +34,7 @@ def post_diff(reference, targets, bootstrap=None, keep_alive=True):
 
 
 def main():
-    corpus = sys.argv[1] if len(sys.argv) > 1 else os.path.join(os.path.dirname(__file__), "..", "serve", "fuzz", "corpus")
+    corpus = sys.argv[1] if len(sys.argv) > 1 else os.path.join(os.path.dirname(__file__), "..", "tests", "fuzz", "corpus", "serve")
     valid = open(os.path.join(corpus, "upload_valid"), "rb").read()[1:]
     run_body = valid.split(b"\r\n\r\n", 1)[1]
     seeds = {}

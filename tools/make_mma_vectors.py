@@ -4,7 +4,7 @@
 MMA-Sim (public code microsoft/MMA-Sim, Python + PyTorch >= 2.7) is NOT part of
 this repository: pass the folder that holds its `mmasim` package with --mmasim.
 
-Schema (one JSON object a line, as shared/data/mma_sample_vectors.jsonl):
+Schema (one JSON object a line, as tests/fixtures/mma/mma_sample_vectors.jsonl.xz; tests/fixtures/mma/README.md):
   {"arch", "instr", "m", "n", "k", "a_type", ["b_type" only when it differs],
    "c_type", "style", "source": "mma-sim", "A": [hex, m*k row-major],
    "B": [hex, k*n row-major], "C": [hex, m*n], "D": [hex, m*n]}
@@ -72,7 +72,7 @@ INSTRS = [
     ("CDNA3", "mfma_f32_32x32x16_fp8_fp8"),
     ("CDNA3", "mfma_f32_16x16x4_f32"),
 ]
-# tried, kept only if MMA-Sim runs them (NUMERICS.md: its CDNA1/2 f16/bf16 paths assert)
+# tried, kept only if MMA-Sim runs them (its CDNA1/2 f16/bf16 paths assert; docs/numerics.md, "How the models are checked")
 OPTIONAL = [
     ("CDNA2", "mfma_f32_16x16x16bf16_1k"),
     ("CDNA2", "mfma_f32_16x16x16f16"),

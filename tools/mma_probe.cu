@@ -1,7 +1,7 @@
 /*
  * mma_probe.cu - run NVIDIA matrix instructions on real hardware (Hopper, sm_90a)
  * on random tiles and write the tiles and the card's results as JSON lines, one
- * tile a line, in the schema of shared/data/mma_sample_vectors.jsonl:
+ * tile a line, in the schema of tests/fixtures/mma/README.md:
  *
  *   {"arch": "Hopper", "instr": ..., "m", "n", "k", "a_type", "c_type", "style",
  *    "source": "h200", "A": [hex, m*k row-major], "B": [hex, k*n row-major],

@@ -570,20 +570,8 @@ int mf_draw_heatmap_file(const char *diff_json, int target, mf_heat_kind kind, c
     return MF_OK;
 }
 
-typedef struct membuf {
-    char *p;
-    size_t n, cap;
-} membuf;
-
 static cairo_status_t to_mem(void *closure, const unsigned char *data, unsigned int length) {
-    membuf *m = closure;
-    if (m->n + length + 1 > m->cap) {
-        m->cap = (m->n + length + 1) * 2;
-        m->p = mf_xrealloc(m->p, m->cap);
-    }
-    memcpy(m->p + m->n, data, length);
-    m->n += length;
-    m->p[m->n] = 0;
+    mf_buf_put(closure, data, length);
     return CAIRO_STATUS_SUCCESS;
 }
 
@@ -596,7 +584,7 @@ int mf_draw_heatmap_svg(const char *diff_json, int target, mf_heat_kind kind, co
     memset(fig, 0, sizeof *fig);
     geom g = {0};
     layout(&d, fig, &g);
-    membuf m = {0};
+    mf_buf m = {0};
     cairo_surface_t *s = cairo_svg_surface_create_for_stream(to_mem, &m, fig->width, fig->height);
     cairo_t *cr = cairo_create(s);
     draw(cr, &d, &g, fig);
@@ -606,11 +594,11 @@ int mf_draw_heatmap_svg(const char *diff_json, int target, mf_heat_kind kind, co
     cairo_surface_destroy(s);
     data_free(&d);
     json_decref(root);
-    if (st != CAIRO_STATUS_SUCCESS || !m.p) {
-        free(m.p);
+    if (st != CAIRO_STATUS_SUCCESS || !m.s) {
+        free(m.s);
         return mf_fail(err, MF_EIO, "cannot draw %s: %s", mf_heat_kind_name(kind), cairo_status_to_string(st));
     }
-    *svg = m.p;
+    *svg = m.s;
     *len = m.n;
     return MF_OK;
 }

@@ -9,46 +9,19 @@
 #include <stdlib.h>
 #include <string.h>
 
-typedef struct out {
-    char *p;
-    size_t n, cap;
-} out;
-
-static void put(out *o, const char *s, size_t n) {
-    if (o->n + n + 1 > o->cap) {
-        o->cap = (o->n + n + 1) * 2;
-        o->p = mf_xrealloc(o->p, o->cap);
-    }
-    memcpy(o->p + o->n, s, n);
-    o->n += n;
-    o->p[o->n] = 0;
-}
-
-static void puts_(out *o, const char *s) { put(o, s, strlen(s)); }
-
-static void printf_(out *o, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
-static void printf_(out *o, const char *fmt, ...) {
-    char buf[2048];
-    va_list ap;
-    va_start(ap, fmt);
-    int n = vsnprintf(buf, sizeof buf, fmt, ap);
-    va_end(ap);
-    put(o, buf, n < (int)sizeof buf ? (size_t)n : sizeof buf - 1);
-}
-
-static void esc(out *o, const char *s) {
+static void esc(mf_buf *o, const char *s) {
     for (; s && *s; s++) {
         switch (*s) {
-        case '<': puts_(o, "&lt;"); break;
-        case '>': puts_(o, "&gt;"); break;
-        case '&': puts_(o, "&amp;"); break;
-        case '"': puts_(o, "&quot;"); break;
-        default: put(o, s, 1);
+        case '<': mf_buf_puts(o, "&lt;"); break;
+        case '>': mf_buf_puts(o, "&gt;"); break;
+        case '&': mf_buf_puts(o, "&amp;"); break;
+        case '"': mf_buf_puts(o, "&quot;"); break;
+        default: mf_buf_put(o, s, 1);
         }
     }
 }
 
-static void base64(out *o, const unsigned char *d, size_t n) {
+static void base64(mf_buf *o, const unsigned char *d, size_t n) {
     static const char t[] = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
     char q[4];
     for (size_t i = 0; i < n; i += 3) {
@@ -57,7 +30,7 @@ static void base64(out *o, const unsigned char *d, size_t n) {
         q[1] = t[v >> 12 & 63];
         q[2] = i + 1 < n ? t[v >> 6 & 63] : '=';
         q[3] = i + 2 < n ? t[v & 63] : '=';
-        put(o, q, 4);
+        mf_buf_put(o, q, 4);
     }
 }
 
@@ -66,17 +39,17 @@ static const char *str(json_t *o, const char *k) {
     return s ? s : "";
 }
 
-static void value_cell(out *o, json_t *m) {
+static void value_cell(mf_buf *o, json_t *m) {
     json_t *v = json_object_get(m, "value"), *ci = json_object_get(m, "ci95");
     if (!json_is_number(v)) {
-        puts_(o, "<td>&ndash;</td>");
+        mf_buf_puts(o, "<td>&ndash;</td>");
         return;
     }
-    printf_(o, "<td title=\"95%% interval over resampled sequences\">%.4g", json_number_value(v));
+    mf_buf_printf(o, "<td title=\"95%% interval over resampled sequences\">%.4g", json_number_value(v));
     if (json_is_number(json_array_get(ci, 0)))   /* on a line of its own: the columns stay narrow */
-        printf_(o, "<br><span class=ci>[%.3g, %.3g]</span>", json_number_value(json_array_get(ci, 0)),
-                json_number_value(json_array_get(ci, 1)));
-    puts_(o, "</td>");
+        mf_buf_printf(o, "<br><span class=ci>[%.3g, %.3g]</span>", json_number_value(json_array_get(ci, 0)),
+                      json_number_value(json_array_get(ci, 1)));
+    mf_buf_puts(o, "</td>");
 }
 
 static const char *metric_names[] = {
@@ -87,40 +60,40 @@ static const char *metric_names[] = {
     "forward_kl_given_2plus_flips", "top1_pct_given_0_flips", "top1_pct_given_1_flip", "top1_pct_given_2plus_flips",
 };
 
-static void figure(out *o, const char *diff_text, int target, mf_heat_kind kind, int *fig_no) {
+static void figure(mf_buf *o, const char *diff_text, int target, mf_heat_kind kind, int *fig_no) {
     char *svg = NULL;
     size_t len = 0;
     mf_figure fig;
     mf_error err = {0};
     if (mf_heatmap_svg(diff_text, target, kind, NULL, &svg, &len, &fig, &err)) {
-        printf_(o, "<p class=note>%s: ", mf_heat_kind_name(kind));
+        mf_buf_printf(o, "<p class=note>%s: ", mf_heat_kind_name(kind));
         esc(o, err.msg);
-        puts_(o, "</p>");
+        mf_buf_puts(o, "</p>");
         return;
     }
     (*fig_no)++;
-    printf_(o, "<figure id=fig%d><div class=fig style=\"width:%dpx;height:%dpx\">", *fig_no, fig.width, fig.height);
-    printf_(o, "<img width=%d height=%d alt=\"", fig.width, fig.height);   /* cairo sizes SVG in pt: pin the pixels */
-    puts_(o, mf_heat_kind_name(kind));
-    puts_(o, "\" src=\"data:image/svg+xml;base64,");
+    mf_buf_printf(o, "<figure id=fig%d><div class=fig style=\"width:%dpx;height:%dpx\">", *fig_no, fig.width, fig.height);
+    mf_buf_printf(o, "<img width=%d height=%d alt=\"", fig.width, fig.height);   /* cairo sizes SVG in pt: pin the pixels */
+    mf_buf_puts(o, mf_heat_kind_name(kind));
+    mf_buf_puts(o, "\" src=\"data:image/svg+xml;base64,");
     base64(o, (const unsigned char *)svg, len);
-    printf_(o, "\"><svg class=hover viewBox=\"0 0 %d %d\" width=%d height=%d>", fig.width, fig.height, fig.width, fig.height);
+    mf_buf_printf(o, "\"><svg class=hover viewBox=\"0 0 %d %d\" width=%d height=%d>", fig.width, fig.height, fig.width, fig.height);
     for (size_t i = 0; i < fig.n_cells; i++) {
         const mf_cell *c = &fig.cells[i];
-        printf_(o, "<rect x=%.1f y=%.1f width=%.1f height=%.1f><title>", c->x, c->y, c->w, c->h);
+        mf_buf_printf(o, "<rect x=%.1f y=%.1f width=%.1f height=%.1f><title>", c->x, c->y, c->w, c->h);
         esc(o, c->text);
-        puts_(o, "</title></rect>");
+        mf_buf_puts(o, "</title></rect>");
     }
-    printf_(o, "</svg></div><figcaption>Figure %d: %s (hover a cell for its numbers).</figcaption></figure>\n", *fig_no,
-            mf_heat_kind_name(kind));
+    mf_buf_printf(o, "</svg></div><figcaption>Figure %d: %s (hover a cell for its numbers).</figcaption></figure>\n", *fig_no,
+                  mf_heat_kind_name(kind));
     free(svg);
     mf_figure_free(&fig);
 }
 
 /* A run's setting in full, "numerics × precision", as text: the canonical profile says exactly what ran. */
-static void setting(out *o, json_t *run) {
+static void setting(mf_buf *o, json_t *run) {
     esc(o, str(run, "numerics"));
-    puts_(o, " &times; ");
+    mf_buf_puts(o, " &times; ");
     esc(o, str(run, "precision"));
 }
 
@@ -141,53 +114,53 @@ static bool same_short_setting(json_t *a, json_t *b) {
 
 /* A run's setting as a short label, "emu:cdna3 × bf16", with the full one on hover. Where another run of the diff
  * (others, may be NULL) has the same short label, the run's own label (its "run") follows in brackets. */
-static void short_setting(out *o, json_t *run, json_t *others) {
+static void short_setting(mf_buf *o, json_t *run, json_t *others) {
     const char *numerics = str(run, "numerics");
-    puts_(o, "<span class=setting title=\"");
+    mf_buf_puts(o, "<span class=setting title=\"");
     setting(o, run);
-    puts_(o, "\">");
+    mf_buf_puts(o, "\">");
     char name[256];
     snprintf(name, sizeof name, "%.*s", (int)profile_name_length(numerics), numerics);
     esc(o, name);
-    puts_(o, " &times; ");
+    mf_buf_puts(o, " &times; ");
     esc(o, str(run, "precision"));
     bool twin = false;
     size_t i;
     json_t *x;
     json_array_foreach(others, i, x) twin |= x != run && same_short_setting(x, run);
     if (twin) {
-        puts_(o, " <span class=ci>(");
+        mf_buf_puts(o, " <span class=ci>(");
         esc(o, str(run, "run"));
-        puts_(o, ")</span>");
+        mf_buf_puts(o, ")</span>");
     }
-    puts_(o, "</span>");
+    mf_buf_puts(o, "</span>");
 }
 
 /* A metric's value and interval in the headline: "2.00% [1.56, 2.41]", or a dash where the diff lacks it. */
-static void headline_cell(out *o, json_t *m, const char *fmt_value, const char *unit) {
+static void headline_cell(mf_buf *o, json_t *m, const char *fmt_value, const char *unit) {
     json_t *v = json_object_get(m, "value"), *ci = json_object_get(m, "ci95");
     if (!json_is_number(v)) {
-        puts_(o, "<td>&ndash;</td>");
+        mf_buf_puts(o, "<td>&ndash;</td>");
         return;
     }
-    puts_(o, "<td><b>");
-    printf_(o, fmt_value, json_number_value(v));
-    puts_(o, unit);
-    puts_(o, "</b>");
+    mf_buf_puts(o, "<td><b>");
+    mf_buf_printf(o, fmt_value, json_number_value(v));
+    mf_buf_puts(o, unit);
+    mf_buf_puts(o, "</b>");
     if (json_is_number(json_array_get(ci, 0)))
-        printf_(o, " <span class=ci>[%.3g, %.3g]</span>", json_number_value(json_array_get(ci, 0)),
-                json_number_value(json_array_get(ci, 1)));
-    puts_(o, "</td>");
+        mf_buf_printf(o, " <span class=ci>[%.3g, %.3g]</span>", json_number_value(json_array_get(ci, 0)),
+                      json_number_value(json_array_get(ci, 1)));
+    mf_buf_puts(o, "</td>");
 }
 
 /* What a reader came for, first: every comparison of every diff on one line each, with its flips, the error they
  * make in the output and the agreement of the top token. */
-static void headline(out *o, json_t **docs, int n) {
-    puts_(o, "<section class=headline><table class=headline><thead><tr><th>target</th><th>against</th>"
-             "<th title=\"flipped_slots_pct: (layer, position) slots whose set of dispatched experts differs\">expert choices "
-             "that flip</th><th title=\"forward_kl: KL(P_reference || P_target) of the output distributions\">output KL, "
-             "nats per token</th><th title=\"top1_pct: positions whose largest logit is the same token\">same top-1 "
-             "token</th><th>sequences</th></tr></thead><tbody>\n");
+static void headline(mf_buf *o, json_t **docs, int n) {
+    mf_buf_puts(o, "<section class=headline><table class=headline><thead><tr><th>target</th><th>against</th>"
+                   "<th title=\"flipped_slots_pct: (layer, position) slots whose set of dispatched experts differs\">expert choices "
+                   "that flip</th><th title=\"forward_kl: KL(P_reference || P_target) of the output distributions\">output KL, "
+                   "nats per token</th><th title=\"top1_pct: positions whose largest logit is the same token\">same top-1 "
+                   "token</th><th>sequences</th></tr></thead><tbody>\n");
     long long resamples = -1;
     bool one_plan = true;
     for (int k = 0; k < n; k++) {
@@ -199,38 +172,38 @@ static void headline(out *o, json_t **docs, int n) {
         json_t *t;
         json_array_foreach(targets, i, t) {
             json_t *m = json_object_get(t, "metrics");
-            puts_(o, "<tr><th>");
+            mf_buf_puts(o, "<tr><th>");
             short_setting(o, t, targets);
-            puts_(o, "</th><td>");
+            mf_buf_puts(o, "</th><td>");
             short_setting(o, ref, NULL);
-            puts_(o, "</td>");
+            mf_buf_puts(o, "</td>");
             headline_cell(o, json_object_get(m, "flipped_slots_pct"), "%.2f", "%");
             headline_cell(o, json_object_get(m, "forward_kl"), "%.3g", "");
             headline_cell(o, json_object_get(m, "top1_pct"), "%.2f", "%");
-            printf_(o, "<td>%lld</td></tr>\n", (long long)json_integer_value(json_object_get(d, "sequences")));
+            mf_buf_printf(o, "<td>%lld</td></tr>\n", (long long)json_integer_value(json_object_get(d, "sequences")));
         }
     }
-    puts_(o, "</tbody></table>\n<p class=meta>");
+    mf_buf_puts(o, "</tbody></table>\n<p class=meta>");
     if (one_plan && resamples > 0)
-        printf_(o, "Brackets: 95%% bootstrap intervals over %lld resamples of whole sequences. ", resamples);
+        mf_buf_printf(o, "Brackets: 95%% bootstrap intervals over %lld resamples of whole sequences. ", resamples);
     else if (one_plan)
-        puts_(o, "No intervals (no bootstrap resamples). ");
+        mf_buf_puts(o, "No intervals (no bootstrap resamples). ");
     else
-        puts_(o, "Brackets: 95% bootstrap intervals over resampled sequences (resamples per diff below). ");
-    puts_(o, "Hover a setting for its full numerics profile. Every metric, per layer and per target, and the figures "
-             "follow.</p></section>\n");
+        mf_buf_puts(o, "Brackets: 95% bootstrap intervals over resampled sequences (resamples per diff below). ");
+    mf_buf_puts(o, "Hover a setting for its full numerics profile. Every metric, per layer and per target, and the figures "
+                   "follow.</p></section>\n");
 }
 
 /* A run's row in the metadata table: every string in it comes from a manifest, which whoever made the run wrote,
  * and is escaped like all such text in the report. */
-static void run_cells(out *o, json_t *run) {
+static void run_cells(mf_buf *o, json_t *run) {
     static const char *keys[] = {"run", "numerics", "precision", "device_name", "tool"};
     for (size_t k = 0; k < sizeof keys / sizeof keys[0]; k++) {
-        puts_(o, "<td>");
+        mf_buf_puts(o, "<td>");
         esc(o, str(run, keys[k]));
-        puts_(o, "</td>");
+        mf_buf_puts(o, "</td>");
     }
-    puts_(o, "</tr>");
+    mf_buf_puts(o, "</tr>");
 }
 
 /* A row of one metric of each target's sub-object (responses or answers); "path" is key or key/sub. */
@@ -241,8 +214,8 @@ static bool any_target_has(json_t *targets, const char *obj) {
     return false;
 }
 
-static void obj_metric_row(out *o, json_t *targets, const char *obj, const char *key, const char *sub, const char *label) {
-    printf_(o, "<tr><th>%s</th>", label);
+static void obj_metric_row(mf_buf *o, json_t *targets, const char *obj, const char *key, const char *sub, const char *label) {
+    mf_buf_printf(o, "<tr><th>%s</th>", label);
     size_t i;
     json_t *t;
     json_array_foreach(targets, i, t) {
@@ -250,42 +223,42 @@ static void obj_metric_row(out *o, json_t *targets, const char *obj, const char 
         if (sub) m = json_object_get(m, sub);
         value_cell(o, m);
     }
-    puts_(o, "</tr>\n");
+    mf_buf_puts(o, "</tr>\n");
 }
 
 /* A response's text, newlines kept visible; absent text (no tokenizer) as a dash. */
-static void text_span(out *o, json_t *e, const char *key, const char *cls) {
+static void text_span(mf_buf *o, json_t *e, const char *key, const char *cls) {
     const char *s = json_string_value(json_object_get(e, key));
     if (!s) return;
-    printf_(o, "<span class=%s>", cls);
+    mf_buf_printf(o, "<span class=%s>", cls);
     esc(o, s);
-    puts_(o, "</span>");
+    mf_buf_puts(o, "</span>");
 }
 
 /* The generated responses: the token-agreement metrics per target, then for each target its responses beside
  * the reference's, the part both generated alike in plain text and each one's rest marked from the first token
  * where they part. The sequences that part come first; at most 12 are shown. */
-static void responses_part(out *o, json_t *targets) {
+static void responses_part(mf_buf *o, json_t *targets) {
     if (!any_target_has(targets, "responses")) return;
-    puts_(o, "<h3>Generated responses</h3>\n<table class=summary><thead><tr><th>metric</th>");
+    mf_buf_puts(o, "<h3>Generated responses</h3>\n<table class=summary><thead><tr><th>metric</th>");
     size_t i;
     json_t *t;
     json_array_foreach(targets, i, t) {
-        puts_(o, "<th>");
+        mf_buf_puts(o, "<th>");
         short_setting(o, t, targets);
-        puts_(o, "</th>");
+        mf_buf_puts(o, "</th>");
     }
-    puts_(o, "</tr></thead><tbody>\n");
+    mf_buf_puts(o, "</tr></thead><tbody>\n");
     obj_metric_row(o, targets, "responses", "response_equal_pct", NULL, "response_equal_pct");
     obj_metric_row(o, targets, "responses", "first_divergence_median", NULL, "first_divergence_median");
     obj_metric_row(o, targets, "responses", "generated_token_agreement_pct", NULL, "generated_token_agreement_pct");
-    puts_(o, "</tbody></table>\n");
+    mf_buf_puts(o, "</tbody></table>\n");
     json_array_foreach(targets, i, t) {
         json_t *seqs = json_object_get(json_object_get(t, "responses"), "per_sequence");
         if (!json_array_size(seqs) || !json_object_get(json_array_get(seqs, 0), "prompt_text")) continue;
-        printf_(o, "<details%s><summary>Target %zu: ", i == 0 ? " open" : "", i + 1);
+        mf_buf_printf(o, "<details%s><summary>Target %zu: ", i == 0 ? " open" : "", i + 1);
         short_setting(o, t, targets);
-        puts_(o, ", its responses beside the reference's (first differing token on, marked)</summary>\n"
+        mf_buf_puts(o, ", its responses beside the reference's (first differing token on, marked)</summary>\n"
                  "<table class=texts><thead><tr><th>sequence</th><th>prompt</th><th>reference</th><th>target</th>"
                  "<th>first divergence</th></tr></thead><tbody>\n");
         int shown = 0;
@@ -296,181 +269,181 @@ static void responses_part(out *o, json_t *targets) {
                 const bool equal = json_is_true(json_object_get(e, "equal"));
                 if (equal != (pass == 1) || shown >= 12) continue;
                 shown++;
-                puts_(o, "<tr><td>");
+                mf_buf_puts(o, "<tr><td>");
                 esc(o, str(e, "id"));
-                puts_(o, "</td><td>");
+                mf_buf_puts(o, "</td><td>");
                 text_span(o, e, "prompt_text", "prompt");
-                puts_(o, "</td><td>");
+                mf_buf_puts(o, "</td><td>");
                 text_span(o, e, "common_text", "same");
                 text_span(o, e, "reference_rest", "parted");
-                puts_(o, "</td><td>");
+                mf_buf_puts(o, "</td><td>");
                 text_span(o, e, "common_text", "same");
                 text_span(o, e, "target_rest", "parted");
-                if (equal) puts_(o, "</td><td>none</td></tr>\n");
-                else printf_(o, "</td><td>token %lld</td></tr>\n", (long long)json_integer_value(json_object_get(e, "first_divergence")));
+                if (equal) mf_buf_puts(o, "</td><td>none</td></tr>\n");
+                else mf_buf_printf(o, "</td><td>token %lld</td></tr>\n", (long long)json_integer_value(json_object_get(e, "first_divergence")));
             }
         }
-        printf_(o, "</tbody></table><p class=meta>%d of %zu sequences shown.</p></details>\n", shown, json_array_size(seqs));
+        mf_buf_printf(o, "</tbody></table><p class=meta>%d of %zu sequences shown.</p></details>\n", shown, json_array_size(seqs));
     }
 }
 
-static void choice_text(out *o, json_t *e, json_t *pick) {
+static void choice_text(mf_buf *o, json_t *e, json_t *pick) {
     if (!json_is_integer(pick)) {
-        puts_(o, "<td>none (NaN scores)</td>");
+        mf_buf_puts(o, "<td>none (NaN scores)</td>");
         return;
     }
     const json_int_t k = json_integer_value(pick);
-    printf_(o, "<td>%lld", (long long)k);
+    mf_buf_printf(o, "<td>%lld", (long long)k);
     const char *s = json_string_value(json_array_get(json_object_get(e, "choices_text"), (size_t)k));
     if (s) {
-        puts_(o, ": <span class=same>");
+        mf_buf_puts(o, ": <span class=same>");
         esc(o, s);
-        puts_(o, "</span>");
+        mf_buf_puts(o, "</span>");
     }
-    puts_(o, "</td>");
+    mf_buf_puts(o, "</td>");
 }
 
 /* Multiple-choice answers: agreement and accuracy per target, and the items whose pick changed. */
-static void answers_part(out *o, json_t *targets) {
+static void answers_part(mf_buf *o, json_t *targets) {
     if (!any_target_has(targets, "answers")) return;
-    puts_(o, "<h3>Multiple-choice answers</h3>\n<table class=summary><thead><tr><th>metric</th>");
+    mf_buf_puts(o, "<h3>Multiple-choice answers</h3>\n<table class=summary><thead><tr><th>metric</th>");
     size_t i;
     json_t *t;
     json_array_foreach(targets, i, t) {
-        puts_(o, "<th>");
+        mf_buf_puts(o, "<th>");
         short_setting(o, t, targets);
-        puts_(o, "</th>");
+        mf_buf_puts(o, "</th>");
     }
-    puts_(o, "</tr></thead><tbody>\n");
+    mf_buf_puts(o, "</tr></thead><tbody>\n");
     obj_metric_row(o, targets, "answers", "answer_agreement_pct", NULL, "answer_agreement_pct");
     obj_metric_row(o, targets, "answers", "accuracy_pct", "reference", "accuracy_pct, reference");
     obj_metric_row(o, targets, "answers", "accuracy_pct", "target", "accuracy_pct, target");
-    puts_(o, "<tr><th>items changed</th>");
+    mf_buf_puts(o, "<tr><th>items changed</th>");
     json_array_foreach(targets, i, t) {
         json_t *a = json_object_get(t, "answers");
-        if (a) printf_(o, "<td>%zu of %lld</td>", json_array_size(json_object_get(a, "changed")),
+        if (a) mf_buf_printf(o, "<td>%zu of %lld</td>", json_array_size(json_object_get(a, "changed")),
                        (long long)json_integer_value(json_object_get(a, "items")));
-        else puts_(o, "<td>&ndash;</td>");
+        else mf_buf_puts(o, "<td>&ndash;</td>");
     }
-    puts_(o, "</tr></tbody></table>\n");
+    mf_buf_puts(o, "</tr></tbody></table>\n");
     json_array_foreach(targets, i, t) {
         json_t *changed = json_object_get(json_object_get(t, "answers"), "changed");
         if (!json_array_size(changed)) continue;
-        printf_(o, "<details><summary>Target %zu: ", i + 1);
+        mf_buf_printf(o, "<details><summary>Target %zu: ", i + 1);
         short_setting(o, t, targets);
-        printf_(o, ", the %zu items whose answer changed</summary>\n<table class=texts><thead><tr><th>item</th><th>prompt</th>"
+        mf_buf_printf(o, ", the %zu items whose answer changed</summary>\n<table class=texts><thead><tr><th>item</th><th>prompt</th>"
                    "<th>answer</th><th>reference's pick</th><th>target's pick</th><th>reference's lead</th></tr></thead><tbody>\n",
                 json_array_size(changed));
         size_t j;
         json_t *e;
         json_array_foreach(changed, j, e) {
-            puts_(o, "<tr><td>");
+            mf_buf_puts(o, "<tr><td>");
             esc(o, str(e, "id"));
-            puts_(o, "</td><td>");
+            mf_buf_puts(o, "</td><td>");
             text_span(o, e, "prompt_text", "prompt");
-            puts_(o, "</td>");
+            mf_buf_puts(o, "</td>");
             json_t *ans = json_object_get(e, "answer");
             if (json_is_integer(ans)) choice_text(o, e, ans);
-            else puts_(o, "<td>&ndash;</td>");
+            else mf_buf_puts(o, "<td>&ndash;</td>");
             choice_text(o, e, json_object_get(e, "reference"));
             choice_text(o, e, json_object_get(e, "target"));
             json_t *lead = json_object_get(e, "reference_margin");
-            if (json_is_number(lead)) printf_(o, "<td title=\"log-probability of its pick less the best other\">%.3g</td></tr>\n", json_number_value(lead));
-            else puts_(o, "<td>&ndash;</td></tr>\n");
+            if (json_is_number(lead)) mf_buf_printf(o, "<td title=\"log-probability of its pick less the best other\">%.3g</td></tr>\n", json_number_value(lead));
+            else mf_buf_puts(o, "<td>&ndash;</td></tr>\n");
         }
-        puts_(o, "</tbody></table></details>\n");
+        mf_buf_puts(o, "</tbody></table></details>\n");
     }
 }
 
-static void section(out *o, const char *text, json_t *d, int *fig_no) {
+static void section(mf_buf *o, const char *text, json_t *d, int *fig_no) {
     json_t *ref = json_object_get(d, "reference"), *targets = json_object_get(d, "targets");
     json_t *model = json_object_get(ref, "model");
-    puts_(o, "<section><h2>Against ");
+    mf_buf_puts(o, "<section><h2>Against ");
     short_setting(o, ref, NULL);
     /* the runs as diff.json names them (the collector: by the names they were pushed under), not the file */
-    puts_(o, "</h2>\n<p class=meta>reference run <code>");
+    mf_buf_puts(o, "</h2>\n<p class=meta>reference run <code>");
     esc(o, str(ref, "run"));
-    puts_(o, "</code> (");
+    mf_buf_puts(o, "</code> (");
     setting(o, ref);
-    puts_(o, "); ");
+    mf_buf_puts(o, "); ");
     esc(o, str(model, "architecture"));
-    printf_(o, ", %lld sequences", (long long)json_integer_value(json_object_get(d, "sequences")));
+    mf_buf_printf(o, ", %lld sequences", (long long)json_integer_value(json_object_get(d, "sequences")));
     json_t *bs = json_object_get(d, "bootstrap");
-    printf_(o, "; intervals: %lld resamples of whole sequences (seed %lld).</p>\n",
-            (long long)json_integer_value(json_object_get(bs, "resamples")), (long long)json_integer_value(json_object_get(bs, "seed")));
+    mf_buf_printf(o, "; intervals: %lld resamples of whole sequences (seed %lld).</p>\n",
+                  (long long)json_integer_value(json_object_get(bs, "resamples")), (long long)json_integer_value(json_object_get(bs, "seed")));
     /* metrics that are defined and came out not a number are null in diff.json, and said so here */
     json_t *warnings = json_object_get(d, "warnings");
     if (json_array_size(warnings)) {
-        puts_(o, "<p class=meta><b>Warnings</b> (shown as &ndash; below):</p>\n<ul>");
+        mf_buf_puts(o, "<p class=meta><b>Warnings</b> (shown as &ndash; below):</p>\n<ul>");
         size_t wi;
         json_t *w;
         json_array_foreach(warnings, wi, w) {
-            puts_(o, "<li>");
+            mf_buf_puts(o, "<li>");
             esc(o, json_is_string(w) ? json_string_value(w) : "?");
-            puts_(o, "</li>");
+            mf_buf_puts(o, "</li>");
         }
-        puts_(o, "</ul>\n");
+        mf_buf_puts(o, "</ul>\n");
     }
     /* summary: metrics x targets */
-    puts_(o, "<table class=summary><thead><tr><th>metric</th>");
+    mf_buf_puts(o, "<table class=summary><thead><tr><th>metric</th>");
     size_t i;
     json_t *t;
     json_array_foreach(targets, i, t) {
-        puts_(o, "<th>");
+        mf_buf_puts(o, "<th>");
         short_setting(o, t, targets);
-        puts_(o, "</th>");
+        mf_buf_puts(o, "</th>");
     }
-    puts_(o, "</tr></thead><tbody>\n");
+    mf_buf_puts(o, "</tr></thead><tbody>\n");
     for (size_t m = 0; m < sizeof metric_names / sizeof metric_names[0]; m++) {
         bool any = false;
         json_array_foreach(targets, i, t) any |= json_object_get(json_object_get(t, "metrics"), metric_names[m]) != NULL;
         if (!any) continue;
-        printf_(o, "<tr><th>%s</th>", metric_names[m]);
+        mf_buf_printf(o, "<tr><th>%s</th>", metric_names[m]);
         json_array_foreach(targets, i, t) value_cell(o, json_object_get(json_object_get(t, "metrics"), metric_names[m]));
-        puts_(o, "</tr>\n");
+        mf_buf_puts(o, "</tr>\n");
     }
-    puts_(o, "</tbody></table>\n");
+    mf_buf_puts(o, "</tbody></table>\n");
     responses_part(o, targets);
     answers_part(o, targets);
     json_array_foreach(targets, i, t) {
-        printf_(o, "<h3>Target %zu: ", i + 1);
+        mf_buf_printf(o, "<h3>Target %zu: ", i + 1);
         short_setting(o, t, targets);
-        puts_(o, "</h3>\n<table class=layers><thead><tr><th>layer</th><th>slots</th><th>same expert set, %</th>"
-                 "<th>same order, %</th><th>flips</th><th>primary</th><th>inherited</th><th>ties</th><th>sigma</th></tr></thead><tbody>");
+        mf_buf_puts(o, "</h3>\n<table class=layers><thead><tr><th>layer</th><th>slots</th><th>same expert set, %</th>"
+                       "<th>same order, %</th><th>flips</th><th>primary</th><th>inherited</th><th>ties</th><th>sigma</th></tr></thead><tbody>");
         size_t l;
         json_t *lo;
         json_array_foreach(json_object_get(t, "layers"), l, lo) {
-            printf_(o, "<tr><td>%lld</td><td>%lld</td>", (long long)json_integer_value(json_object_get(lo, "layer")),
-                    (long long)json_integer_value(json_object_get(lo, "slots")));
+            mf_buf_printf(o, "<tr><td>%lld</td><td>%lld</td>", (long long)json_integer_value(json_object_get(lo, "layer")),
+                          (long long)json_integer_value(json_object_get(lo, "slots")));
             value_cell(o, json_object_get(lo, "set_equal_pct"));
             value_cell(o, json_object_get(lo, "ord_equal_pct"));
-            printf_(o, "<td>%lld</td><td>%lld</td><td>%lld</td><td>%lld</td>", (long long)json_integer_value(json_object_get(lo, "flips")),
-                    (long long)json_integer_value(json_object_get(lo, "primary")),
-                    (long long)json_integer_value(json_object_get(lo, "inherited")),
-                    (long long)json_integer_value(json_object_get(lo, "ties")));
+            mf_buf_printf(o, "<td>%lld</td><td>%lld</td><td>%lld</td><td>%lld</td>", (long long)json_integer_value(json_object_get(lo, "flips")),
+                          (long long)json_integer_value(json_object_get(lo, "primary")),
+                          (long long)json_integer_value(json_object_get(lo, "inherited")),
+                          (long long)json_integer_value(json_object_get(lo, "ties")));
             json_t *sg = json_object_get(lo, "sigma");
-            if (json_is_number(sg)) printf_(o, "<td>%.3g</td></tr>", json_number_value(sg));
-            else puts_(o, "<td>&ndash;</td></tr>");
+            if (json_is_number(sg)) mf_buf_printf(o, "<td>%.3g</td></tr>", json_number_value(sg));
+            else mf_buf_puts(o, "<td>&ndash;</td></tr>");
         }
-        puts_(o, "</tbody></table>\n");
+        mf_buf_puts(o, "</tbody></table>\n");
         for (int k = 0; k < 4; k++) figure(o, text, (int)i, (mf_heat_kind)k, fig_no);
     }
     /* metadata */
-    puts_(o, "<details><summary>Runs</summary><table class=meta><tr><th>role</th><th>run</th><th>numerics</th><th>precision</th>"
-             "<th>device</th><th>tool</th></tr>");
-    puts_(o, "<tr><td>reference</td>");
+    mf_buf_puts(o, "<details><summary>Runs</summary><table class=meta><tr><th>role</th><th>run</th><th>numerics</th><th>precision</th>"
+                   "<th>device</th><th>tool</th></tr>");
+    mf_buf_puts(o, "<tr><td>reference</td>");
     run_cells(o, ref);
     json_array_foreach(targets, i, t) {
-        printf_(o, "<tr><td>target %zu</td>", i + 1);
+        mf_buf_printf(o, "<tr><td>target %zu</td>", i + 1);
         run_cells(o, t);
     }
-    puts_(o, "</table><p class=meta>model ");
+    mf_buf_puts(o, "</table><p class=meta>model ");
     esc(o, str(model, "architecture"));
-    puts_(o, ", config digest ");
+    mf_buf_puts(o, ", config digest ");
     esc(o, str(model, "config_digest"));
-    puts_(o, ", weights digest ");
+    mf_buf_puts(o, ", weights digest ");
     esc(o, str(model, "weights_digest"));
-    puts_(o, "</p></details></section>\n");
+    mf_buf_puts(o, "</p></details></section>\n");
 }
 
 static const char *css =
@@ -498,23 +471,23 @@ int mf_report_write_many(const char **paths, int n, const char *out_path, mf_err
         if (!docs[i] || strcmp(str(docs[i], "format"), "moeflip-diff"))
             rc = mf_fail(err, MF_EFORMAT, "%s: not a moeflip diff.json", paths[i]);
     }
-    out o = {0};
+    mf_buf o = {0};
     if (!rc) {
         /* The report runs no script, and says so to the browser wherever it is opened (from disk, from the collector,
          * as a blob the collector's page made): text from a manifest that got past the escaping could not run. */
-        puts_(&o, "<!DOCTYPE html>\n<html lang=en><head><meta charset=utf-8><meta http-equiv=Content-Security-Policy "
-                  "content=\"default-src 'none'; style-src 'unsafe-inline'; img-src data:\"><title>moeflip report</title><style>");
-        puts_(&o, css);
-        puts_(&o, "</style></head><body>\n<h1>moeflip: where expert choices flip, and what it does to the output</h1>\n");
+        mf_buf_puts(&o, "<!DOCTYPE html>\n<html lang=en><head><meta charset=utf-8><meta http-equiv=Content-Security-Policy "
+                        "content=\"default-src 'none'; style-src 'unsafe-inline'; img-src data:\"><title>moeflip report</title><style>");
+        mf_buf_puts(&o, css);
+        mf_buf_puts(&o, "</style></head><body>\n<h1>moeflip: where expert choices flip, and what it does to the output</h1>\n");
         headline(&o, docs, n);
-        puts_(&o, "<p class=meta>Each target runs the same model on the same tokens as the reference under other arithmetic "
-                  "(vendor numerics profile) or precision. A flip is a (layer, position) whose set of dispatched experts "
-                  "differs from the reference's; it is inherited when an earlier layer flipped at that or an earlier "
-                  "position, else primary. Intervals are 95% percentile bootstrap intervals over sequences.</p>\n");
+        mf_buf_puts(&o, "<p class=meta>Each target runs the same model on the same tokens as the reference under other arithmetic "
+                        "(vendor numerics profile) or precision. A flip is a (layer, position) whose set of dispatched experts "
+                        "differs from the reference's; it is inherited when an earlier layer flipped at that or an earlier "
+                        "position, else primary. Intervals are 95% percentile bootstrap intervals over sequences.</p>\n");
         int fig_no = 0;
         for (int i = 0; i < n; i++) section(&o, texts[i], docs[i], &fig_no);
-        puts_(&o, "<p class=meta>Made by moeflip " MF_VERSION ".</p></body></html>\n");
-        rc = mf_write_file_atomic(out_path, o.p, o.n, err);
+        mf_buf_puts(&o, "<p class=meta>Made by moeflip " MF_VERSION ".</p></body></html>\n");
+        rc = mf_write_file_atomic(out_path, o.s, o.n, err);
     }
     for (int i = 0; i < n; i++) {
         json_decref(docs[i]);
@@ -522,7 +495,7 @@ int mf_report_write_many(const char **paths, int n, const char *out_path, mf_err
     }
     free(docs);
     free(texts);
-    free(o.p);
+    free(o.s);
     return rc;
 }
 

@@ -81,41 +81,6 @@ static mf_mm mm_in(const fwd *f, mf_dtype D) {
 #define ROA(x) (x)
 #include "forward_body.h"
 
-void mf_seq_result_free(mf_seq_result *r) {
-    free(r->topk_ids);
-    free(r->topk_w);
-    free(r->router);
-    free(r->shared_gate);
-    free(r->router_in);
-    free(r->logits);
-    memset(r, 0, sizeof *r);
-}
-
-void mf_seq_result_shape(mf_seq_result *r, const mf_config *c, int T) {
-    r->T = T;
-    r->n_moe = c->n_moe_layers;
-    r->k = c->top_k;
-    r->E = c->n_experts;
-    r->V = c->vocab;
-    r->H = c->hidden;
-}
-
-const char *const MF_SEQ_DIGEST_NAMES[MF_SEQ_DIGESTS] = {"logits", "router", "topk_ids", "topk_w", "shared_gate"};
-
-void mf_seq_results_digest(const mf_seq_result *r, size_t n, char out[MF_SEQ_DIGESTS][33]) {
-    mf_digest_state *d[MF_SEQ_DIGESTS];
-    for (int i = 0; i < MF_SEQ_DIGESTS; i++) d[i] = mf_digest_new();
-    for (size_t s = 0; s < n; s++) {
-        const size_t slots = (size_t)r[s].n_moe * r[s].T;
-        mf_digest_update(d[0], r[s].logits, (size_t)r[s].T * r[s].V * sizeof(double));
-        if (r[s].router) mf_digest_update(d[1], r[s].router, slots * r[s].E * sizeof(double));
-        if (r[s].topk_ids) mf_digest_update(d[2], r[s].topk_ids, slots * r[s].k * sizeof(uint16_t));
-        if (r[s].topk_w) mf_digest_update(d[3], r[s].topk_w, slots * r[s].k * sizeof(double));
-        if (r[s].shared_gate) mf_digest_update(d[4], r[s].shared_gate, slots * sizeof(double));
-    }
-    for (int i = 0; i < MF_SEQ_DIGESTS; i++) mf_digest_final(d[i], out[i]);
-}
-
 static uint64_t umax(uint64_t a, uint64_t b) { return a > b ? a : b; }
 
 uint64_t mf_forward_cpu_bytes(const mf_config *c, int T_, int threads, bool router_in) {
@@ -131,20 +96,6 @@ uint64_t mf_forward_cpu_bytes(const mf_config *c, int T_, int threads, bool rout
     /* the run writer keeps a shard of up to 64 MB and a copy of the sequence's record */
     return result + stream + umax(umax(attn, ffn), head) + result + (64u << 20);
 }
-
-uint64_t mf_forward_gpu_host_bytes(const mf_config *c, int T_) {
-    const uint64_t T = (uint64_t)(T_ > 0 ? T_ : 1), V = c->vocab, nm = c->n_moe_layers;
-    const uint64_t E = c->n_experts > 0 ? c->n_experts : 1, K = c->top_k > 0 ? c->top_k : 1;
-    const uint64_t route = nm * T * (E + K + 1) * 4 + nm * T * K * 2;
-    const uint64_t result = T * V * 8 + nm * T * (E * 8 + K * 10 + 8);
-    /* pinned: the upload's staging slots, the logits and the routing; then the result and the writer's copy */
-    return ((uint64_t)6 * (32u << 20)) + T * V * 4 + route + 2 * result + (64u << 20);
-}
-
-int mf_runtime_load(mf_model **out, const char *dir, const mf_precision *prec, mf_error *err) {
-    return mf_model_load(out, dir, prec->weights, 0, err);
-}
-
 
 static mf_cpu_session *session_new(const mf_model *m, const mf_run_opts *o, int max_T, bool keep) {
     mf_cpu_session *s = mf_xcalloc(1, sizeof *s);

@@ -3,7 +3,7 @@
  * layers, 16 experts, top-4). mf_import_crova must refuse it with one message
  * and leave nothing behind, or write a run that mf_run_open validates. */
 #include "fuzz_util.h"
-#include "mf_trace.h"
+#include "mf_rundir.h"
 
 #ifndef FUZZ_MODEL_CONFIG
 #error "FUZZ_MODEL_CONFIG: the olmoe fixture's config.json"

@@ -2,7 +2,7 @@
  * must refuse it with one message, or give sequences with valid, unique ids
  * and 1 to 2^20 tokens each inside the vocabulary. */
 #include "fuzz_util.h"
-#include "mf_trace.h"
+#include "mf_rundir.h"
 
 #define VOCAB 384
 

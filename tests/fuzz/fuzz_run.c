@@ -12,7 +12,7 @@
  * outside a tensor, or leak. */
 #include "fuzz_util.h"
 #include "mf_diff.h"
-#include "mf_trace.h"
+#include "mf_rundir.h"
 
 #define SEP "\n--shard--\n"
 #define MAX_SHARDS 4

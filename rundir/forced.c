@@ -1,7 +1,7 @@
 /* A run directory as a trace's input: its sequences, prompt and generated
  * tokens, traced as they stand in one pass (CroVA's teacher forcing: every
  * target sees the reference's response). */
-#include "mf_trace.h"
+#include "mf_rundir.h"
 
 #include <math.h>
 #include <stdlib.h>
@@ -22,8 +22,7 @@ int mf_prompts_from_run(mf_prompts *p, mf_generation *forced, const char *run_di
         goto done;
     }
     /* the input's digest: over the ids and tokens (what is traced), so that --resume knows the same input */
-    char *all = NULL;
-    size_t all_len = 0;
+    mf_buf all = {0};
     p->seq = mf_xcalloc(r->n_seqs, sizeof *p->seq);
     for (size_t i = 0; i < r->n_seqs && !rc; i++) {
         const mf_st_tensor *t;
@@ -58,28 +57,23 @@ int mf_prompts_from_run(mf_prompts *p, mf_generation *forced, const char *run_di
                 memcpy(s->choices[k].tokens, rc_->v[k].tokens, (size_t)rc_->v[k].n * sizeof(int32_t));
             }
         }
-        const size_t idn = strlen(s->id) + 1, tn = (size_t)s->T * sizeof *s->tokens;
-        all = mf_xrealloc(all, all_len + idn + tn);
-        memcpy(all + all_len, s->id, idn);
-        memcpy(all + all_len + idn, s->tokens, tn);
-        all_len += idn + tn;
+        mf_buf_put(&all, s->id, strlen(s->id) + 1);
+        mf_buf_put(&all, s->tokens, (size_t)s->T * sizeof *s->tokens);
         for (int k = 0; k < s->n_choices; k++) {   /* the choices are input too */
-            const size_t cn = (size_t)s->choices[k].n * sizeof(int32_t);
-            all = mf_xrealloc(all, all_len + cn + 1);
-            all[all_len] = (char)(k == s->answer ? 'A' : 'C');
-            memcpy(all + all_len + 1, s->choices[k].tokens, cn);
-            all_len += cn + 1;
+            const char mark = k == s->answer ? 'A' : 'C';
+            mf_buf_put(&all, &mark, 1);
+            mf_buf_put(&all, s->choices[k].tokens, (size_t)s->choices[k].n * sizeof(int32_t));
         }
     }
     if (!rc) {
-        mf_digest_buffer(all, all_len, p->digest);
+        mf_digest_buffer(all.s, all.n, p->digest);
         if (r->max_new_tokens > 0) {
             forced->max_new_tokens = r->max_new_tokens;
             forced->forced = true;
             snprintf(forced->eos_source, sizeof forced->eos_source, "none");
         }
     }
-    free(all);
+    mf_buf_free(&all);
 done:
     mf_run_close(r);
     if (rc) mf_prompts_free(p);

@@ -13,7 +13,7 @@
  * inputs that stop mid-request reach the timeouts.
  *
  * Built with clang -fsanitize=fuzzer,address,undefined and small upload sizes
- * (tests/CMakeLists.txt); the corpus is serve/fuzz/corpus. Uploads use the
+ * (tests/CMakeLists.txt); the corpus is tests/fuzz/corpus/serve. Uploads use the
  * token below. MOEFLIP_FUZZ_RUNS names a directory holding runs "fa" and "fb"
  * (the ctest fixture traces them) that the store is started with; without it
  * the store starts empty. */
@@ -93,7 +93,7 @@ static bool server_idle(int fd) {
     if (srv->jobs || srv->n_uploads) return false;
     const conn *c = srv->conns;
     if (!c) return true;
-    if (c->state != CS_HEADERS || c->got || c->writes || c->leftover_len) return false;
+    if (c->state != CS_HEADERS || c->got || c->writes || c->leftover.n) return false;
     int unread = 0;   /* the connection is open, so fd is still its descriptor */
     return ioctl(fd, FIONREAD, &unread) != 0 || unread == 0;
 }

@@ -1,11 +1,11 @@
-/* Export a run as JSON lines or CSV (DESIGN.md §8). Numbers are printed with
+/* Export a run as JSON lines or CSV (docs/run-format.md, "Export"). Numbers are printed with
  * enough digits to round-trip: 17 significant digits for F64, 9 otherwise.
  * JSON has no NaN or infinities: JSON lines write a value that is not a
  * number as null (CSV as NaN, Infinity, -Infinity, which CSV readers take).
  * Ids are written as CSV fields, quoted when they hold a comma or a quote.
  * The run was validated when it was opened (mf_run_open): every tensor used
  * here is there with the shape the manifest declares. */
-#include "mf_trace.h"
+#include "mf_rundir.h"
 
 #include <errno.h>
 #include <math.h>

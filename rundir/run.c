@@ -1,5 +1,5 @@
 /* The run directory: writer (with resume) and reader. */
-#include "mf_trace.h"
+#include "mf_rundir.h"
 
 #include <dirent.h>
 #include <errno.h>

@@ -9,7 +9,7 @@
  * tensors' dtypes and shapes against the model's config; every response token
  * in the vocabulary), and the run is built under a temporary name and renamed
  * into place when it is whole, so a failed import leaves nothing behind. */
-#include "mf_trace.h"
+#include "mf_rundir.h"
 #include "mf_router.h"
 
 #include <dirent.h>

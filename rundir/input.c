@@ -1,7 +1,7 @@
 /* Prompt files: JSON lines {"id": "...", "tokens": [ids]} or {"id": "...", "text": "..."} (encoded with the
  * model's tokenizer.json), validated whole before any computation starts; and text files for `moeflip
  * tokenize`. */
-#include "mf_trace.h"
+#include "mf_rundir.h"
 
 #include <jansson.h>
 #include <stdlib.h>
