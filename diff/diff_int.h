@@ -36,4 +36,11 @@ json_t *diff_value_ci(double v, const double ci[2]);
 json_t *diff_responses_json(const mf_diff_acc *a, const int *plan, int B);
 void diff_responses_summary(FILE *out, const mf_diff_acc *a);
 
+/* Routing replay's attribution (diff/attribution.c): diff.json's "attribution", one entry per target that has a
+ * replayed twin among the targets (NULL when none has), its intervals over the diff's plan; and the summary's
+ * lines. The accumulators' cases are in id order. */
+json_t *diff_attribution_json(mf_run *ref, mf_run **targets, mf_diff_acc **accs, int n, const int *plan, int B,
+                              const diff_labels *labels);
+void diff_attribution_summary(FILE *out, mf_run *ref, mf_run **targets, mf_diff_acc **accs, int n);
+
 #endif
