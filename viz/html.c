@@ -139,6 +139,102 @@ static bool same_short_setting(json_t *a, json_t *b) {
     return la == lb && !strncmp(na, nb, la) && !strcmp(str(a, "precision"), str(b, "precision"));
 }
 
+/* ---- routing replay ----------------------------------------------------------------
+ * A target traced with --replay dispatched the reference's experts: it is labelled so wherever it is named, the
+ * twins that replay only some layers (the points of a curve) are left out of the tables of targets, and the
+ * attribution (diff.json's "attribution") has its own table and figure. */
+
+/* Whether a run replayed another's routing, and whether in every MoE layer. */
+static bool is_replay(json_t *run) { return json_is_object(json_object_get(run, "replay")); }
+static bool is_partial_replay(json_t *run) {
+    return is_replay(run) && !json_is_true(json_object_get(json_object_get(run, "replay"), "all_layers"));
+}
+
+static void replay_label(out *o, json_t *run) {
+    json_t *rp = json_object_get(run, "replay");
+    if (!json_is_object(rp)) return;
+    puts_(o, " <span class=replay title=\"routing replay: this run dispatched the experts of ");
+    esc(o, str(rp, "source"));
+    puts_(o, " (");
+    esc(o, str(rp, "source_numerics"));
+    puts_(o, " &times; ");
+    esc(o, str(rp, "source_precision"));
+    puts_(o, ") at every position, its router's own choice recorded but not used\">replays ");
+    esc(o, str(rp, "source_precision"));
+    puts_(o, " routing");
+    if (!json_is_true(json_object_get(rp, "all_layers"))) {
+        puts_(o, ", layers ");
+        size_t i;
+        json_t *l;
+        json_array_foreach(json_object_get(rp, "layers"), i, l) printf_(o, i ? ",%lld" : "%lld", (long long)json_integer_value(l));
+    }
+    if (!strcmp(str(rp, "weights"), "source")) puts_(o, ", its weights");
+    puts_(o, "</span>");
+}
+
+static void short_setting(out *o, json_t *run, json_t *others);
+
+/* A share of the target's error in a cell: "32.8% [24.0, 41.4]". */
+static void share_cell(out *o, json_t *m) {
+    json_t *v = json_object_get(m, "value"), *ci = json_object_get(m, "ci95");
+    if (!json_is_number(v)) {
+        puts_(o, "<td>&ndash;</td>");
+        return;
+    }
+    printf_(o, "<td><b>%.1f%%</b>", json_number_value(v));
+    if (json_is_number(json_array_get(ci, 0)))
+        printf_(o, "<br><span class=ci>[%.1f, %.1f]</span>", json_number_value(json_array_get(ci, 0)),
+                json_number_value(json_array_get(ci, 1)));
+    puts_(o, "</td>");
+}
+
+static json_t *twin_entry(json_t *attr, long long twin) {
+    size_t i;
+    json_t *t;
+    json_array_foreach(json_object_get(attr, "twins"), i, t) if (json_integer_value(json_object_get(t, "twin")) == twin) return t;
+    return NULL;
+}
+
+static void figure(out *o, const char *diff_text, int target, mf_heat_kind kind, int *fig_no);
+
+/* The attribution of one diff: per target with a twin that replays every layer, the error with and without the
+ * flips and the share they cause; then each target's curve. */
+static void attribution_section(out *o, const char *text, json_t *d, int *fig_no) {
+    json_t *attr = json_object_get(d, "attribution"), *targets = json_object_get(d, "targets");
+    if (!json_array_size(attr)) return;
+    puts_(o, "<h3>Routing replay: how much of the output error the expert flips cause</h3>\n<p class=meta>Each target's "
+             "replayed twin runs its arithmetic but dispatches the reference's experts: its error is the arithmetic's "
+             "alone. The share the flips cause is 100 &times; (target's error &minus; twin's) / target's, over the "
+             "same positions, with 95% intervals over the same resampled sequences.</p>\n<table class=summary><thead><tr>"
+             "<th>target</th><th>output KL, target</th><th>output KL, routed as the reference</th><th>KL the flips "
+             "cause</th><th>raw logit MSE they cause</th><th>probability MSE they cause</th><th>top-1 disagreement they "
+             "cause</th><th title=\"slots of the twin where its own router's top-k (of its recorded logits) is not what "
+             "it dispatched\">twin's router would flip</th></tr></thead><tbody>\n");
+    size_t i;
+    json_t *e;
+    json_array_foreach(attr, i, e) {
+        json_t *tw = twin_entry(e, json_integer_value(json_object_get(e, "overall")));
+        json_t *t = json_array_get(targets, (size_t)json_integer_value(json_object_get(e, "target")) - 1);
+        if (!tw || !t) continue;
+        puts_(o, "<tr><th>");
+        short_setting(o, t, targets);
+        puts_(o, "</th>");
+        value_cell(o, json_object_get(json_object_get(tw, "target_error"), "forward_kl"));
+        value_cell(o, json_object_get(json_object_get(tw, "twin_error"), "forward_kl"));
+        share_cell(o, json_object_get(tw, "kl_from_flips_pct"));
+        share_cell(o, json_object_get(tw, "raw_logit_mse_from_flips_pct"));
+        share_cell(o, json_object_get(tw, "prob_mse_from_flips_pct"));
+        share_cell(o, json_object_get(tw, "top1_disagreement_from_flips_pct"));
+        json_t *rd = json_object_get(tw, "twin_router_disagrees_pct");
+        if (json_is_number(rd)) printf_(o, "<td>%.2f%%</td></tr>\n", json_number_value(rd));
+        else puts_(o, "<td>&ndash;</td></tr>\n");
+    }
+    puts_(o, "</tbody></table>\n");
+    json_array_foreach(attr, i, e)
+        if (json_array_size(json_object_get(e, "curve")) > 1)
+            figure(o, text, (int)json_integer_value(json_object_get(e, "target")) - 1, MF_HEAT_REPLAY_CURVE, fig_no);
+}
+
 /* A run's setting as a short label, "emu:cdna3 × bf16", with the full one on hover. Where another run of the diff
  * (others, may be NULL) has the same short label, the run's own label (its "run") follows in brackets. */
 static void short_setting(out *o, json_t *run, json_t *others) {
@@ -154,12 +250,14 @@ static void short_setting(out *o, json_t *run, json_t *others) {
     bool twin = false;
     size_t i;
     json_t *x;
-    json_array_foreach(others, i, x) twin |= x != run && same_short_setting(x, run);
+    /* a replayed twin shares its target's setting: its replay label tells them apart */
+    json_array_foreach(others, i, x) twin |= x != run && !is_replay(x) && !is_replay(run) && same_short_setting(x, run);
     if (twin) {
         puts_(o, " <span class=ci>(");
         esc(o, str(run, "run"));
         puts_(o, ")</span>");
     }
+    replay_label(o, run);
     puts_(o, "</span>");
 }
 
@@ -187,7 +285,13 @@ static void headline(out *o, json_t **docs, int n) {
              "<th title=\"flipped_slots_pct: (layer, position) slots whose set of dispatched experts differs\">expert choices "
              "that flip</th><th title=\"forward_kl: KL(P_reference || P_target) of the output distributions\">output KL, "
              "nats per token</th><th title=\"top1_pct: positions whose largest logit is the same token\">same top-1 "
-             "token</th><th>sequences</th></tr></thead><tbody>\n");
+             "token</th>");
+    bool any_attribution = false;
+    for (int k = 0; k < n; k++) any_attribution |= json_array_size(json_object_get(docs[k], "attribution")) > 0;
+    if (any_attribution)
+        puts_(o, "<th title=\"kl_from_flips_pct: 100 x (KL of the target - KL of its twin that routes as the reference) / "
+                 "KL of the target\">output KL the flips cause</th>");
+    puts_(o, "<th>sequences</th></tr></thead><tbody>\n");
     long long resamples = -1;
     bool one_plan = true;
     for (int k = 0; k < n; k++) {
@@ -198,6 +302,7 @@ static void headline(out *o, json_t **docs, int n) {
         size_t i;
         json_t *t;
         json_array_foreach(targets, i, t) {
+            if (is_replay(t)) continue;   /* its share is on its target's line */
             json_t *m = json_object_get(t, "metrics");
             puts_(o, "<tr><th>");
             short_setting(o, t, targets);
@@ -207,6 +312,15 @@ static void headline(out *o, json_t **docs, int n) {
             headline_cell(o, json_object_get(m, "flipped_slots_pct"), "%.2f", "%");
             headline_cell(o, json_object_get(m, "forward_kl"), "%.3g", "");
             headline_cell(o, json_object_get(m, "top1_pct"), "%.2f", "%");
+            if (any_attribution) {
+                json_t *share = NULL;
+                size_t a;
+                json_t *e;
+                json_array_foreach(json_object_get(d, "attribution"), a, e)
+                    if (json_integer_value(json_object_get(e, "target")) == (json_int_t)i + 1)
+                        share = json_object_get(twin_entry(e, json_integer_value(json_object_get(e, "overall"))), "kl_from_flips_pct");
+                headline_cell(o, share, "%.1f", "%");
+            }
             printf_(o, "<td>%lld</td></tr>\n", (long long)json_integer_value(json_object_get(d, "sequences")));
         }
     }
@@ -267,6 +381,7 @@ static void section(out *o, const char *text, json_t *d, int *fig_no) {
     size_t i;
     json_t *t;
     json_array_foreach(targets, i, t) {
+        if (is_partial_replay(t)) continue;   /* a point of a curve: in the attribution below */
         puts_(o, "<th>");
         short_setting(o, t, targets);
         puts_(o, "</th>");
@@ -277,11 +392,14 @@ static void section(out *o, const char *text, json_t *d, int *fig_no) {
         json_array_foreach(targets, i, t) any |= json_object_get(json_object_get(t, "metrics"), metric_names[m]) != NULL;
         if (!any) continue;
         printf_(o, "<tr><th>%s</th>", metric_names[m]);
-        json_array_foreach(targets, i, t) value_cell(o, json_object_get(json_object_get(t, "metrics"), metric_names[m]));
+        json_array_foreach(targets, i, t)
+            if (!is_partial_replay(t)) value_cell(o, json_object_get(json_object_get(t, "metrics"), metric_names[m]));
         puts_(o, "</tr>\n");
     }
     puts_(o, "</tbody></table>\n");
+    attribution_section(o, text, d, fig_no);
     json_array_foreach(targets, i, t) {
+        if (is_replay(t)) continue;   /* it dispatched the reference's experts: nothing flips to draw */
         printf_(o, "<h3>Target %zu: ", i + 1);
         short_setting(o, t, targets);
         puts_(o, "</h3>\n<table class=layers><thead><tr><th>layer</th><th>slots</th><th>same expert set, %</th>"
@@ -331,7 +449,8 @@ static const char *css =
     ".fig img,.fig svg{position:absolute;left:0;top:0}.hover rect{fill:transparent}.hover rect:hover{fill:rgba(0,0,0,.12)}"
     "figcaption{font-size:12px;color:#555}.note{color:#a00}"
     "table.headline{font-size:15px}table.headline th,table.headline td{padding:6px 12px}table.headline th,table.headline td:nth-child(2){text-align:left}"
-    ".setting{white-space:nowrap}table.summary th,table.layers th{white-space:normal}";
+    ".setting{white-space:nowrap}table.summary th,table.layers th{white-space:normal}"
+    ".replay{color:#fff;background:#0072B2;border-radius:3px;padding:0 4px;font-size:11px;white-space:nowrap}";
 
 int mf_report_write_many(const char **paths, int n, const char *out_path, mf_error *err) {
     char **texts = mf_xcalloc((size_t)n + 1, sizeof *texts);
