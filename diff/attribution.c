@@ -82,14 +82,14 @@ static int prefix_through(const replay_of *o, const mf_run *r) {
 
 enum { A_KL, A_RAW, A_PROB, A_TOP1, A_COUNT };
 static const struct {
-    const char *error, *share;
+    const char *error, *share, *label;
     double scale;
     bool per_logit;   /* over positions x vocabulary */
 } attr_metrics[A_COUNT] = {
-    {"forward_kl", "kl_from_flips_pct", 1, false},
-    {"raw_logit_mse", "raw_logit_mse_from_flips_pct", 1, true},
-    {"prob_mse", "prob_mse_from_flips_pct", 1, true},
-    {"top1_disagreement_pct", "top1_disagreement_from_flips_pct", 100, false},
+    {"forward_kl", "kl_from_flips_pct", "KL", 1, false},
+    {"raw_logit_mse", "raw_logit_mse_from_flips_pct", "raw logit MSE", 1, true},
+    {"prob_mse", "prob_mse_from_flips_pct", "prob MSE", 1, true},
+    {"top1_disagreement_pct", "top1_disagreement_from_flips_pct", "top-1 disagreement", 100, false},
 };
 
 typedef struct pair_case {
@@ -350,21 +350,22 @@ void diff_attribution_summary(FILE *out, mf_run *ref, mf_run **targets, mf_diff_
         const int k = twins_of(ro, n, i, ref_digest, tw);
         for (int q = 0; q < k; q++) {
             const int j = tw[q];
-            if (!header) fprintf(out, "\nrouting replay: the share of each target's output error that its expert flips cause\n");
+            if (!header) fprintf(out, "\nrouting replay: the share of each target's output error that its expert flips cause "
+                                 "(against its twin, which routed as the reference)\n");
             header = true;
-            fprintf(out, "  target %d against its twin %d (", i + 1, j + 1);
+            fprintf(out, "  target %d, twin %d (", i + 1, j + 1);
             if (ro[j].all_layers) fputs("every MoE layer", out);
             else
                 for (int l = 0; l < ro[j].n_layers; l++) fprintf(out, l ? ",%d" : "layers %d", ro[j].layers[l]);
-            fprintf(out, " replayed, %s weights):", ro[j].weights);
+            fprintf(out, " replayed%s):", strcmp(ro[j].weights, "source") ? "" : ", the reference's weights");
             pair p;
             pair_build(&p, accs[i], accs[j]);
             if (!p.logits) fprintf(out, " no full logits in both runs");
             for (int m = 0; m < A_COUNT && p.logits; m++) {
                 actx c = {&p, m, W_SHARE};
                 const double v = a_pooled(&c, NULL, p.n);
-                if (isfinite(v)) fprintf(out, " %s %.1f%%", attr_metrics[m].share, v);
-                else fprintf(out, " %s null", attr_metrics[m].share);
+                if (isfinite(v)) fprintf(out, "  %s %.1f%%", attr_metrics[m].label, v);
+                else fprintf(out, "  %s null", attr_metrics[m].label);
             }
             fputc('\n', out);
             free(p.cases);

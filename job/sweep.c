@@ -288,8 +288,8 @@ int mf_sweep(const mf_sweep_opts *o, mf_error *err) {
     for (int i = 0; i < nok && o->replay; i++) {
         double v = kl_share(diff_main, i, ci);
         if (isfinite(v))
-            printf("  %s against %s: its expert flips cause %.1f%% of its output KL [%.1f, %.1f]\n", ok[i]->name, ref.name, v,
-                   ci[0], ci[1]);
+            printf("  %s@%s against %s: its expert flips cause %.1f%% of its output KL [%.1f, %.1f]\n", ok[i]->numerics,
+                   ok[i]->precision, ref.name, v, ci[0], ci[1]);
     }
     for (int i = 0; i < nok; i++)
         if (strstr(ok[i]->precision, "selective:router")) {
