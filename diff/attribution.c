@@ -356,7 +356,8 @@ void diff_attribution_summary(FILE *out, mf_run *ref, mf_run **targets, mf_diff_
             fprintf(out, "  target %d, twin %d (", i + 1, j + 1);
             if (ro[j].all_layers) fputs("every MoE layer", out);
             else
-                for (int l = 0; l < ro[j].n_layers; l++) fprintf(out, l ? ",%d" : "layers %d", ro[j].layers[l]);
+                for (int l = 0; l < ro[j].n_layers; l++)
+                    fprintf(out, l ? ",%d" : ro[j].n_layers > 1 ? "layers %d" : "layer %d", ro[j].layers[l]);
             fprintf(out, " replayed%s):", strcmp(ro[j].weights, "source") ? "" : ", the reference's weights");
             pair p;
             pair_build(&p, accs[i], accs[j]);
