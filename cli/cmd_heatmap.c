@@ -16,6 +16,8 @@ static const char *help =
     "  margin           flip probability against the reference's router margin per layer, with the fitted\n"
     "                   P = Phi(-margin / sigma)\n"
     "  flips-kl         per-position KL against the number of flipped slots\n"
+    "  replay-curve     the share of the output error the flips cause, replaying the reference's routing\n"
+    "                   through each layer (a diff with the target's replayed twins)\n"
     "\n"
     "  --target N       which target of the diff (1-based)   [1]\n"
     "  -o FILE          output; the extension picks PNG, SVG or PDF   [KIND.png]\n";
@@ -44,7 +46,7 @@ int cmd_heatmap(int argc, char **argv) {
     if (optind != argc - 1) return cli_usage_error("heatmap", "give exactly one diff.json");
     mf_heat_kind kind;
     if (!kind_s || mf_heat_kind_parse(kind_s, &kind))
-        return cli_usage_error("heatmap", "--kind takes layer-expert, layer-position, margin or flips-kl");
+        return cli_usage_error("heatmap", "--kind takes layer-expert, layer-position, margin, flips-kl or replay-curve");
     char def[64];
     if (!out) {
         snprintf(def, sizeof def, "%s.png", kind_s);

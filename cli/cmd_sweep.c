@@ -7,7 +7,7 @@
 
 static const char *help =
     "usage: moeflip sweep [--model DIR --input FILE] [--out DIR] [--reference CFG] [--targets CFG,CFG...] [--repeat]\n"
-    "                     [--generate N] [--threads N] [--bootstrap N]\n"
+    "                     [--generate N] [--replay] [--threads N] [--bootstrap N]\n"
     "\n"
     "Traces a reference and targets of one model on one prompt file, diffs every target against the reference\n"
     "and the NVIDIA and AMD targets against each other at the same precision, draws every figure and writes\n"
@@ -22,6 +22,9 @@ static const char *help =
     "  --targets LIST              [emu:hopper@bf16,emu:cdna3@bf16,emu:cdna3@fp32,emu:cdna3@selective:router,\n"
     "                               plus a repeat of the first, the noise floor]\n"
     "  --repeat                    add the repeat with your own --targets too\n"
+    "  --replay                    add each target's replayed twins (trace --replay of the reference: in every\n"
+    "                              MoE layer, and through each layer for the curve) and report how much of its\n"
+    "                              output error the expert flips cause (one more trace per target and MoE layer)\n"
     "  --bootstrap N               [2000]\n";
 
 int cmd_sweep(int argc, char **argv) {
@@ -33,7 +36,7 @@ int cmd_sweep(int argc, char **argv) {
         {"targets", required_argument, 0, 't'},   {"repeat", no_argument, 0, 'R'},
         {"threads", required_argument, 0, 'j'},   {"bootstrap", required_argument, 0, 'b'},
         {"generate", required_argument, 0, 'g'},  {"quiet", no_argument, 0, 'q'},
-        {"help", no_argument, 0, 'h'},
+        {"help", no_argument, 0, 'h'},            {"replay", no_argument, 0, 'P'},
         {0, 0, 0, 0}};
     int c;
     optind = 1;
@@ -46,6 +49,7 @@ int cmd_sweep(int argc, char **argv) {
         case 'r': o.reference = optarg; break;
         case 't': o.targets = optarg; break;
         case 'R': o.repeat = true; break;
+        case 'P': o.replay = true; break;
         case 'j':
             if (!cli_parse_int(optarg, 1, 4096, &v)) return cli_usage_error("sweep", "--threads takes a positive integer");
             o.threads = (int)v;

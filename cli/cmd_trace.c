@@ -25,13 +25,19 @@ static const char *help =
     "  --record LEVEL       routing | topk | logits | full   [logits if vocab <= 32768, else topk]\n"
     "  --generate N         continue every prompt greedily by up to N tokens with a key-value cache,\n"
     "                       stopping at generation_config.json's eos_token_id (CPU)\n"
+    "  --replay RUN         routing replay: dispatch, at every MoE layer and position, the experts RUN\n"
+    "                       dispatched (a complete run of this model on the same tokens; with --generate, the\n"
+    "                       same prompts); the router still runs and its logits are recorded (CPU)\n"
+    "  --replay-layers L    replay only these MoE layers: model layer indices, N or N-M, comma-separated\n"
+    "  --replay-weights     apply RUN's recorded gate weights too   [this router's weights of RUN's experts]\n"
     "  --resume             continue an interrupted run in RUN\n"
     "  --shard-seqs N       write a shard every N sequences   [by size and time]\n"
     "  -q, --quiet          no progress output\n";
 
 int cmd_trace(int argc, char **argv) {
     const char *model_dir = NULL, *input = NULL, *out = NULL, *prec_name = "bf16", *device = "cpu", *record_s = NULL,
-               *numerics_s = NULL;
+               *numerics_s = NULL, *replay = NULL, *replay_layers = NULL;
+    bool replay_weights = false;
     long threads = 0, shard_seqs = 0, generate = 0;
     bool resume = false;
     static const struct option opts[] = {
@@ -41,6 +47,8 @@ int cmd_trace(int argc, char **argv) {
         {"record", required_argument, 0, 'r'}, {"resume", no_argument, 0, 'R'},
         {"shard-seqs", required_argument, 0, 'S'}, {"quiet", no_argument, 0, 'q'},
         {"numerics", required_argument, 0, 'n'}, {"generate", required_argument, 0, 'g'},
+        {"replay", required_argument, 0, 'P'}, {"replay-layers", required_argument, 0, 'L'},
+        {"replay-weights", no_argument, 0, 'W'},
         {"help", no_argument, 0, 'h'},         {0, 0, 0, 0},
     };
     int c;
@@ -63,6 +71,9 @@ int cmd_trace(int argc, char **argv) {
                 return cli_usage_error("trace", "--generate takes a number of tokens from 1 to %d", MF_MAX_NEW_TOKENS);
             break;
         case 'R': resume = true; break;
+        case 'P': replay = optarg; break;
+        case 'L': replay_layers = optarg; break;
+        case 'W': replay_weights = true; break;
         case 'S':
             if (!cli_parse_int(optarg, 1, 1 << 20, &shard_seqs)) return cli_usage_error("trace", "--shard-seqs takes a positive integer");
             break;
@@ -75,7 +86,8 @@ int cmd_trace(int argc, char **argv) {
     if (!model_dir || !input || !out) return cli_usage_error("trace", "--model, --input and --out are required");
     mf_trace_opts o = {.model_dir = model_dir, .input = input, .out = out, .precision = prec_name,
                        .numerics = numerics_s, .record = record_s, .threads = (int)threads, .resume = resume,
-                       .shard_seqs = (int)shard_seqs, .label = "trace", .device = device, .generate = (int)generate};
+                       .shard_seqs = (int)shard_seqs, .label = "trace", .device = device, .generate = (int)generate,
+                       .replay = replay, .replay_layers = replay_layers, .replay_weights = replay_weights};
     mf_error err = {0};
     mf_precision prec;
     mf_numerics num;

@@ -696,7 +696,7 @@ static void add_positions(mf_diff_acc *a, mf_case *c, const seq_view *R, const s
         p->token = tok;
         p->first_flip_layer = f->first_flip[t];
         p->flipped_slots = f->flipped_at[t];
-        p->kl = p->sq_err = NAN;
+        p->kl = p->sq_err = p->prob_sq_err = NAN;
         p->top1 = -1;
         p->generated = t >= c->prompt_len;
         c->router_positions_all_layers_equal += L > 0 && f->all_equal[t];
@@ -717,6 +717,7 @@ static void add_positions(mf_diff_acc *a, mf_case *c, const seq_view *R, const s
             c->cond_top1[cls] += top1;
             p->kl = kl;
             p->sq_err = sq;
+            p->prob_sq_err = psq;
             p->top1 = top1;
         }
     }

@@ -47,4 +47,11 @@ int diff_answers_case(mf_case *c, const mf_run_choices *r, const mf_run_choices 
 json_t *diff_answers_json(const mf_diff_acc *a, const int *plan, int B);
 void diff_answers_summary(FILE *out, const mf_diff_acc *a);
 
+/* Routing replay's attribution (diff/attribution.c): diff.json's "attribution", one entry per target that has a
+ * replayed twin among the targets (NULL when none has), its intervals over the diff's plan; and the summary's
+ * lines. The accumulators' cases are in id order. */
+json_t *diff_attribution_json(mf_run *ref, mf_run **targets, mf_diff_acc **accs, int n, const int *plan, int B,
+                              const diff_labels *labels);
+void diff_attribution_summary(FILE *out, mf_run *ref, mf_run **targets, mf_diff_acc **accs, int n);
+
 #endif

@@ -22,11 +22,20 @@ static char *config_key(const mf_run *r) {
     return s;
 }
 
+/* Whether a run dispatched another run's routing (trace --replay): no repeat of anything. */
+static bool replayed(const mf_run *r) {
+    json_t *m = json_loads(r->manifest_text, 0, NULL);
+    const bool yes = json_object_get(m, "replay") != NULL;
+    json_decref(m);
+    return yes;
+}
+
 /* The first target that repeats the reference's configuration, or -1. */
 static int first_repeat(const mf_run *ref, mf_run *const *targets, int n) {
     char *rk = config_key(ref);
     int found = -1;
     for (int i = 0; i < n && found < 0 && rk; i++) {
+        if (replayed(targets[i])) continue;
         char *tk = config_key(targets[i]);
         if (tk && !strcmp(rk, tk)) found = i;
         free(tk);
@@ -103,7 +112,10 @@ int mf_diff_runs(const mf_diff_request *q, mf_error *err) {
     if (!rc && q->positions_path) rc = mf_diff_write_positions(outs[1].tmp, accs, nt, err);
     if (!rc && q->slots_path) rc = mf_diff_write_slots(outs[2].tmp, accs, nt, err);
     if (!rc) rc = commit_outputs(outs, err);
-    if (!rc && q->summary) diff_print_summary(q->summary, ref, targets, accs, nt, &labels);
+    if (!rc && q->summary) {
+        diff_print_summary(q->summary, ref, targets, accs, nt, &labels);
+        diff_attribution_summary(q->summary, ref, targets, accs, nt);
+    }
     for (int i = 0; i < N_OUTPUTS; i++)
         if (outs[i].tmp[0]) unlink(outs[i].tmp);
     for (int i = 0; i < nt; i++) {

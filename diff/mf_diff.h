@@ -59,6 +59,7 @@ typedef struct mf_position {
     int first_flip_layer;    /* model layer index, -1 when none flipped */
     int flipped_slots;
     double kl, sq_err;       /* NaN when the runs have no full logits */
+    double prob_sq_err;      /* the same, for the probabilities (the routing replay's attribution sums it) */
     int top1;                /* 1 agree, 0 differ, -1 unknown */
     bool generated;          /* the reference generated this position's token */
 } mf_position;

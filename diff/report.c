@@ -356,6 +356,7 @@ static json_t *run_info(mf_run *r, const char *label) {
     json_object_set(o, "device_name", json_object_get(json_object_get(m, "device"), "name"));
     json_object_set(o, "model", json_object_get(m, "model"));
     json_object_set(o, "tool", json_object_get(m, "tool"));
+    if (json_object_get(m, "replay")) json_object_set(o, "replay", json_object_get(m, "replay"));   /* trace --replay */
     json_decref(m);
     return o;
 }
@@ -787,6 +788,8 @@ int diff_write_json(const char *path, mf_run *ref, mf_run **targets, mf_diff_acc
     if (tk)
         for (int i = 0; i < n_targets; i++) diff_texts_add(json_array_get(ts, (size_t)i), ref, targets[i], tk);
     json_object_set_new(root, "targets", ts);
+    json_t *attribution = diff_attribution_json(ref, targets, accs, n_targets, plan, o->bootstrap, labels);
+    if (attribution) json_object_set_new(root, "attribution", attribution);
     if (floor_acc) {
         const char *floor_label = label_or_dir(labels ? labels->floor : NULL, floor_run);
         json_t *f = run_info(floor_run, floor_label);

@@ -15,6 +15,8 @@ typedef struct mf_sweep_opts {
     const char *reference;     /* "numerics x precision" spec, [fp64 x fp64] */
     const char *targets;       /* comma-separated "numerics x precision" (NULL: the default set) */
     bool repeat;               /* add a repeat of the first target, the noise floor */
+    bool replay;               /* add each target's replayed twins: its arithmetic with the reference's routing in
+                                * every MoE layer, and through each layer for the curve (trace --replay) */
     int threads;
     int bootstrap;
     /* continue every prompt greedily by this many tokens in every configuration (0: none; -1: the default,

@@ -16,6 +16,9 @@ typedef struct config {
     char numerics[128], precision[64], name[200];
     bool ok;
     char run[8400];
+    /* a replayed twin: the reference's routing, in every MoE layer or (replay_layers) those up to one */
+    bool replay;
+    char replay_layers[32];
 } config;
 
 /* "NUMERICS@PRECISION" (numerics may contain ':'); "fp64" alone is the reference */
@@ -44,12 +47,12 @@ static int parse_config(const char *spec, config *c, mf_error *err) {
 
 /* Diffs ref against targets into path; floor, a repeat, may be NULL. */
 static int diff_runs(config *ref, config **targets, int n, config *floor, int bootstrap, const char *path, mf_error *err) {
-    const char *dirs[16];
-    for (int i = 0; i < n && i < 16; i++) dirs[i] = targets[i]->run;
+    const char **dirs = mf_xcalloc((size_t)n + 1, sizeof *dirs);
+    for (int i = 0; i < n; i++) dirs[i] = targets[i]->run;
     const mf_diff_request q = {
         .reference = ref->run,
         .targets = dirs,
-        .n_targets = n < 16 ? n : 16,
+        .n_targets = n,
         .floor = floor ? MF_DIFF_FLOOR_RUN : MF_DIFF_FLOOR_NONE,
         .floor_run = floor ? floor->run : NULL,
         .bootstrap = bootstrap,
@@ -57,7 +60,76 @@ static int diff_runs(config *ref, config **targets, int n, config *floor, int bo
         .model_tokenizer = true,   /* the sweep traced these runs itself */
         .json_path = path,
     };
-    return mf_diff_runs(&q, err);
+    const int rc = mf_diff_runs(&q, err);
+    free(dirs);
+    return rc;
+}
+
+/* Traces configuration c into its run (resuming what is there); a twin replays the reference's routing. */
+static int trace_config(config *c, const char *model, const char *input, int threads, int generate,
+                        const char *reference_run, mf_error *err) {
+    mf_trace_opts to = {.model_dir = model, .input = input, .out = c->run, .precision = c->precision,
+                        .numerics = c->numerics, .record = "logits", .threads = threads, .resume = true,
+                        .label = c->name, .silent = true, .replay = c->replay ? reference_run : NULL,
+                        .replay_layers = c->replay && c->replay_layers[0] ? c->replay_layers : NULL,
+                        .generate = generate};
+    return mf_trace(&to, err);
+}
+
+/* The replayed twins of the targets that traced (trace --replay of the reference): for each, one that replays
+ * every MoE layer, and one through each MoE layer before the last for the curve (the last is the first twin). */
+static int make_twins(config **ok, int nok, const char *model, const char *runs, config **out, int *n_twins, mf_error *err) {
+    char path[4300];
+    mf_config cfg;
+    *n_twins = 0;
+    *out = NULL;
+    snprintf(path, sizeof path, "%s/config.json", model);
+    int rc = mf_config_load(&cfg, path, err);
+    if (rc) return rc;
+    config *tw = *out = mf_xcalloc((size_t)nok * ((size_t)cfg.n_moe_layers + 1) + 1, sizeof *tw);
+    for (int i = 0; i < nok; i++) {
+        config *c = &tw[(*n_twins)++];
+        *c = *ok[i];
+        c->ok = false;
+        c->replay = true;
+        snprintf(c->name + strlen(c->name), sizeof c->name - strlen(c->name), "-replay");
+        snprintf(c->run, sizeof c->run, "%s/%s", runs, c->name);
+        for (int l = 0, mi = 0; l < cfg.n_layers; l++) {
+            if (!cfg.layer_is_moe[l] || ++mi == cfg.n_moe_layers) continue;
+            c = &tw[(*n_twins)++];
+            *c = *ok[i];
+            c->ok = false;
+            c->replay = true;
+            snprintf(c->replay_layers, sizeof c->replay_layers, "0-%d", l);
+            snprintf(c->name + strlen(c->name), sizeof c->name - strlen(c->name), "-replay-through-%d", l);
+            snprintf(c->run, sizeof c->run, "%s/%s", runs, c->name);
+        }
+    }
+    return MF_OK;
+}
+
+/* The share of target t's output KL that its flips cause (diff.json's attribution, its overall twin), or NaN. */
+static double kl_share(const char *diff_path, int target, double ci[2]) {
+    json_t *d = json_load_file(diff_path, 0, NULL), *e;
+    size_t i;
+    double v = NAN;
+    ci[0] = ci[1] = NAN;
+    json_array_foreach(json_object_get(d, "attribution"), i, e) {
+        if (json_integer_value(json_object_get(e, "target")) != target + 1) continue;
+        size_t j;
+        json_t *tw;
+        json_array_foreach(json_object_get(e, "twins"), j, tw) {
+            if (!json_equal(json_object_get(tw, "twin"), json_object_get(e, "overall"))) continue;
+            json_t *m = json_object_get(tw, "kl_from_flips_pct");
+            if (json_is_number(json_object_get(m, "value"))) v = json_number_value(json_object_get(m, "value"));
+            if (json_is_number(json_array_get(json_object_get(m, "ci95"), 0))) {
+                ci[0] = json_number_value(json_array_get(json_object_get(m, "ci95"), 0));
+                ci[1] = json_number_value(json_array_get(json_object_get(m, "ci95"), 1));
+            }
+        }
+    }
+    json_decref(d);
+    return v;
 }
 
 static double metric(const char *diff_path, int target, const char *name, double ci[2]) {
@@ -164,11 +236,8 @@ int mf_sweep(const mf_sweep_opts *o, mf_error *err) {
     for (int i = 0; i < n_all; i++) {
         config *c = all[i];
         snprintf(c->run, sizeof c->run, "%s/%s", runs, c->name);
-        mf_trace_opts to = {.model_dir = model, .input = input, .out = c->run, .precision = c->precision,
-                            .numerics = c->numerics, .record = "logits", .threads = o->threads, .resume = true,
-                            .label = c->name, .silent = true, .generate = generate};
         mf_error e = {0};
-        if (mf_trace(&to, &e)) {
+        if (trace_config(c, model, input, o->threads, generate, ref.run, &e)) {
             mf_log("moeflip: %s failed: %s", c->name, e.msg);
             if (c == &ref) return mf_fail(err, MF_EINVAL, "the reference %s failed: %s", c->name, e.msg);
             continue;
@@ -182,9 +251,38 @@ int mf_sweep(const mf_sweep_opts *o, mf_error *err) {
     for (int i = 0; i < nt; i++)
         if (tg[i].ok) ok[nok++] = &tg[i];
     if (!nok) return mf_fail(err, MF_EINVAL, "every target failed");
+    /* the replayed twins go after the targets in the main diff, which finds them by their manifests */
+    int n_twins = 0;
+    config *twins = NULL;
+    if (o->replay && (rc = make_twins(ok, nok, model, runs, &twins, &n_twins, err))) return rc;
+    config **main_targets = mf_xcalloc((size_t)(nok + n_twins) + 1, sizeof *main_targets);
+    int n_main = 0;
+    for (int i = 0; i < nok; i++) main_targets[n_main++] = ok[i];
+    for (int i = 0; i < n_twins; i++) {
+        mf_error e = {0};
+        if (trace_config(&twins[i], model, input, o->threads, generate, ref.run, &e)) {
+            mf_log("moeflip: %s failed: %s", twins[i].name, e.msg);
+            continue;
+        }
+        twins[i].ok = true;
+        main_targets[n_main++] = &twins[i];
+        mf_log("moeflip: traced %s", twins[i].name);
+    }
     snprintf(diff_main, sizeof diff_main, "%s/diff.json", out);
-    if ((rc = diff_runs(&ref, ok, nok, repeat && rep.ok ? &rep : NULL, o->bootstrap, diff_main, err))) return rc;
+    rc = diff_runs(&ref, main_targets, n_main, repeat && rep.ok ? &rep : NULL, o->bootstrap, diff_main, err);
+    free(main_targets);
+    free(twins);
+    if (rc) return rc;
     draw_all(diff_main, nok, figs, "reference");
+    for (int t = 0; t < nok && o->replay; t++) {   /* the replay curves */
+        char *text, path[4400];
+        size_t len;
+        mf_error e = {0};
+        if (mf_read_file(diff_main, &text, &len, &e)) break;
+        snprintf(path, sizeof path, "%s/reference-t%d-%s.png", figs, t + 1, mf_heat_kind_name(MF_HEAT_REPLAY_CURVE));
+        if (mf_heatmap_file(text, t, MF_HEAT_REPLAY_CURVE, NULL, path, &e)) mf_log("moeflip: %s", e.msg);
+        free(text);
+    }
     /* the two vendors against each other, at the first precision they share: the report opens with it */
     const char *paths[2] = {diff_main, NULL};
     int npaths = 1;
@@ -223,6 +321,12 @@ int mf_sweep(const mf_sweep_opts *o, mf_error *err) {
         print_text_headline(diff_vendor, 0, nv->numerics, amd->numerics);
     } else {
         print_text_headline(diff_main, 0, ref.name, ok[0]->name);
+    }
+    for (int i = 0; i < nok && o->replay; i++) {
+        double v = kl_share(diff_main, i, ci);
+        if (isfinite(v))
+            printf("  %s@%s against %s: its expert flips cause %.1f%% of its output KL [%.1f, %.1f]\n", ok[i]->numerics,
+                   ok[i]->precision, ref.name, v, ci[0], ci[1]);
     }
     for (int i = 0; i < nok; i++)
         if (strstr(ok[i]->precision, "selective:router")) {

@@ -39,4 +39,10 @@ void mf_softmax(const double *x, int n, mf_dtype opmath, double *p);
  * (scratch, [E]) receives the probabilities. */
 void mf_route(const mf_route_spec *spec, const double *logits, double *probs, mf_route_out *out);
 
+/* The weights of the k experts ids (rank order) from the probabilities probs [E] of one token, as mf_route
+ * gives them for its own choice: the experts' probabilities, renormalised over the k iff norm_topk (summed in
+ * rank order), rounded to weight_out. mf_route computes its weights here; routing replay (a run dispatching
+ * another run's experts with its own router's weights) does too. */
+void mf_route_weights(const mf_route_spec *spec, const double *probs, const uint16_t *ids, double *weights);
+
 #endif

@@ -56,14 +56,19 @@ void mf_route(const mf_route_spec *spec, const double *logits, double *probs, mf
         out->margin_prob = out->margin_logit = 0;
         out->tie = false;
     }
+    mf_route_weights(spec, probs, out->ids, out->weights);
+}
+
+void mf_route_weights(const mf_route_spec *spec, const double *probs, const uint16_t *ids, double *weights) {
+    const int k = spec->top_k;
     if (spec->opmath == MF_F64) {
         double s = 0;
         for (int i = 0; i < k; i++) s += probs[ids[i]];
-        for (int i = 0; i < k; i++) out->weights[i] = spec->norm_topk ? probs[ids[i]] / s : probs[ids[i]];
+        for (int i = 0; i < k; i++) weights[i] = spec->norm_topk ? probs[ids[i]] / s : probs[ids[i]];
     } else {
         float s = 0;
         for (int i = 0; i < k; i++) s += (float)probs[ids[i]];
-        for (int i = 0; i < k; i++) out->weights[i] = spec->norm_topk ? (float)probs[ids[i]] / s : (float)probs[ids[i]];
+        for (int i = 0; i < k; i++) weights[i] = spec->norm_topk ? (float)probs[ids[i]] / s : (float)probs[ids[i]];
     }
-    for (int i = 0; i < k; i++) out->weights[i] = mf_round_to(spec->weight_out, out->weights[i]);
+    for (int i = 0; i < k; i++) weights[i] = mf_round_to(spec->weight_out, weights[i]);
 }

@@ -146,6 +146,7 @@ typedef struct mf_run_info {
     const char *imported_from;  /* e.g. "crova DIR"; experts are then derived, not dispatched */
     const char *device_name;    /* a GPU's name and architecture (NULL: the CPU's) */
     const struct mf_generation *generation;   /* NULL: the prompts as they stand */
+    const char *replay_json;    /* the manifest's "replay" object, as JSON text (NULL: no routing replay) */
 } mf_run_info;
 
 typedef struct mf_run_writer mf_run_writer;

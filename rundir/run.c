@@ -175,6 +175,7 @@ static json_t *build_manifest(const mf_run_info *in) {
         if (in->generation->forced) json_object_set_new(g, "forced_from", json_string(in->input_path));
         json_object_set_new(man, "generation", g);
     }
+    if (in->replay_json) json_object_set_new(man, "replay", json_loads(in->replay_json, 0, NULL));   /* trace/replay.c */
     json_object_set_new(man, "sequences", json_array());
     json_object_set_new(man, "shards", json_array());
     json_object_set_new(man, "complete", json_false());
@@ -370,7 +371,7 @@ int mf_run_create(mf_run_writer **out, const char *dir, const mf_run_info *info,
                                         {"model", "weights_digest"}, {"precision", "name"},
                                         {NULL, "numerics"},          {NULL, "record"},
                                         {"input", "digest"},         {"device", "kind"},
-                                        {NULL, "generation"}};
+                                        {NULL, "generation"},        {NULL, "replay"}};
         for (size_t i = 0; i < sizeof keys / sizeof keys[0] && !rc; i++)
             rc = check_same(dir, prev, w->manifest, keys[i][0], keys[i][1], err);
         if (rc) {

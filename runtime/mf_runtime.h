@@ -14,11 +14,26 @@
 #include "mf_numerics.h"
 #include "mf_models.h"
 
+/* Routing replay: the experts another run of the same model dispatched, dispatched again instead of the
+ * router's own choice (the router still runs; its logits are recorded as computed). Position p of a sequence
+ * replays while the sequence's tokens 0 .. p are the source's (tokens[0 .. p]): a sequence that parts from the
+ * source (a generated token of its own) routes itself from that position on, where the source's choices
+ * belong to other inputs. */
+typedef struct mf_replay {
+    int len;                  /* positions the source recorded */
+    const int32_t *tokens;    /* [len] the source's tokens */
+    const uint16_t *ids;      /* [n_moe, len, k] the experts it dispatched, rank order */
+    const double *weights;    /* [n_moe, len, k] the weights it applied, or NULL: this run's router gives the
+                               * weights of the replayed experts (mf_route_weights over its own scores) */
+    const bool *layers;       /* [n_moe] which MoE layers replay (NULL: every one) */
+} mf_replay;
+
 typedef struct mf_run_opts {
     mf_precision prec;
     int threads;
     bool record_router_in;       /* keep the router's input [L, T, H] */
     const mf_numerics *numerics; /* how matrix products run (NULL: native) */
+    const mf_replay *replay;     /* NULL: the router's own choices; read at every step of a session */
 } mf_run_opts;
 
 /* What a forward pass produces, mf_seq_result, is declared in mf_models.h: the run writer (rundir/) records

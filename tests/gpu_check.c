@@ -79,7 +79,7 @@ static int run_all(outputs *o, const char *dir, const char *tokens, const char *
     int max_T = 0;
     for (size_t i = 0; i < ps.n; i++) max_T = ps.seq[i].T > max_T ? ps.seq[i].T : max_T;
     if (device) rc = mf_gpu_open(&g, device, m, &p, &n, max_T, err);
-    mf_run_opts ro = {p, (int)sysconf(_SC_NPROCESSORS_ONLN), false, &n};
+    mf_run_opts ro = {.prec = p, .threads = (int)sysconf(_SC_NPROCESSORS_ONLN), .numerics = &n};
     const double t0 = mf_now();
     for (size_t i = 0; i < ps.n && !rc; i++) {
         rc = device ? mf_gpu_forward(g, ps.seq[i].tokens, ps.seq[i].T, MF_GPU_ALL, &o->r[i], err)

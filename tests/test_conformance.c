@@ -41,7 +41,7 @@ static stats compare_case(const char *case_name, const char *prec_name, const ch
     cr_assert_eq(mf_runtime_load(&m, dir, &prec, &err), MF_OK, "%s", err.msg);
     mf_prompts ps;
     cr_assert_eq(mf_prompts_load(&ps, tok, m->cfg.vocab, &err), MF_OK, "%s", err.msg);
-    mf_run_opts o = {prec, 2, false, NULL};
+    mf_run_opts o = {.prec = prec, .threads = 2};
     stats st = {0};
     for (size_t s = 0; s < ps.n; s++) {
         mf_seq_result r;

@@ -50,7 +50,7 @@ static void cpu_digests(const char *source, const char *prec_name, const char *n
     mf_prompts ps;
     cr_assert_eq(mf_prompts_load(&ps, tok, m->cfg.vocab, &err), 0, "%s", err.msg);
     mf_seq_result *r = calloc(ps.n, sizeof *r);
-    mf_run_opts ro = {p, 2, false, &n};
+    mf_run_opts ro = {.prec = p, .threads = 2, .numerics = &n};
     for (size_t i = 0; i < ps.n; i++)
         cr_assert_eq(mf_forward_cpu(m, &ro, ps.seq[i].tokens, ps.seq[i].T, &r[i], &err), 0, "%s", err.msg);
     mf_seq_results_digest(r, ps.n, out);

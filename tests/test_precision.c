@@ -25,7 +25,7 @@ static mf_seq_result forward(const char *case_name, const char *policy) {
     cr_assert_eq(mf_runtime_load(&m, dir, &prec, &err), MF_OK, "%s", err.msg);
     mf_prompts ps;
     cr_assert_eq(mf_prompts_load(&ps, tok, m->cfg.vocab, &err), MF_OK);
-    mf_run_opts o = {prec, 2, false, NULL};
+    mf_run_opts o = {.prec = prec, .threads = 2};
     mf_seq_result r;
     cr_assert_eq(mf_forward_cpu(m, &o, ps.seq[2].tokens, ps.seq[2].T, &r, &err), MF_OK, "%s", err.msg);
     mf_prompts_free(&ps);

@@ -32,7 +32,7 @@ static void check(const char *model, const char *prec_name, const char *numerics
     enum { T = 19, PROMPT = 7 };
     int32_t tokens[T];
     for (int t = 0; t < T; t++) tokens[t] = (t * 7919 + 13) % c->vocab;
-    mf_run_opts o = {prec, 2, true, &num};
+    mf_run_opts o = {.prec = prec, .threads = 2, .record_router_in = true, .numerics = &num};
     mf_seq_result whole;
     cr_assert_eq(mf_forward_cpu(m, &o, tokens, T, &whole, &err), MF_OK, "%s", err.msg);
     mf_cpu_session *s;

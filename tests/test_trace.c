@@ -109,7 +109,7 @@ Test(trace, fp32_close_to_hf_fp64) {
         char tok[4300];
         snprintf(tok, sizeof tok, "%s/tokens.jsonl", dir);
         cr_assert_eq(mf_prompts_load(&ps, tok, m->cfg.vocab, &err), MF_OK);
-        mf_run_opts o = {prec, 2, false, NULL};
+        mf_run_opts o = {.prec = prec, .threads = 2};
         mf_seq_result r;
         cr_assert_eq(mf_forward_cpu(m, &o, ps.seq[2].tokens, ps.seq[2].T, &r, &err), MF_OK);
         size_t n;

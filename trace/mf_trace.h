@@ -22,6 +22,10 @@ typedef struct mf_trace_opts {
     bool silent;             /* no closing line */
     const char *device;      /* NULL or "cpu": the CPU; "cuda[:N]", "hip[:N]": a GPU */
     int generate;            /* continue every prompt greedily by up to this many tokens (0: none) */
+    /* routing replay (trace/replay.c): dispatch the experts this run dispatched instead of the router's own */
+    const char *replay;          /* a run directory (NULL: no replay) */
+    const char *replay_layers;   /* which layers: model layer indices "N,N-M,..." (NULL: every MoE layer) */
+    bool replay_weights;         /* apply its recorded weights too (else this router's weights of its experts) */
 } mf_trace_opts;
 
 /* Parses and checks the precision and numerics of a trace. */
@@ -46,5 +50,32 @@ int mf_greedy_token(const double *logits, int V, mf_dtype head, int32_t *token);
  * position's results, the generated ones as their decode steps computed them. */
 int mf_generate_cpu(const mf_model *m, const mf_run_opts *o, const mf_generation *gen, const mf_prompt *p,
                     int32_t *tokens, int *generated, mf_seq_result *r, mf_error *err);
+
+/* ---- routing replay ---------------------------------------------------------
+ * trace --replay RUN: every (MoE layer, position) dispatches the experts RUN dispatched there, in its rank
+ * order, with RUN's weights (replay_weights) or the router's own weights of those experts; the router still
+ * runs and its logits are recorded as computed. RUN must be a complete run of the same model (architecture,
+ * config and weights digests) holding every input sequence with the same tokens (with generate: the same
+ * prompt), routing recorded. */
+
+typedef struct mf_replay_source mf_replay_source;
+
+/* Opens RUN for prompts of the model whose config is cfg, checking all of the above but the weights digest
+ * (the weights are not loaded yet). layers: --replay-layers (NULL: every MoE layer). */
+int mf_replay_open(mf_replay_source **out, const char *run_dir, const mf_config *cfg, const mf_prompts *prompts,
+                   bool generate, const char *layers, bool weights, mf_error *err);
+/* The weights digest of the loaded model against RUN's. */
+int mf_replay_check_weights(const mf_replay_source *s, const char *weights_digest, mf_error *err);
+/* The routing of prompt i (its index in the prompts given to mf_replay_open), valid until the next call. */
+int mf_replay_sequence(mf_replay_source *s, size_t prompt, mf_replay *out, mf_error *err);
+/* The manifest's "replay" object as JSON text: source, source_manifest_digest (XXH3-128 of RUN's manifest.json,
+ * the identity by which a diff finds a target's replayed twin), source_numerics, source_precision,
+ * source_device, layers (model layer indices), all_layers, weights ("router" or "source"). */
+const char *mf_replay_manifest(const mf_replay_source *s);
+void mf_replay_close(mf_replay_source *s);
+/* --replay-layers: "N" or "N-M", comma-separated model layer indices; a single index must be a MoE layer, a
+ * range takes the MoE layers in it and must hold one; none twice. layers [n_moe] gets which MoE layers are
+ * named. With cfg NULL only the syntax is checked (layers is not written). */
+int mf_replay_layers_parse(const char *spec, const mf_config *cfg, bool *layers, mf_error *err);
 
 #endif

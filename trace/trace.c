@@ -21,6 +21,13 @@ int mf_trace_check(const mf_trace_opts *o, mf_precision *prec, mf_numerics *num,
         return mf_fail(err, MF_EINVAL, "--numerics fixed runs bf16 or fp16 products; %s has none", prec->name);
     if (num->kind == MF_NUMERICS_EMU && (prec->act == MF_BF16 || prec->act == MF_F16) && !mf_numerics_schedule(num, prec->act))
         return mf_fail(err, MF_EINVAL, "%s has no %s matrix instruction", num->arch, mf_dtype_name(prec->act));
+    if (!o->replay && (o->replay_layers || o->replay_weights))
+        return mf_fail(err, MF_EINVAL, "--replay-layers and --replay-weights go with --replay RUN");
+    /* a GPU chooses its experts on the device (runtime/gpu's route kernel): a replay there is not built */
+    if (o->replay && gpu)
+        return mf_fail(err, MF_EINVAL, "--replay runs on the CPU only: on %s the experts are chosen on the device, where "
+                       "routing replay is not built", o->device);
+    if (o->replay_layers && mf_replay_layers_parse(o->replay_layers, NULL, NULL, err)) return MF_EINVAL;
     return MF_OK;
 }
 
@@ -89,7 +96,12 @@ int mf_trace(const mf_trace_opts *o, mf_error *err) {
     mf_model *model = NULL;
     mf_run_writer *w = NULL;
     mf_gpu *gpu = NULL;
+    mf_replay_source *replay = NULL;
     const char *device = o->device ? o->device : "cpu";
+    /* the run to replay is checked against the config and the prompts before the weights load */
+    if (o->replay && (rc = mf_replay_open(&replay, o->replay, &cfg, &prompts, o->generate > 0, o->replay_layers,
+                                          o->replay_weights, err)))
+        goto done;
     if (mf_device_is_gpu(device) && record == MF_RECORD_FULL) {
         rc = mf_fail(err, MF_EUNSUPPORTED, "--record full (router inputs) is recorded on the CPU only; use --record topk "
                      "or logits on %s", device);
@@ -117,14 +129,17 @@ int mf_trace(const mf_trace_opts *o, mf_error *err) {
         goto done;
     const double t_load = mf_now();
     if ((rc = mf_model_load(&model, o->model_dir, prec.weights, flags, err))) goto done;
+    if (replay && (rc = mf_replay_check_weights(replay, model->ckpt->weights_digest, err))) goto done;
     if (mf_device_is_gpu(device) && (rc = mf_gpu_open(&gpu, device, model, &prec, &numerics, max_T, err))) goto done;
     mf_run_info info = {.model_dir = o->model_dir, .model = model, .prec = &prec, .device = device,
                         .numerics = numerics.name, .threads = threads, .record = record, .input_path = o->input,
                         .prompts = &prompts, .shard_seqs = o->shard_seqs, .device_name = gpu ? mf_gpu_describe(gpu) : NULL,
-                        .generation = o->generate > 0 || (forced && gen.max_new_tokens > 0) ? &gen : NULL};
+                        .generation = o->generate > 0 || (forced && gen.max_new_tokens > 0) ? &gen : NULL,
+                        .replay_json = replay ? mf_replay_manifest(replay) : NULL};
     if ((rc = mf_run_create(&w, o->out, &info, o->resume, err))) goto done;
     const double load_s = mf_now() - t_load;
-    mf_run_opts ro = {prec, threads, record == MF_RECORD_FULL, &numerics};
+    mf_run_opts ro = {.prec = prec, .threads = threads, .record_router_in = record == MF_RECORD_FULL, .numerics = &numerics};
+    mf_replay replayed;
     uint64_t total = 0, done_tokens = 0, computed = 0;
     for (size_t i = 0; i < prompts.n; i++) total += (uint64_t)prompts.seq[i].T;
     const uint64_t prompt_tokens = total;
@@ -146,6 +161,10 @@ int mf_trace(const mf_trace_opts *o, mf_error *err) {
         }
         mf_seq_result r;
         mf_prompt traced = *p;
+        if (replay) {
+            if ((rc = mf_replay_sequence(replay, i, &replayed, err))) break;
+            ro.replay = &replayed;
+        }
         const double tf = mf_now();
         /* the choices first: a GPU's logits of the sequence itself stay in its buffer until they are written */
         if (p->n_choices) {
@@ -205,6 +224,7 @@ int mf_trace(const mf_trace_opts *o, mf_error *err) {
                    gen.eos_source);
     }
 done:
+    mf_replay_close(replay);
     mf_run_writer_free(w);
     mf_gpu_close(gpu);
     mf_model_free(model);

@@ -7,10 +7,11 @@
 #include <stdlib.h>
 #include <string.h>
 
-static const char *const kind_names[] = {"layer-expert", "layer-position", "margin", "flips-kl"};
+static const char *const kind_names[] = {"layer-expert", "layer-position", "margin", "flips-kl", "replay-curve"};
+#define N_KINDS (int)(sizeof kind_names / sizeof kind_names[0])
 
 int mf_heat_kind_parse(const char *s, mf_heat_kind *out) {
-    for (int i = 0; i < 4; i++)
+    for (int i = 0; i < N_KINDS; i++)
         if (!strcmp(s, kind_names[i])) {
             *out = (mf_heat_kind)i;
             return MF_OK;
@@ -18,7 +19,7 @@ int mf_heat_kind_parse(const char *s, mf_heat_kind *out) {
     return MF_EINVAL;
 }
 
-const char *mf_heat_kind_name(mf_heat_kind k) { return (unsigned)k < 4 ? kind_names[k] : "?"; }
+const char *mf_heat_kind_name(mf_heat_kind k) { return (int)k >= 0 && (int)k < N_KINDS ? kind_names[k] : "?"; }
 
 void mf_figure_free(mf_figure *f) {
     free(f->cells);

@@ -77,6 +77,7 @@ typedef struct fig_data {
     char seq[128];
     json_t *layer_objs;       /* margin: layers[] */
     json_t *seq_obj;          /* flips-kl: all sequences */
+    json_t *curve;            /* replay-curve: the target's attribution curve */
 } fig_data;
 
 static const char *str(json_t *o, const char *k) {
@@ -162,6 +163,18 @@ static int load(const char *text_json, int target, mf_heat_kind kind, const char
         snprintf(d->title, sizeof d->title, "%s: output error against flipped expert choices per position", arch ? arch : "model");
         d->seq_obj = json_object_get(t, "sequences");
         break;
+    case MF_HEAT_REPLAY_CURVE: {
+        size_t i;
+        json_t *e, *mine = NULL;
+        json_array_foreach(json_object_get(*root, "attribution"), i, e)
+            if (json_integer_value(json_object_get(e, "target")) == target + 1) mine = e;
+        d->curve = json_object_get(mine, "curve");
+        if (!json_array_size(d->curve))
+            return mf_fail(err, MF_EINVAL, "diff.json: target %d has no replayed twin (a target of its numerics and "
+                           "precision traced with --replay of the reference)", target + 1);
+        snprintf(d->title, sizeof d->title, "%s: share of the output error that the expert flips cause", arch ? arch : "model");
+        break;
+    }
     }
     return MF_OK;
 }
@@ -499,6 +512,107 @@ static void draw_flips_kl(cairo_t *cr, const fig_data *d, const geom *g, mf_figu
 #undef KY
 }
 
+/* Routing replay: for each twin that replays the reference's routing through layer l, the share of the
+ * target's output error that the flips cause, 100 x (error(target) - error(twin)) / error(target), one line
+ * per output metric, with the KL share's interval. */
+static void draw_replay_curve(cairo_t *cr, const fig_data *d, const geom *g, mf_figure *f) {
+    const double x0 = LEFT, y0 = TOP, w = g->pw, h = g->ph;
+    static const struct { const char *key, *label; unsigned colour; } series[] = {
+        {"kl_from_flips_pct", "forward KL", 0xD55E00},
+        {"raw_logit_mse_from_flips_pct", "raw logit MSE", 0x0072B2},
+        {"prob_mse_from_flips_pct", "probability MSE", 0x009E73},
+        {"top1_disagreement_from_flips_pct", "top-1 disagreement", 0xCC79A7},
+    };
+    const int S = (int)(sizeof series / sizeof series[0]);
+    double lo = 0, hi = 100;
+    size_t i;
+    json_t *pt;
+    json_array_foreach(d->curve, i, pt) for (int k = 0; k < S; k++) {
+        json_t *m = json_object_get(pt, series[k].key), *ci = json_object_get(m, "ci95");
+        double v[3] = {json_number_value(json_object_get(m, "value")), json_number_value(json_array_get(ci, 0)),
+                       json_number_value(json_array_get(ci, 1))};
+        for (int q = 0; q < (k == 0 ? 3 : 1); q++)   /* the values, and the interval drawn (the KL share's) */
+            if (isfinite(v[q])) {
+                lo = fmin(lo, v[q]);
+                hi = fmax(hi, v[q]);
+            }
+    }
+    lo = floor(lo / 25) * 25;
+    hi = ceil(hi / 25) * 25;
+    const int L = d->L > 0 ? d->L : 1;
+#define RX(li) (x0 + ((li) + 0.5) * w / L)
+#define RY(p) (y0 + h - ((p) - lo) / (hi - lo) * h)
+    axes(cr, x0, y0, w, h);
+    font(cr, 10, false);
+    for (double p = lo; p <= hi + 1e-9; p += 25) {
+        set(cr, hex(p == 0 || p == 100 ? 0x999999 : 0xE6E6E6));
+        cairo_move_to(cr, x0, RY(p));
+        cairo_line_to(cr, x0 + w, RY(p));
+        cairo_stroke(cr);
+        set(cr, hex(C_TEXT));
+        textf(cr, x0 - 6, RY(p), 1, 0.5, "%.0f%%", p);
+    }
+    const int step = tick_step(w / L, 28);
+    for (int l = 0; l < L; l += step) textf(cr, RX(l), y0 + h + 6, 0.5, 0, "%d", d->layers ? d->layers[l] : l);
+    font(cr, 12, false);
+    text(cr, x0 + w / 2, y0 + h + 26, 0.5, 0, 0, "l: the reference's routing replayed in MoE layers 0 to l");
+    text(cr, 24, y0 + h / 2, 0.5, 0.5, -M_PI / 2, "share of the target's error the flips cause");
+    for (int k = S - 1; k >= 0; k--) {   /* KL last, on top */
+        rgb col = hex(series[k].colour);
+        bool pen = false;
+        double px = 0, py = 0;
+        json_array_foreach(d->curve, i, pt) {
+            json_t *m = json_object_get(pt, series[k].key);
+            const double v = json_number_value(json_object_get(m, "value"));
+            const int layer = (int)json_integer_value(json_object_get(pt, "through_layer"));
+            int li = -1;
+            for (int l = 0; l < d->L; l++)
+                if (d->layers[l] == layer) li = l;
+            if (li < 0 || !json_is_number(json_object_get(m, "value"))) {
+                pen = false;
+                continue;
+            }
+            const double x = RX(li), y = RY(v);
+            set(cr, col);
+            cairo_set_line_width(cr, k == 0 ? 2.5 : 1.5);
+            if (pen) {
+                cairo_move_to(cr, px, py);
+                cairo_line_to(cr, x, y);
+                cairo_stroke(cr);
+            }
+            json_t *ci = json_object_get(m, "ci95");
+            const bool has_ci = json_is_number(json_array_get(ci, 0)) && json_is_number(json_array_get(ci, 1));
+            if (k == 0 && has_ci) {   /* the KL share's interval */
+                cairo_set_line_width(cr, 1.2);
+                cairo_move_to(cr, x, RY(json_number_value(json_array_get(ci, 0))));
+                cairo_line_to(cr, x, RY(json_number_value(json_array_get(ci, 1))));
+                cairo_stroke(cr);
+            }
+            cairo_arc(cr, x, y, k == 0 ? 4 : 3, 0, 2 * M_PI);
+            cairo_fill(cr);
+            if (has_ci)
+                cell(f, x - 5, y - 5, 10, 10, "through layer %d: %s %.1f%% of the target's [%.1f, %.1f]", layer, series[k].label,
+                     v, json_number_value(json_array_get(ci, 0)), json_number_value(json_array_get(ci, 1)));
+            else
+                cell(f, x - 5, y - 5, 10, 10, "through layer %d: %s %.1f%% of the target's", layer, series[k].label, v);
+            pen = true;
+            px = x;
+            py = y;
+        }
+    }
+    font(cr, 10, false);
+    for (int k = 0; k < S; k++) {
+        set(cr, hex(series[k].colour));
+        cairo_rectangle(cr, x0 + w + 16, y0 + 4 + k * 20, 18, 3);
+        cairo_fill(cr);
+        set(cr, hex(C_TEXT));
+        text(cr, x0 + w + 40, y0 + 6 + k * 20, 0, 0.5, 0, series[k].label);
+    }
+    text(cr, x0 + w + 16, y0 + 6 + S * 20 + 8, 0, 0.5, 0, "bars: the KL share's 95% interval");
+#undef RX
+#undef RY
+}
+
 static void draw(cairo_t *cr, const fig_data *d, const geom *g, mf_figure *f) {
     set(cr, hex(0xFFFFFF));
     cairo_paint(cr);
@@ -508,6 +622,7 @@ static void draw(cairo_t *cr, const fig_data *d, const geom *g, mf_figure *f) {
     case MF_HEAT_LAYER_POSITION: draw_layer_position(cr, d, g, f); break;
     case MF_HEAT_MARGIN: draw_margin(cr, d, g, f); break;
     case MF_HEAT_FLIPS_KL: draw_flips_kl(cr, d, g, f); break;
+    case MF_HEAT_REPLAY_CURVE: draw_replay_curve(cr, d, g, f); break;
     }
 }
 

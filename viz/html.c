@@ -48,7 +48,7 @@ static void value_cell(mf_buf *o, json_t *m) {
     mf_buf_printf(o, "<td title=\"95%% interval over resampled sequences\">%.4g", json_number_value(v));
     if (json_is_number(json_array_get(ci, 0)))   /* on a line of its own: the columns stay narrow */
         mf_buf_printf(o, "<br><span class=ci>[%.3g, %.3g]</span>", json_number_value(json_array_get(ci, 0)),
-                      json_number_value(json_array_get(ci, 1)));
+                json_number_value(json_array_get(ci, 1)));
     mf_buf_puts(o, "</td>");
 }
 
@@ -85,7 +85,7 @@ static void figure(mf_buf *o, const char *diff_text, int target, mf_heat_kind ki
         mf_buf_puts(o, "</title></rect>");
     }
     mf_buf_printf(o, "</svg></div><figcaption>Figure %d: %s (hover a cell for its numbers).</figcaption></figure>\n", *fig_no,
-                  mf_heat_kind_name(kind));
+            mf_heat_kind_name(kind));
     free(svg);
     mf_figure_free(&fig);
 }
@@ -112,6 +112,102 @@ static bool same_short_setting(json_t *a, json_t *b) {
     return la == lb && !strncmp(na, nb, la) && !strcmp(str(a, "precision"), str(b, "precision"));
 }
 
+/* ---- routing replay ----------------------------------------------------------------
+ * A target traced with --replay dispatched the reference's experts: it is labelled so wherever it is named, the
+ * twins that replay only some layers (the points of a curve) are left out of the tables of targets, and the
+ * attribution (diff.json's "attribution") has its own table and figure. */
+
+/* Whether a run replayed another's routing, and whether in every MoE layer. */
+static bool is_replay(json_t *run) { return json_is_object(json_object_get(run, "replay")); }
+static bool is_partial_replay(json_t *run) {
+    return is_replay(run) && !json_is_true(json_object_get(json_object_get(run, "replay"), "all_layers"));
+}
+
+static void replay_label(mf_buf *o, json_t *run) {
+    json_t *rp = json_object_get(run, "replay");
+    if (!json_is_object(rp)) return;
+    mf_buf_puts(o, " <span class=replay title=\"routing replay: this run dispatched the experts of ");
+    esc(o, str(rp, "source"));
+    mf_buf_puts(o, " (");
+    esc(o, str(rp, "source_numerics"));
+    mf_buf_puts(o, " &times; ");
+    esc(o, str(rp, "source_precision"));
+    mf_buf_puts(o, ") at every position, its router's own choice recorded but not used\">replays ");
+    esc(o, str(rp, "source_precision"));
+    mf_buf_puts(o, " routing");
+    if (!json_is_true(json_object_get(rp, "all_layers"))) {
+        mf_buf_puts(o, ", layers ");
+        size_t i;
+        json_t *l;
+        json_array_foreach(json_object_get(rp, "layers"), i, l) mf_buf_printf(o, i ? ",%lld" : "%lld", (long long)json_integer_value(l));
+    }
+    if (!strcmp(str(rp, "weights"), "source")) mf_buf_puts(o, ", its weights");
+    mf_buf_puts(o, "</span>");
+}
+
+static void short_setting(mf_buf *o, json_t *run, json_t *others);
+
+/* A share of the target's error in a cell: "32.8% [24.0, 41.4]". */
+static void share_cell(mf_buf *o, json_t *m) {
+    json_t *v = json_object_get(m, "value"), *ci = json_object_get(m, "ci95");
+    if (!json_is_number(v)) {
+        mf_buf_puts(o, "<td>&ndash;</td>");
+        return;
+    }
+    mf_buf_printf(o, "<td><b>%.1f%%</b>", json_number_value(v));
+    if (json_is_number(json_array_get(ci, 0)))
+        mf_buf_printf(o, "<br><span class=ci>[%.1f, %.1f]</span>", json_number_value(json_array_get(ci, 0)),
+                json_number_value(json_array_get(ci, 1)));
+    mf_buf_puts(o, "</td>");
+}
+
+static json_t *twin_entry(json_t *attr, long long twin) {
+    size_t i;
+    json_t *t;
+    json_array_foreach(json_object_get(attr, "twins"), i, t) if (json_integer_value(json_object_get(t, "twin")) == twin) return t;
+    return NULL;
+}
+
+static void figure(mf_buf *o, const char *diff_text, int target, mf_heat_kind kind, int *fig_no);
+
+/* The attribution of one diff: per target with a twin that replays every layer, the error with and without the
+ * flips and the share they cause; then each target's curve. */
+static void attribution_section(mf_buf *o, const char *text, json_t *d, int *fig_no) {
+    json_t *attr = json_object_get(d, "attribution"), *targets = json_object_get(d, "targets");
+    if (!json_array_size(attr)) return;
+    mf_buf_puts(o, "<h3>Routing replay: how much of the output error the expert flips cause</h3>\n<p class=meta>Each target's "
+             "replayed twin runs its arithmetic but dispatches the reference's experts: its error is the arithmetic's "
+             "alone. The share the flips cause is 100 &times; (target's error &minus; twin's) / target's, over the "
+             "same positions, with 95% intervals over the same resampled sequences.</p>\n<table class=summary><thead><tr>"
+             "<th>target</th><th>output KL, target</th><th>output KL, routed as the reference</th><th>KL the flips "
+             "cause</th><th>raw logit MSE they cause</th><th>probability MSE they cause</th><th>top-1 disagreement they "
+             "cause</th><th title=\"slots of the twin where its own router's top-k (of its recorded logits) is not what "
+             "it dispatched\">twin's router would flip</th></tr></thead><tbody>\n");
+    size_t i;
+    json_t *e;
+    json_array_foreach(attr, i, e) {
+        json_t *tw = twin_entry(e, json_integer_value(json_object_get(e, "overall")));
+        json_t *t = json_array_get(targets, (size_t)json_integer_value(json_object_get(e, "target")) - 1);
+        if (!tw || !t) continue;
+        mf_buf_puts(o, "<tr><th>");
+        short_setting(o, t, targets);
+        mf_buf_puts(o, "</th>");
+        value_cell(o, json_object_get(json_object_get(tw, "target_error"), "forward_kl"));
+        value_cell(o, json_object_get(json_object_get(tw, "twin_error"), "forward_kl"));
+        share_cell(o, json_object_get(tw, "kl_from_flips_pct"));
+        share_cell(o, json_object_get(tw, "raw_logit_mse_from_flips_pct"));
+        share_cell(o, json_object_get(tw, "prob_mse_from_flips_pct"));
+        share_cell(o, json_object_get(tw, "top1_disagreement_from_flips_pct"));
+        json_t *rd = json_object_get(tw, "twin_router_disagrees_pct");
+        if (json_is_number(rd)) mf_buf_printf(o, "<td>%.2f%%</td></tr>\n", json_number_value(rd));
+        else mf_buf_puts(o, "<td>&ndash;</td></tr>\n");
+    }
+    mf_buf_puts(o, "</tbody></table>\n");
+    json_array_foreach(attr, i, e)
+        if (json_array_size(json_object_get(e, "curve")) > 1)
+            figure(o, text, (int)json_integer_value(json_object_get(e, "target")) - 1, MF_HEAT_REPLAY_CURVE, fig_no);
+}
+
 /* A run's setting as a short label, "emu:cdna3 × bf16", with the full one on hover. Where another run of the diff
  * (others, may be NULL) has the same short label, the run's own label (its "run") follows in brackets. */
 static void short_setting(mf_buf *o, json_t *run, json_t *others) {
@@ -127,12 +223,14 @@ static void short_setting(mf_buf *o, json_t *run, json_t *others) {
     bool twin = false;
     size_t i;
     json_t *x;
-    json_array_foreach(others, i, x) twin |= x != run && same_short_setting(x, run);
+    /* a replayed twin shares its target's setting: its replay label tells them apart */
+    json_array_foreach(others, i, x) twin |= x != run && !is_replay(x) && !is_replay(run) && same_short_setting(x, run);
     if (twin) {
         mf_buf_puts(o, " <span class=ci>(");
         esc(o, str(run, "run"));
         mf_buf_puts(o, ")</span>");
     }
+    replay_label(o, run);
     mf_buf_puts(o, "</span>");
 }
 
@@ -149,7 +247,7 @@ static void headline_cell(mf_buf *o, json_t *m, const char *fmt_value, const cha
     mf_buf_puts(o, "</b>");
     if (json_is_number(json_array_get(ci, 0)))
         mf_buf_printf(o, " <span class=ci>[%.3g, %.3g]</span>", json_number_value(json_array_get(ci, 0)),
-                      json_number_value(json_array_get(ci, 1)));
+                json_number_value(json_array_get(ci, 1)));
     mf_buf_puts(o, "</td>");
 }
 
@@ -157,10 +255,16 @@ static void headline_cell(mf_buf *o, json_t *m, const char *fmt_value, const cha
  * make in the output and the agreement of the top token. */
 static void headline(mf_buf *o, json_t **docs, int n) {
     mf_buf_puts(o, "<section class=headline><table class=headline><thead><tr><th>target</th><th>against</th>"
-                   "<th title=\"flipped_slots_pct: (layer, position) slots whose set of dispatched experts differs\">expert choices "
-                   "that flip</th><th title=\"forward_kl: KL(P_reference || P_target) of the output distributions\">output KL, "
-                   "nats per token</th><th title=\"top1_pct: positions whose largest logit is the same token\">same top-1 "
-                   "token</th><th>sequences</th></tr></thead><tbody>\n");
+             "<th title=\"flipped_slots_pct: (layer, position) slots whose set of dispatched experts differs\">expert choices "
+             "that flip</th><th title=\"forward_kl: KL(P_reference || P_target) of the output distributions\">output KL, "
+             "nats per token</th><th title=\"top1_pct: positions whose largest logit is the same token\">same top-1 "
+             "token</th>");
+    bool any_attribution = false;
+    for (int k = 0; k < n; k++) any_attribution |= json_array_size(json_object_get(docs[k], "attribution")) > 0;
+    if (any_attribution)
+        mf_buf_puts(o, "<th title=\"kl_from_flips_pct: 100 x (KL of the target - KL of its twin that routes as the reference) / "
+                 "KL of the target\">output KL the flips cause</th>");
+    mf_buf_puts(o, "<th>sequences</th></tr></thead><tbody>\n");
     long long resamples = -1;
     bool one_plan = true;
     for (int k = 0; k < n; k++) {
@@ -171,6 +275,7 @@ static void headline(mf_buf *o, json_t **docs, int n) {
         size_t i;
         json_t *t;
         json_array_foreach(targets, i, t) {
+            if (is_replay(t)) continue;   /* its share is on its target's line */
             json_t *m = json_object_get(t, "metrics");
             mf_buf_puts(o, "<tr><th>");
             short_setting(o, t, targets);
@@ -180,6 +285,15 @@ static void headline(mf_buf *o, json_t **docs, int n) {
             headline_cell(o, json_object_get(m, "flipped_slots_pct"), "%.2f", "%");
             headline_cell(o, json_object_get(m, "forward_kl"), "%.3g", "");
             headline_cell(o, json_object_get(m, "top1_pct"), "%.2f", "%");
+            if (any_attribution) {
+                json_t *share = NULL;
+                size_t a;
+                json_t *e;
+                json_array_foreach(json_object_get(d, "attribution"), a, e)
+                    if (json_integer_value(json_object_get(e, "target")) == (json_int_t)i + 1)
+                        share = json_object_get(twin_entry(e, json_integer_value(json_object_get(e, "overall"))), "kl_from_flips_pct");
+                headline_cell(o, share, "%.1f", "%");
+            }
             mf_buf_printf(o, "<td>%lld</td></tr>\n", (long long)json_integer_value(json_object_get(d, "sequences")));
         }
     }
@@ -191,7 +305,7 @@ static void headline(mf_buf *o, json_t **docs, int n) {
     else
         mf_buf_puts(o, "Brackets: 95% bootstrap intervals over resampled sequences (resamples per diff below). ");
     mf_buf_puts(o, "Hover a setting for its full numerics profile. Every metric, per layer and per target, and the figures "
-                   "follow.</p></section>\n");
+             "follow.</p></section>\n");
 }
 
 /* A run's row in the metadata table: every string in it comes from a manifest, which whoever made the run wrote,
@@ -370,7 +484,7 @@ static void section(mf_buf *o, const char *text, json_t *d, int *fig_no) {
     mf_buf_printf(o, ", %lld sequences", (long long)json_integer_value(json_object_get(d, "sequences")));
     json_t *bs = json_object_get(d, "bootstrap");
     mf_buf_printf(o, "; intervals: %lld resamples of whole sequences (seed %lld).</p>\n",
-                  (long long)json_integer_value(json_object_get(bs, "resamples")), (long long)json_integer_value(json_object_get(bs, "seed")));
+            (long long)json_integer_value(json_object_get(bs, "resamples")), (long long)json_integer_value(json_object_get(bs, "seed")));
     /* metrics that are defined and came out not a number are null in diff.json, and said so here */
     json_t *warnings = json_object_get(d, "warnings");
     if (json_array_size(warnings)) {
@@ -389,6 +503,7 @@ static void section(mf_buf *o, const char *text, json_t *d, int *fig_no) {
     size_t i;
     json_t *t;
     json_array_foreach(targets, i, t) {
+        if (is_partial_replay(t)) continue;   /* a point of a curve: in the attribution below */
         mf_buf_puts(o, "<th>");
         short_setting(o, t, targets);
         mf_buf_puts(o, "</th>");
@@ -399,28 +514,31 @@ static void section(mf_buf *o, const char *text, json_t *d, int *fig_no) {
         json_array_foreach(targets, i, t) any |= json_object_get(json_object_get(t, "metrics"), metric_names[m]) != NULL;
         if (!any) continue;
         mf_buf_printf(o, "<tr><th>%s</th>", metric_names[m]);
-        json_array_foreach(targets, i, t) value_cell(o, json_object_get(json_object_get(t, "metrics"), metric_names[m]));
+        json_array_foreach(targets, i, t)
+            if (!is_partial_replay(t)) value_cell(o, json_object_get(json_object_get(t, "metrics"), metric_names[m]));
         mf_buf_puts(o, "</tr>\n");
     }
     mf_buf_puts(o, "</tbody></table>\n");
     responses_part(o, targets);
     answers_part(o, targets);
+    attribution_section(o, text, d, fig_no);
     json_array_foreach(targets, i, t) {
+        if (is_replay(t)) continue;   /* it dispatched the reference's experts: nothing flips to draw */
         mf_buf_printf(o, "<h3>Target %zu: ", i + 1);
         short_setting(o, t, targets);
         mf_buf_puts(o, "</h3>\n<table class=layers><thead><tr><th>layer</th><th>slots</th><th>same expert set, %</th>"
-                       "<th>same order, %</th><th>flips</th><th>primary</th><th>inherited</th><th>ties</th><th>sigma</th></tr></thead><tbody>");
+                 "<th>same order, %</th><th>flips</th><th>primary</th><th>inherited</th><th>ties</th><th>sigma</th></tr></thead><tbody>");
         size_t l;
         json_t *lo;
         json_array_foreach(json_object_get(t, "layers"), l, lo) {
             mf_buf_printf(o, "<tr><td>%lld</td><td>%lld</td>", (long long)json_integer_value(json_object_get(lo, "layer")),
-                          (long long)json_integer_value(json_object_get(lo, "slots")));
+                    (long long)json_integer_value(json_object_get(lo, "slots")));
             value_cell(o, json_object_get(lo, "set_equal_pct"));
             value_cell(o, json_object_get(lo, "ord_equal_pct"));
             mf_buf_printf(o, "<td>%lld</td><td>%lld</td><td>%lld</td><td>%lld</td>", (long long)json_integer_value(json_object_get(lo, "flips")),
-                          (long long)json_integer_value(json_object_get(lo, "primary")),
-                          (long long)json_integer_value(json_object_get(lo, "inherited")),
-                          (long long)json_integer_value(json_object_get(lo, "ties")));
+                    (long long)json_integer_value(json_object_get(lo, "primary")),
+                    (long long)json_integer_value(json_object_get(lo, "inherited")),
+                    (long long)json_integer_value(json_object_get(lo, "ties")));
             json_t *sg = json_object_get(lo, "sigma");
             if (json_is_number(sg)) mf_buf_printf(o, "<td>%.3g</td></tr>", json_number_value(sg));
             else mf_buf_puts(o, "<td>&ndash;</td></tr>");
@@ -430,7 +548,7 @@ static void section(mf_buf *o, const char *text, json_t *d, int *fig_no) {
     }
     /* metadata */
     mf_buf_puts(o, "<details><summary>Runs</summary><table class=meta><tr><th>role</th><th>run</th><th>numerics</th><th>precision</th>"
-                   "<th>device</th><th>tool</th></tr>");
+             "<th>device</th><th>tool</th></tr>");
     mf_buf_puts(o, "<tr><td>reference</td>");
     run_cells(o, ref);
     json_array_foreach(targets, i, t) {
@@ -456,6 +574,7 @@ static const char *css =
     "figcaption{font-size:12px;color:#555}.note{color:#a00}"
     "table.headline{font-size:15px}table.headline th,table.headline td{padding:6px 12px}table.headline th,table.headline td:nth-child(2){text-align:left}"
     ".setting{white-space:nowrap}table.summary th,table.layers th{white-space:normal}"
+    ".replay{color:#fff;background:#0072B2;border-radius:3px;padding:0 4px;font-size:11px;white-space:nowrap}"
     "table.texts td{text-align:left;vertical-align:top;max-width:420px;white-space:pre-wrap;font-size:12px}"
     ".prompt{color:#777}.parted{background:#fde2c8}summary{cursor:pointer;margin:8px 0}";
 
@@ -476,14 +595,14 @@ int mf_report_write_many(const char **paths, int n, const char *out_path, mf_err
         /* The report runs no script, and says so to the browser wherever it is opened (from disk, from the collector,
          * as a blob the collector's page made): text from a manifest that got past the escaping could not run. */
         mf_buf_puts(&o, "<!DOCTYPE html>\n<html lang=en><head><meta charset=utf-8><meta http-equiv=Content-Security-Policy "
-                        "content=\"default-src 'none'; style-src 'unsafe-inline'; img-src data:\"><title>moeflip report</title><style>");
+                  "content=\"default-src 'none'; style-src 'unsafe-inline'; img-src data:\"><title>moeflip report</title><style>");
         mf_buf_puts(&o, css);
         mf_buf_puts(&o, "</style></head><body>\n<h1>moeflip: where expert choices flip, and what it does to the output</h1>\n");
         headline(&o, docs, n);
         mf_buf_puts(&o, "<p class=meta>Each target runs the same model on the same tokens as the reference under other arithmetic "
-                        "(vendor numerics profile) or precision. A flip is a (layer, position) whose set of dispatched experts "
-                        "differs from the reference's; it is inherited when an earlier layer flipped at that or an earlier "
-                        "position, else primary. Intervals are 95% percentile bootstrap intervals over sequences.</p>\n");
+                  "(vendor numerics profile) or precision. A flip is a (layer, position) whose set of dispatched experts "
+                  "differs from the reference's; it is inherited when an earlier layer flipped at that or an earlier "
+                  "position, else primary. Intervals are 95% percentile bootstrap intervals over sequences.</p>\n");
         int fig_no = 0;
         for (int i = 0; i < n; i++) section(&o, texts[i], docs[i], &fig_no);
         mf_buf_puts(&o, "<p class=meta>Made by moeflip " MF_VERSION ".</p></body></html>\n");

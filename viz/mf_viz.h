@@ -15,6 +15,8 @@ typedef enum mf_heat_kind {
     MF_HEAT_LAYER_POSITION,  /* one sequence: flipped slots per layer x position, primary vs inherited */
     MF_HEAT_MARGIN,          /* flip probability against the reference margin, per layer, with the fit */
     MF_HEAT_FLIPS_KL,        /* per-position KL against flipped-slot count */
+    MF_HEAT_REPLAY_CURVE,    /* routing replay: the share of the output error the flips cause, replaying the
+                              * reference's routing through each layer (diff.json's attribution curve) */
 } mf_heat_kind;
 
 int mf_heat_kind_parse(const char *s, mf_heat_kind *out);

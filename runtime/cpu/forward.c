@@ -23,6 +23,7 @@ typedef struct fwd {
     mf_mm mm;      /* matrix products: compute type, threads, numerics */
     int T;         /* new positions this step */
     int pos;       /* the first of them */
+    int replay_n;  /* the first this many of them dispatch the replayed experts (o->replay) */
 } fwd;
 
 /* A sequence's state on the CPU: the keys and values of every layer for the
@@ -34,7 +35,21 @@ struct mf_cpu_session {
     int max_T, pos;
     bool keep, f64;
     void **kc, **vc;   /* [n_layers] (keep) or [1]: [max_T][n_kv_heads * head_dim] activations */
+    int replay_agree;  /* the leading positions whose tokens are the replay source's (o.replay) */
 };
+
+/* Of n new tokens at the session's position, how many replay: the source's tokens must agree up to and
+ * including a position for it to replay, so the replayed positions are a prefix of the sequence. */
+static int replay_positions(mf_cpu_session *s, const int32_t *tokens, int n) {
+    const mf_replay *rp = s->o.replay;
+    if (!rp) return 0;
+    for (int t = 0; t < n; t++) {
+        const int p = s->pos + t;
+        if (s->replay_agree == p && p < rp->len && tokens[t] == rp->tokens[p]) s->replay_agree++;
+    }
+    const int n_rep = s->replay_agree - s->pos;
+    return n_rep < 0 ? 0 : n_rep > n ? n : n_rep;
+}
 
 static inline double rd(mf_dtype D, double x) { return mf_round_to(D, x); }
 static inline double ro(const fwd *f, double x) { return mf_round_to(f->O, x); }

@@ -209,6 +209,23 @@ static void FN(moe)(const fwd *f, mf_dtype D, mf_dtype DR, const mf_layer *L, co
         }
         free(probs);
     }
+    /* routing replay: the source's experts at the replayed positions, in its rank order, with its weights
+     * (rounded to the dtype this model applies them in) or this router's own for those experts */
+    const mf_replay *rp = f->o->replay;
+    if (rp && f->replay_n > 0 && (!rp->layers || rp->layers[mi])) {
+        double *probs = mf_xmalloc((size_t)E * sizeof(double));
+        for (int t = 0; t < f->replay_n; t++) {
+            const size_t src = ((size_t)mi * rp->len + (size_t)(f->pos + t)) * K;
+            memcpy(ids + (size_t)t * K, rp->ids + src, (size_t)K * sizeof *ids);
+            if (rp->weights) {
+                for (int i = 0; i < K; i++) w[(size_t)t * K + i] = rd(wdt, rp->weights[src + i]);
+            } else {
+                mf_softmax(logits + (size_t)t * E, E, spec.opmath, probs);
+                mf_route_weights(&spec, probs, ids + (size_t)t * K, w + (size_t)t * K);
+            }
+        }
+        free(probs);
+    }
     mf_dispatch d;
     mf_dispatch_build(&d, ids, T, K, E);
     ACT *y = mf_xmalloc((size_t)T * K * H * sizeof(ACT));
@@ -271,7 +288,8 @@ static int FN(step)(mf_cpu_session *sn, const int32_t *tokens, int T, mf_seq_res
         if (tokens[t] < 0 || tokens[t] >= V)
             return mf_fail(err, MF_EINVAL, "position %d: token id %d outside the vocabulary [0, %d)", t, tokens[t], V);
     const mf_precision *P = &o->prec;
-    fwd f = {m, c, o, P->act, P->opmath, {P->compute, P->act, o->threads, o->numerics, P->act}, T, sn->pos};
+    fwd f = {m, c, o, P->act, P->opmath, {P->compute, P->act, o->threads, o->numerics, P->act}, T, sn->pos, 0};
+    f.replay_n = replay_positions(sn, tokens, T);
     mf_seq_result_shape(r, c, T);
     if (r->n_moe) {
         r->topk_ids = mf_xcalloc((size_t)r->n_moe * T * r->k, sizeof(uint16_t));
