@@ -55,16 +55,11 @@ int cmd_push(int argc, char **argv) {
     mf_push_result r;
     mf_error err = {0};
     /* the client is a module: libcurl is loaded by this command only */
-    char why[1024];
-    void *module = mf_module_open("libmoeflip_push.so", why, sizeof why);
-    if (!module) {
-        mf_fail(&err, MF_EIO, "cannot load the push client: %s", why);
-        return cli_fail(&err);
-    }
-    int (*push)(const mf_push_opts *, mf_push_result *, mf_error *) =
-        (int (*)(const mf_push_opts *, mf_push_result *, mf_error *))mf_module_symbol(module, "mf_push");
-    if (!push) {
-        mf_fail(&err, MF_EIO, "cannot load the push client: libmoeflip_push.so lacks mf_push");
+    int (*push)(const mf_push_opts *, mf_push_result *, mf_error *);
+    void *module;
+    const mf_module_fn fns[] = {{"mf_push", (void **)&push}};
+    if (mf_module_load(&module, "libmoeflip_push.so", fns, 1, &err)) {
+        mf_fail_wrap(&err, "cannot load the push client");
         return cli_fail(&err);
     }
     if (push(&o, &r, &err)) return cli_fail(&err);

@@ -284,15 +284,32 @@ void mf_progress_end(mf_progress *p);
 double mf_now(void);   /* monotonic seconds */
 
 /* ---- run-time modules ---------------------------------------------------
- * Parts that bring large libraries (CUDA, ROCm, libcurl) are modules loaded
- * when a command needs them, so no other command pays for loading them.
- * Looked for in $MOEFLIP_MODULE_DIR, the program's directory, its parent, and
- * the build directory. A module finds the core's functions in the program. */
+ * Parts that bring large libraries (CUDA, ROCm, cairo, libcurl) are modules loaded when a command needs them, so
+ * no other command pays for loading them. Looked for in $MOEFLIP_MODULE_DIR, the program's directory, its parent,
+ * and the build directory. A module finds the core's functions in the program, which exports its mf_* symbols
+ * only (cmake/exports.list).
+ *
+ * A module shares structures with the program (mf_error, mf_model, mf_seq_result, mf_figure, mf_push_opts, the
+ * backends' entry points): one built from other headers would run on mismatched layouts. Every module therefore
+ * says which version of that interface it was built for (MF_MODULE_ABI_DEFINE), and one that says another, or
+ * nothing, is refused. Raise MF_MODULE_ABI with any change to what a module and the program share. */
 
-/* dlopen of `file` ("libmoeflip_cuda.so"); NULL with the reason in why. */
-void *mf_module_open(const char *file, char *why, size_t why_n);
-/* The function `name` of a module, or NULL. */
-void *mf_module_symbol(void *module, const char *name);
+#define MF_MODULE_ABI 1
+/* In one file of every module: the version it was built for, as the symbol mf_module_abi. */
+#define MF_MODULE_ABI_DEFINE                                                                                        \
+    extern __attribute__((visibility("default"))) const unsigned mf_module_abi;                                  \
+    const unsigned mf_module_abi = MF_MODULE_ABI
+
+/* A function a module must have, and where its address goes. */
+typedef struct mf_module_fn {
+    const char *name;
+    void **slot;
+} mf_module_fn;
+
+/* Opens module `file` ("libmoeflip_cuda.so"), checks its interface version and resolves every function of fns.
+ * MF_EIO naming the file when it is not found, cannot be loaded or lacks a function; MF_EMISMATCH naming the file
+ * and both versions when it was built for another interface (or before modules said theirs). */
+int mf_module_load(void **module, const char *file, const mf_module_fn *fns, size_t n_fns, mf_error *err);
 void mf_module_close(void *module);
 
 /* ---- deterministic random numbers (splitmix64 seeded xoshiro256**) ---- */

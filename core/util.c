@@ -126,7 +126,9 @@ char *mf_xstrdup(const char *s) {
     return d;
 }
 
-void *mf_module_open(const char *file, char *why, size_t why_n) {
+/* The module's path: the first of the places it is looked for that holds it (empty when none does). */
+#define MODULE_PATH_MAX 4200
+static void module_path(const char *file, char path[MODULE_PATH_MAX]) {
     char dirs[4][4096] = {{0}};
     const char *env = getenv("MOEFLIP_MODULE_DIR");
     if (env) snprintf(dirs[0], sizeof dirs[0], "%s", env);
@@ -143,22 +145,42 @@ void *mf_module_open(const char *file, char *why, size_t why_n) {
 #ifdef MF_MODULE_DIR
     snprintf(dirs[3], sizeof dirs[3], "%s", MF_MODULE_DIR);
 #endif
-    why[0] = 0;
+    path[0] = 0;
     for (int i = 0; i < 4; i++) {
-        char path[4200];
-        if (!dirs[i][0] || strlen(dirs[i]) + strlen(file) + 2 > sizeof path) continue;
-        snprintf(path, sizeof path, "%.4096s/%.64s", dirs[i], file);
-        if (access(path, F_OK) != 0) continue;
-        void *h = dlopen(path, RTLD_NOW | RTLD_LOCAL);
-        if (h) return h;
-        snprintf(why, why_n, "%s", dlerror());
-        return NULL;
+        if (!dirs[i][0] || strlen(dirs[i]) + strlen(file) + 2 > MODULE_PATH_MAX) continue;
+        snprintf(path, MODULE_PATH_MAX, "%.4096s/%.64s", dirs[i], file);
+        if (access(path, F_OK) == 0) return;
     }
-    snprintf(why, why_n, "%s not found next to the program or in its build directory", file);
-    return NULL;
+    path[0] = 0;
 }
 
-void *mf_module_symbol(void *module, const char *name) { return dlsym(module, name); }
+int mf_module_load(void **module, const char *file, const mf_module_fn *fns, size_t n_fns, mf_error *err) {
+    *module = NULL;
+    char path[MODULE_PATH_MAX];
+    module_path(file, path);
+    if (!path[0])
+        return mf_fail(err, MF_EIO, "%s: not found in $MOEFLIP_MODULE_DIR, next to the program or in its build directory",
+                       file);
+    void *h = dlopen(path, RTLD_NOW | RTLD_LOCAL);
+    if (!h) return mf_fail(err, MF_EIO, "%s: %s", path, dlerror());
+    const unsigned *abi = dlsym(h, "mf_module_abi");
+    if (!abi || *abi != MF_MODULE_ABI) {
+        char built[32];
+        if (abi) snprintf(built, sizeof built, "%u", *abi);
+        dlclose(h);
+        return mf_fail(err, MF_EMISMATCH, "%s: a stale module: built for module interface %s, this program needs %u (rebuild it)",
+                       path, abi ? built : "(none: older than versioned modules)", (unsigned)MF_MODULE_ABI);
+    }
+    for (size_t i = 0; i < n_fns; i++) {
+        *fns[i].slot = dlsym(h, fns[i].name);
+        if (!*fns[i].slot) {
+            dlclose(h);
+            return mf_fail(err, MF_EIO, "%s: lacks %s", path, fns[i].name);
+        }
+    }
+    *module = h;
+    return MF_OK;
+}
 
 void mf_module_close(void *module) {
     if (module) dlclose(module);

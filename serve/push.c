@@ -26,6 +26,9 @@
 #include <time.h>
 #include <unistd.h>
 
+/* the module interface this module was built for (mf_core.h) */
+MF_MODULE_ABI_DEFINE;
+
 #define UPLOAD_BUFFER (2L << 20)   /* curl's upload buffer: the most curl takes, for fewer and larger sends */
 #define FIRST_READ (256u << 10)     /* the first read callback's bytes, doubled on each call up to UPLOAD_BUFFER */
 #define ANSWER_WAIT 600.0           /* seconds the answer to a whole body is awaited (the server verifies and fsyncs) */

@@ -2,7 +2,6 @@
 #include "mf_trace.h"
 
 #include <criterion/criterion.h>
-#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <http_parser.h>
@@ -321,17 +320,6 @@ char *list_names(int port, const char *auth_header) {
     json_decref(j);
     http_free(&r);
     return out;
-}
-
-int dir_entries(const char *path) {
-    DIR *d = opendir(path);
-    if (!d) return -1;
-    int n = 0;
-    struct dirent *de;
-    while ((de = readdir(d)))
-        if (strcmp(de->d_name, ".") && strcmp(de->d_name, "..")) n++;
-    closedir(d);
-    return n;
 }
 
 void put_run(int port, const char *name, const char *dir, const char *headers, http_resp *r) {

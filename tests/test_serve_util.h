@@ -59,7 +59,5 @@ int open_upload(int port, const char *name, const char *body, size_t len, size_t
 void assert_stored_verifies(const char *root, const char *name, const char *orig_dir);
 /* The names in a list response, sorted, joined by ','. */
 char *list_names(int port, const char *auth_header);
-/* Entries of a directory other than . and .. */
-int dir_entries(const char *path);
 
 #endif

@@ -1,6 +1,7 @@
 #include "testutil.h"
 
 #include <criterion/criterion.h>
+#include <dirent.h>
 #include <errno.h>
 #include <stdarg.h>
 #include <stdlib.h>
@@ -98,8 +99,8 @@ void write_text(const char *dir, const char *name, const char *text) {
     snprintf(p, sizeof p, "%s/%s", dir, name);
     FILE *fp = fopen(p, "w");
     cr_assert(fp, "cannot write %s", p);
-    fputs(text, fp);
-    fclose(fp);
+    cr_assert_geq(fputs(text, fp), 0, "cannot write %s", p);
+    cr_assert_eq(fclose(fp), 0, "cannot write %s", p);
 }
 
 const char *make_run(const char *dir, const char *name, const char *model, const char *opts) {
@@ -129,3 +130,16 @@ void sleep_ms(double ms) {
     struct timespec ts = {s, (long)((ms - 1000.0 * (double)s) * 1e6)};
     while (nanosleep(&ts, &ts) != 0 && errno == EINTR) {}
 }
+
+int dir_entries_named(const char *path, const char *part) {
+    DIR *d = opendir(path);
+    if (!d) return -1;
+    int n = 0;
+    struct dirent *de;
+    while ((de = readdir(d)))
+        if (strcmp(de->d_name, ".") && strcmp(de->d_name, "..") && (!part || strstr(de->d_name, part))) n++;
+    closedir(d);
+    return n;
+}
+
+int dir_entries(const char *path) { return dir_entries_named(path, NULL); }

@@ -26,6 +26,11 @@ void write_text(const char *dir, const char *name, const char *text);
 /* A file's bytes, NUL-terminated (malloc'ed); len gets their count unless NULL. Fails the test when the file
  * cannot be read. */
 char *slurp(const char *path, size_t *len);
+/* The entries of a directory (not "." or ".."), or -1 when it cannot be read: a check that a directory is
+ * empty fails when the directory is missing. */
+int dir_entries(const char *path);
+/* The same, of the entries whose names hold `part`. */
+int dir_entries_named(const char *path, const char *part);
 /* Sleeps ms milliseconds, the whole time even when a signal interrupts. */
 void sleep_ms(double ms);
 

@@ -32,23 +32,21 @@ typedef int (*draw_svg_fn)(const char *, int, mf_heat_kind, const char *, char *
 static struct {
     draw_file_fn file;
     draw_svg_fn svg;
-    char why[1024];
+    mf_error err;   /* why the module did not load */
 } draw;
 static pthread_once_t draw_once = PTHREAD_ONCE_INIT;
 
 /* Once per process (the module stays loaded); pthread_once, because the collector draws in its thread pool. */
 static void load_draw_once(void) {
-    void *m = mf_module_open("libmoeflip_draw.so", draw.why, sizeof draw.why);
-    if (!m) return;
-    draw.file = (draw_file_fn)mf_module_symbol(m, "mf_draw_heatmap_file");
-    draw.svg = (draw_svg_fn)mf_module_symbol(m, "mf_draw_heatmap_svg");
-    if (!draw.file || !draw.svg) snprintf(draw.why, sizeof draw.why, "libmoeflip_draw.so lacks its functions");
+    void *m;
+    const mf_module_fn fns[] = {{"mf_draw_heatmap_file", (void **)&draw.file}, {"mf_draw_heatmap_svg", (void **)&draw.svg}};
+    if (mf_module_load(&m, "libmoeflip_draw.so", fns, 2, &draw.err)) draw.file = NULL, draw.svg = NULL;
 }
 
 static int load_draw(mf_error *err) {
     pthread_once(&draw_once, load_draw_once);
     if (draw.file && draw.svg) return MF_OK;
-    return mf_fail(err, MF_EIO, "cannot load the drawing module: %s", draw.why);
+    return mf_fail(err, draw.err.code ? draw.err.code : MF_EIO, "cannot load the drawing module: %s", draw.err.msg);
 }
 
 int mf_heatmap_file(const char *diff_json, int target, mf_heat_kind kind, const char *seq, const char *path,

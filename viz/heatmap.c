@@ -10,6 +10,9 @@
 #include <stdlib.h>
 #include <string.h>
 
+/* the module interface this module was built for (mf_core.h) */
+MF_MODULE_ABI_DEFINE;
+
 /* ---- colours ------------------------------------------------------------------ */
 
 typedef struct rgb { double r, g, b; } rgb;

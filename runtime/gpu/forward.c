@@ -15,6 +15,9 @@
 #include <stdlib.h>
 #include <string.h>
 
+/* the module interface this module was built for (mf_core.h) */
+MF_MODULE_ABI_DEFINE;
+
 static const char *const prof_names[P_N] = {
     "norms+residuals", "q,k,v", "qk norm", "rope", "q.k", "softmax", "p.v", "o", "router", "route", "dispatch",
     "gather", "experts", "combine", "shared expert", "dense mlp", "head", "copy out"};

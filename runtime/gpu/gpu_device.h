@@ -38,7 +38,7 @@ struct gk_ctx {
 /* ------------------------------------------------------------ rounding */
 
 /* x as a value of dtype dt: core's own rounding (mf_core.h), compiled for the device. */
-__device__ static double rd(int dt, double x) {
+[[maybe_unused]] __device__ static double rd(int dt, double x) {
     switch (dt) {
     case GK_F32: return mf_round_f32(x);
     case GK_BF16: return mf_round_bf16(x);
@@ -48,7 +48,7 @@ __device__ static double rd(int dt, double x) {
 }
 
 /* The MLP's activation, experts/experts.c's formulas in double. */
-__device__ static double act_apply(int act, double x) {
+[[maybe_unused]] __device__ static double act_apply(int act, double x) {
     switch (act) {
     case GK_ACT_GELU: return 0.5 * x * (1.0 + erf(x / sqrt(2.0)));
     case GK_ACT_GELU_TANH: return 0.5 * x * (1.0 + tanh(sqrt(2.0 / 3.14159265358979323846) * (x + 0.044715 * x * x * x)));
@@ -68,7 +68,7 @@ static dim3 row_grid(size_t rows, size_t cols, unsigned z) {
 }
 
 /* Element i of a buffer of dtype dt, widened (exact). */
-__device__ static double get_value(const void *src, int dt, size_t i) {
+[[maybe_unused]] __device__ static double get_value(const void *src, int dt, size_t i) {
     switch (dt) {
     case GK_F64: return ((const double *)src)[i];
     case GK_F32: return ((const float *)src)[i];
@@ -77,7 +77,7 @@ __device__ static double get_value(const void *src, int dt, size_t i) {
     }
 }
 
-__device__ static void put_operand(void *dst, int fmt, size_t i, double v) {
+[[maybe_unused]] __device__ static void put_operand(void *dst, int fmt, size_t i, double v) {
     if (fmt == GK_F32) ((float *)dst)[i] = (float)v;
     else if (fmt == GK_BF16) ((uint16_t *)dst)[i] = mf_f64_to_bf16(v);
     else ((uint16_t *)dst)[i] = mf_f64_to_f16(v);

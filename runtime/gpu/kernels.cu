@@ -344,6 +344,7 @@ extern "C" void GPU_FN(rmsnorm_pair)(gk_ctx *c, double *x1, int rows1, int n1, c
  * (j, j + half) of a (position, head): each new value needs the other's old one. */
 __global__ static void k_rope(double *x, int T, int heads, int hd, size_t row_stride, const double *cos_t,
                               const double *sin_t, int D) {
+    (void)T;   /* the grid's x dimension: blockIdx.x is the position */
     const int half = hd / 2, t = blockIdx.x, i = blockIdx.y * blockDim.x + threadIdx.x;
     if (i >= heads * half) return;
     const int j = i % half, h = i / half;
@@ -473,6 +474,7 @@ __device__ static bool ranks_before(double a, int ia, double b, int ib) {
  * them. */
 __global__ static void k_route(const double *logits, double *probs, int T, int E, int K, int norm, int wdt,
                                uint16_t *ids_out, double *w_out) {
+    (void)T;   /* the grid's x dimension: blockIdx.x is the position */
     extern __shared__ float p[];   /* E probabilities, then the top k's ids */
     const int lane = threadIdx.x, t = blockIdx.x;
     uint16_t *ids = (uint16_t *)(p + E);
@@ -594,6 +596,7 @@ extern "C" void GPU_FN(gather)(gk_ctx *c, void *op, int fmt, int Kp, const doubl
 
 __global__ static void k_combine(double *out, const double *y, int T, int H, int K, const int *row_of, const double *w,
                                  int prod, int sum, int outdt) {
+    (void)T;   /* the grid's x dimension: blockIdx.x is the position */
     const int t = blockIdx.x, h = blockIdx.y * blockDim.x + threadIdx.x;
     if (h >= H) return;
     const size_t i = (size_t)t * H + h;
@@ -612,6 +615,7 @@ extern "C" void GPU_FN(combine)(gk_ctx *c, double *out, const double *y, int T, 
 }
 
 __global__ static void k_shared_add(double *out, const double *s, double *g, int T, int H, int D) {
+    (void)T;   /* the grid's x dimension: blockIdx.x is the position */
     const int t = blockIdx.x, h = blockIdx.y * blockDim.x + threadIdx.x;
     if (h >= H) return;
     const size_t i = (size_t)t * H + h;

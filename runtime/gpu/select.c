@@ -34,27 +34,19 @@ static int load_backend(backend b, const backend_api **out, mf_error *err) {
         *out = &apis[b];
         return MF_OK;
     }
-    char file[64], why[1024], sym[64];
+    char file[64], names[5][64];
     snprintf(file, sizeof file, "libmoeflip_%s.so", backend_names[b]);
-    void *h = mf_module_open(file, why, sizeof why);
-    if (!h) return mf_fail(err, MF_EIO, "cannot load the %s backend: %s", backend_names[b], why);
     backend_api *a = &apis[b];
-    struct {
-        const char *name;
-        void **slot;
-    } syms[] = {{"gpu_open", (void **)&a->open},
-                {"gpu_forward", (void **)&a->forward},
-                {"gpu_host_logits", (void **)&a->host_logits},
-                {"gpu_describe", (void **)&a->describe},
-                {"gpu_close", (void **)&a->close}};
-    for (size_t i = 0; i < sizeof syms / sizeof syms[0]; i++) {
-        snprintf(sym, sizeof sym, "mf_%s_%s", backend_names[b], syms[i].name);
-        *syms[i].slot = mf_module_symbol(h, sym);
-        if (!*syms[i].slot) {
-            mf_module_close(h);
-            return mf_fail(err, MF_EIO, "cannot load the %s backend: %s lacks %s", backend_names[b], file, sym);
-        }
+    static const char *const entry[5] = {"gpu_open", "gpu_forward", "gpu_host_logits", "gpu_describe", "gpu_close"};
+    void **slots[5] = {(void **)&a->open, (void **)&a->forward, (void **)&a->host_logits, (void **)&a->describe,
+                       (void **)&a->close};
+    mf_module_fn fns[5];
+    for (int i = 0; i < 5; i++) {
+        snprintf(names[i], sizeof names[i], "mf_%s_%s", backend_names[b], entry[i]);
+        fns[i] = (mf_module_fn){names[i], slots[i]};
     }
+    void *h;
+    if (mf_module_load(&h, file, fns, 5, err)) return mf_fail_wrap(err, "cannot load the %s backend", backend_names[b]);
     loaded[b] = true;
     *out = a;
     return MF_OK;
