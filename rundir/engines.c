@@ -57,6 +57,8 @@ typedef struct capture {
     double *router, *logits;
     mf_dtype router_dtype, logits_dtype;
     int file_k;   /* the expert ids per row the file holds (checked against top_k) */
+    int flat_line;   /* llamacpp: every n_expert rows of every layer are a permutation of the experts (the CSV's
+                        first row's line), else 0: the flat copy of the ffn_moe_topk view, if the rows are too many */
 } capture;
 
 /* Model layer index of each MoE layer. */
@@ -419,6 +421,7 @@ static int read_llamacpp(captures *cs, const char *path, const char *text, size_
     /* blocks: runs of one layer; a ubatch is L blocks, one per MoE layer in order, of equal length */
     int64_t *ids = NULL;
     int tokens = 0;
+    bool flat = E > K;
     if (!rc) {
         ids = mf_xmalloc(sizeof(int64_t) * (nr / (size_t)K + 1) * (size_t)L * (size_t)K);
         size_t i = 0;
@@ -438,24 +441,19 @@ static int read_llamacpp(captures *cs, const char *path, const char *text, size_
                     break;
                 }
                 const size_t len = j - i;
-                /* the flat copy of the ffn_moe_topk view: each token's whole argsort row, n_expert ids */
-                if (E > K && len % (size_t)E == 0) {
-                    bool perm = true;
-                    for (size_t g = i; g < j && perm; g += (size_t)E) {
+                /* the flat copy of the ffn_moe_topk view writes each token's whole argsort row, n_expert ids: every
+                 * n_expert rows a permutation. Rows of real top-k ids can be one by chance in a short block, so
+                 * this names the pattern only where the rows are also too many for the tokens (check_capture) */
+                if (flat && E > K && len % (size_t)E == 0) {
+                    for (size_t g = i; g < j && flat; g += (size_t)E) {
                         uint64_t seen[(MF_MAX_EXPERTS + 63) / 64] = {0};
                         for (size_t q = g; q < g + (size_t)E; q++) {
                             const int x = exp[q];
-                            if (seen[x / 64] >> (x % 64) & 1) perm = false;
+                            if (seen[x / 64] >> (x % 64) & 1) flat = false;
                             seen[x / 64] |= (uint64_t)1 << (x % 64);
                         }
                     }
-                    if (perm) {
-                        rc = mf_fail(err, MF_EFORMAT, "%s:%d: every %d rows of layer %d from here are a permutation of all %d experts: "
-                                     "the trace copied the ffn_moe_topk view flat (its rows are each token's whole argsort "
-                                     "ranking, not its top-%d); read it with its strides", path, lno[i], E, lay[i], E, K);
-                        break;
-                    }
-                }
+                } else flat = false;
                 if (len % (size_t)K || (m > 0 && len != blen)) {
                     rc = mf_fail(err, MF_EFORMAT, "%s:%d: layer %d has %zu rows in this ubatch%s (top-%d: %s)", path, lno[i], lay[i],
                                  len, m ? "" : "", K, len % (size_t)K ? "not whole tokens" : "not as many as the first MoE layer's");
@@ -478,6 +476,7 @@ static int read_llamacpp(captures *cs, const char *path, const char *text, size_
         c->rows = tokens;
         c->layers = L;
         c->file_k = K;
+        c->flat_line = flat ? lno[0] : 0;
         ids = NULL;
     }
     free(ids);
@@ -589,6 +588,11 @@ static int check_capture(mf_engine eng, const capture *c, const mf_prompt *p, co
             return mf_fail(err, MF_EFORMAT, "%s (sequence %s): rows 0 to %d are all zero in every layer: rows the engine's "
                            "zero-filled capture buffer kept (never written), not routing", c->where, p->id, zero - 1);
     }
+    if (c->rows != T && c->rows != T - 1 && c->flat_line)
+        return mf_fail(err, MF_EFORMAT, "%s:%d (sequence %s): every %d rows of every layer are a permutation of all %d experts, %d "
+                       "rows for %d tokens: the trace copied the ffn_moe_topk view flat (its rows are each token's whole "
+                       "argsort ranking, not its top-%d); read it with its strides", c->where, c->flat_line, p->id, E, E,
+                       c->rows * K, T, K);
     if (c->rows != T && c->rows != T - 1)
         return mf_fail(err, MF_EFORMAT, "%s (sequence %s): %d rows; the sequence has %d tokens (a capture has one row per token, "
                        "or one fewer: the last token never ran)%s", c->where, p->id, c->rows, T,

@@ -330,8 +330,8 @@ Test(engines, refusals_name_the_file_the_row_and_the_known_patterns) {
     refused(MF_ENGINE_SGLANG, eng("bad/sglang_pd_zero_prompt.json"), t0,
             "response 1 (sequence s0): rows 0 to 14 are all zero in every layer: the all-zero prompt rows that SGLang's "
             "prefill/decode disaggregation returns");
-    refused(MF_ENGINE_LLAMACPP, eng("bad/llamacpp_flat_view.csv"), t0, "llamacpp_flat_view.csv:1: every 16 rows of layer 0 from here are a "
-                                                                        "permutation of all 16 experts: the trace copied the "
+    refused(MF_ENGINE_LLAMACPP, eng("bad/llamacpp_flat_view.csv"), t0, "llamacpp_flat_view.csv:1 (sequence s0): every 16 rows of every layer are a "
+                                                                        "permutation of all 16 experts, 336 rows for 21 tokens: the trace copied the "
                                                                         "ffn_moe_topk view flat");
     refused(MF_ENGINE_VLLM, eng("bad/vllm_out_of_range.npy"), t0, "vllm_out_of_range.npy (sequence s0): row 5, layer 1, slot 2: expert 16 outside the model's [0, 16)");
     refused(MF_ENGINE_VLLM, eng("bad/vllm_duplicate.npy"), t0, "vllm_duplicate.npy (sequence s0): row 7, layer 2: expert");
@@ -411,4 +411,35 @@ Test(engines, the_command_exits_0_1_and_2) {
                  1);
     cr_assert(strstr(err, "19 rows; the sequence has 21 tokens"), "%s", err);
     cr_assert_eq(strchr(err, '\n'), strrchr(err, '\n'), "one line: %s", err);
+}
+
+Test(engines, a_real_ubatch_whose_experts_happen_to_cover_all_is_no_flat_view) {
+    /* 4 tokens of top-4 over 16 experts can partition them by chance: (t + l + 4k) mod 16 does in the first ubatch;
+     * the flat-view pattern is named only where the rows are also too many for the tokens */
+    const char *dir = temp_dir();
+    char csv[8192] = "layer,expert\n", line[32];
+    for (int u = 0; u < 6; u += 4)
+        for (int l = 0; l < L_; l++)
+            for (int t = u; t < u + 4 && t < 6; t++)
+                for (int k = 0; k < K_; k++) {
+                    snprintf(line, sizeof line, "%d,%d\n", l, (t + l + 4 * k) % 16);
+                    strcat(csv, line);
+                }
+    write_text(dir, "chance.csv", csv);
+    write_text(dir, "t6.jsonl", "{\"id\": \"s0\", \"tokens\": [57, 329, 203, 101, 7, 110]}\n");
+    char f[4200], t[4200], out[4200];
+    snprintf(f, sizeof f, "%s/chance.csv", dir);
+    snprintf(t, sizeof t, "%s/t6.jsonl", dir);
+    snprintf(out, sizeof out, "%s/chance", dir);
+    const char *files[] = {f};
+    mf_error err = {0};
+    cr_assert_eq(mf_import_engine(MF_ENGINE_LLAMACPP, files, 1, fixture("hf/olmoe"), t, out, &err), MF_OK, "%s", err.msg);
+    mf_run *r;
+    cr_assert_eq(mf_run_open(&r, out, &err), MF_OK, "%s", err.msg);
+    const mf_st_tensor *ids;
+    cr_assert_eq(mf_run_tensor(r, 0, "topk_ids", &ids, &err), MF_OK);
+    uint16_t v;
+    memcpy(&v, ids->data + 2 * (((size_t)2 * 6 + 5) * K_ + 3), 2);   /* layer 2, token 5, slot 3 */
+    cr_assert_eq(v, (5 + 2 + 12) % 16);
+    mf_run_close(r);
 }
