@@ -462,8 +462,9 @@ static void router_sq_errors(const double *x0, const double *y0, int n, int E, d
 static void load_layer(layer_rows *w, const seq_view *R, const seq_view *T, int l, int n, int E, int K, bool gates,
                        bool shared) {
     /* the first n positions of layer l in each run (a generated run's rows may run on past them) */
-    load_row(R->router, (size_t)l * R->len * E, n * E, w->router_ref);
-    load_row(T->router, (size_t)l * T->len * E, n * E, w->router_tgt);
+    /* an imported capture may have no scores: the router's error needs both runs', the margins the reference's */
+    if (R->router) load_row(R->router, (size_t)l * R->len * E, n * E, w->router_ref);
+    if (T->router) load_row(T->router, (size_t)l * T->len * E, n * E, w->router_tgt);
     if (gates) {
         load_row(R->w, (size_t)l * R->len * K, n * K, w->gate_ref);
         load_row(T->w, (size_t)l * T->len * K, n * K, w->gate_tgt);
@@ -472,8 +473,14 @@ static void load_layer(layer_rows *w, const seq_view *R, const seq_view *T, int 
         load_row(R->shared, (size_t)l * R->len, n, w->shared_ref);
         load_row(T->shared, (size_t)l * T->len, n, w->shared_tgt);
     }
-    router_sq_errors(w->router_ref, w->router_tgt, n, E, w->router_sq);
-    ref_margins(w->router_ref, R->ids->data + 2 * (size_t)l * R->len * K, n, E, K, w->margin, w->kth, w->bin, w->unchosen);
+    if (R->router && T->router) router_sq_errors(w->router_ref, w->router_tgt, n, E, w->router_sq);
+    if (R->router)
+        ref_margins(w->router_ref, R->ids->data + 2 * (size_t)l * R->len * K, n, E, K, w->margin, w->kth, w->bin, w->unchosen);
+    else
+        for (int t = 0; t < n; t++) {
+            w->margin[t] = w->kth[t] = NAN;
+            w->bin[t] = 0;
+        }
 }
 
 /* Whether the two runs dispatched the same experts in the same order at a slot; overlap gets how many experts they
@@ -580,7 +587,7 @@ static void record_flip(mf_diff_acc *a, mf_case *c, seq_flips *f, int l, int t, 
     f->all_equal[t] = false;
     c->flipped++;
     a->flips[l]++;
-    a->margin_flips[(size_t)l * MF_MARGIN_BINS + bin]++;
+    if (bin >= 0) a->margin_flips[(size_t)l * MF_MARGIN_BINS + bin]++;   /* -1: no margin (no reference scores) */
     f->flipped_at[t]++;
     if (f->first_flip[t] < 0) f->first_flip[t] = a->layers[l];
     const bool inherited = f->earliest_before <= t;
@@ -623,6 +630,8 @@ typedef struct slot_sums {
 static void add_layer(mf_diff_acc *a, mf_case *c, const seq_view *R, const seq_view *T, int l, int n, const layer_rows *w,
                       bool gates, bool shared, seq_flips *f, slot_sums *sums) {
     const int E = a->E, K = a->K;
+    /* without the reference's scores there are no margins (nor ties), without both runs' no router error */
+    const bool margins = R->router != NULL, router_err = R->router && T->router;
     int earliest_here = n;
     int64_t n_set = 0, n_ord = 0, n_overlap = 0;
     /* the sums in registers across the layer, added to in the same order as one slot at a time */
@@ -637,13 +646,13 @@ static void add_layer(mf_diff_acc *a, mf_case *c, const seq_view *R, const seq_v
         n_set += set;
         n_ord += ord;
         n_overlap += overlap;
-        router_sq += w->router_sq[t];
+        if (router_err) router_sq += w->router_sq[t];
         const double margin = w->margin[t];
         const bool tie = margin <= 0;   /* < 0 only when fp32 probabilities tied where the logits did not */
         c->ties += tie;
         a->ties[l] += tie;
         const int bin = w->bin[t];
-        a->margin_slots[(size_t)l * MF_MARGIN_BINS + bin]++;
+        if (margins) a->margin_slots[(size_t)l * MF_MARGIN_BINS + bin]++;
         double slot_gate_sq = 0;
         if (gates)
             gate_errors(w->gate_ref + (size_t)t * K, w->gate_tgt + (size_t)t * K, A, B, K, ord, &gate_sq, &slot_gate_sq,
@@ -661,11 +670,11 @@ static void add_layer(mf_diff_acc *a, mf_case *c, const seq_view *R, const seq_v
             sl->margin_logit = margin;
             sl->shared_sq_err = shared_sq;
             sl->gate_sq_err = gates ? slot_gate_sq : NAN;
-            sl->margin_prob = margin_in_probability(w->router_ref + (size_t)t * E, E, margin, w->kth[t]);
+            sl->margin_prob = margins ? margin_in_probability(w->router_ref + (size_t)t * E, E, margin, w->kth[t]) : NAN;
         }
         if (set) continue;
         if (t < earliest_here) earliest_here = t;
-        record_flip(a, c, f, l, t, bin, A, B, K, sl);
+        record_flip(a, c, f, l, t, margins ? bin : -1, A, B, K, sl);
     }
     if (earliest_here < f->earliest_before) f->earliest_before = earliest_here;
     sums->router_sq = router_sq;
@@ -678,7 +687,7 @@ static void add_layer(mf_diff_acc *a, mf_case *c, const seq_view *R, const seq_v
     c->layer_set_equal[l] += n_set;
     c->layer_ord_equal[l] += n_ord;
     c->overlap += n_overlap;
-    c->router_logit_count += (int64_t)n * E;
+    if (router_err) c->router_logit_count += (int64_t)n * E;
 }
 
 /* Every position of the sequence: its record (token, first flipped layer, flipped slots), whether every layer
@@ -769,7 +778,7 @@ static int add_sequence(mf_diff_acc *a, mf_run *ref, size_t si, mf_run *tgt, siz
     c->flip_first = a->n_flips;
     c->vocab = a->V;
     c->has_logits = R.logits && T.logits;
-    const bool routing = L > 0 && R.ids && T.ids && R.router && T.router;
+    const bool routing = L > 0 && R.ids && T.ids;
     if (L > 0 && !routing) return mf_fail(err, MF_EFORMAT, "sequence %s: routing tensors missing", id);
     if (c->has_logits && R.logits->dtype == MF_BF16 && T.logits->dtype == MF_BF16) c->equal_bits = 0;
     seq_flips f;
@@ -803,6 +812,10 @@ int mf_diff_acc_add_range(mf_diff_acc *a, mf_run *ref, mf_run *tgt, size_t first
 
 int diff_acc_add_aligned(mf_diff_acc *a, mf_run *ref, mf_run *tgt, size_t first, size_t count, mf_error *err) {
     int rc;
+    a->ref_lacks |= ref->lacks;
+    a->tgt_lacks |= tgt->lacks;
+    if (ref->engine[0]) snprintf(a->ref_engine, sizeof a->ref_engine, "%s", ref->engine);
+    if (tgt->engine[0]) snprintf(a->tgt_engine, sizeof a->tgt_engine, "%s", tgt->engine);
     size_t positions = a->n_pos;   /* room for every position at once: no copying as the array grows */
     for (size_t i = first; i < first + count && i < ref->n_seqs; i++) positions += (size_t)ref->seqs[i].length;
     if (positions > a->cap_pos) {
@@ -831,6 +844,10 @@ int mf_diff_merge(mf_diff_acc *dst, mf_diff_acc *src, mf_error *err) {
     }
     src->n_cases = 0;
     dst->generated |= src->generated;
+    dst->ref_lacks |= src->ref_lacks;
+    dst->tgt_lacks |= src->tgt_lacks;
+    if (src->ref_engine[0]) memcpy(dst->ref_engine, src->ref_engine, sizeof dst->ref_engine);
+    if (src->tgt_engine[0]) memcpy(dst->tgt_engine, src->tgt_engine, sizeof dst->tgt_engine);
     for (size_t i = 0; i < src->n_pos; i++) *new_pos(dst) = src->pos[i];
     src->n_pos = 0;
     if (src->n_flips) {

@@ -99,6 +99,10 @@ typedef struct mf_diff_acc {
     bool generated;                   /* some case has generated positions (the positions CSV marks them) */
     mf_slot *slots;
     size_t n_slots, cap_slots;
+    /* what the runs compared cannot have (MF_LACKS_*: an imported capture's manifest capture.lacks) and their
+     * engines: the metrics that need it are written as null with a warning */
+    unsigned ref_lacks, tgt_lacks;
+    char ref_engine[16], tgt_engine[16];
 } mf_diff_acc;
 
 /* An empty accumulator for diffs against the reference run ref (its MoE

@@ -394,10 +394,43 @@ static void warn_not_a_number(json_t *warnings, const char *who, const char *wha
     json_array_append_new(warnings, json_string(line));
 }
 
+/* What metric m needs of the reference and of the target beyond the experts (MF_LACKS_* bits). */
+static void metric_needs(int m, unsigned *ref, unsigned *tgt) {
+    *ref = *tgt = 0;
+    if (metrics[m].logits) *ref = *tgt = MF_LACKS_LOGITS;
+    else if (m == M_ROUTER_LOGIT_MSE) *ref = *tgt = MF_LACKS_ROUTER;
+    else if (m == M_TIES) *ref = MF_LACKS_ROUTER;   /* ties are the reference's margins */
+    else if (m == M_GATE_MSE) *ref = *tgt = MF_LACKS_GATES;
+    else if (m == M_SHARED_MSE) *ref = *tgt = MF_LACKS_SHARED;
+}
+
+/* Whether a run compared in a cannot have what metric m needs (an imported capture); if so, line says which run
+ * lacks what ("the target (a vllm capture) has no logits"). */
+static bool metric_lacking(const mf_diff_acc *a, int m, char *line, size_t cap) {
+    unsigned need_ref, need_tgt;
+    metric_needs(m, &need_ref, &need_tgt);
+    const unsigned r = need_ref & a->ref_lacks, t = need_tgt & a->tgt_lacks;
+    if (!r && !t) return false;
+    char what[128];
+    mf_lacks_text(r ? r : t, what, sizeof what);
+    snprintf(line, cap, "the %s (a %s capture) has no %s", r ? "reference" : "target", r ? a->ref_engine : a->tgt_engine, what);
+    return true;
+}
+
 static json_t *metrics_json(const mf_diff_acc *a, const mf_diff_acc *base, const int *plan, int B, json_t *warnings,
                             const char *who) {
     json_t *o = json_object();
     for (int m = 0; m < M_COUNT; m++) {
+        char lack[256];
+        if (metric_lacking(a, m, lack, sizeof lack) || (base && metric_lacking(base, m, lack, sizeof lack))) {
+            /* a metric an imported capture cannot have: null, and said so, never a number made of absent data */
+            char line[1024];
+            snprintf(line, sizeof line, "%s: %s: %s; written as null", who, metrics[m].name, lack);
+            mf_utf8_scrub(line);
+            json_array_append_new(warnings, json_string(line));
+            json_object_set_new(o, metrics[m].name, json_null());
+            continue;
+        }
         if (!defined(a, m) || (base && !defined(base, m))) continue;   /* undefined for these runs */
         mctx c = {a, base, m, 0, false};
         double ci[2], v = pooled(a, m, NULL, a->n_cases);
@@ -690,7 +723,8 @@ static json_t *target_json(mf_run *run, const char *label, mf_diff_acc *a, mf_di
         json_object_set_new(o, "flips", json_integer(a->flips[l]));
         json_object_set_new(o, "primary", json_integer(a->primary[l]));
         json_object_set_new(o, "inherited", json_integer(a->inherited[l]));
-        json_object_set_new(o, "ties", json_integer(a->ties[l]));
+        /* ties are the reference's margins: null where its capture has no scores */
+        json_object_set_new(o, "ties", a->ref_lacks & MF_LACKS_ROUTER ? json_null() : json_integer(a->ties[l]));
         const int64_t *ms = a->margin_slots + (size_t)l * MF_MARGIN_BINS, *mfl = a->margin_flips + (size_t)l * MF_MARGIN_BINS;
         json_object_set_new(o, "sigma", num_or_null(fit_sigma(ms, mfl)));
         json_t *bins = json_array();
@@ -842,8 +876,14 @@ void mf_diff_print_summary(FILE *out, mf_run *ref, mf_run **targets, mf_diff_acc
     diff_print_summary(out, ref, targets, accs, n_targets, NULL);
 }
 
+static const char *ties_text(int64_t v, char *buf) {
+    snprintf(buf, 24, "%lld", (long long)v);
+    return buf;
+}
+
 void diff_print_summary(FILE *out, mf_run *ref, mf_run **targets, mf_diff_acc **accs, int n_targets,
                         const diff_labels *labels) {
+    char tbuf[24];
     json_t *rm = json_loads(ref->manifest_text, 0, NULL);
     fprintf(out, "reference  %s: %s x %s (%s, record %s)\n", label_or_dir(labels ? labels->reference : NULL, ref), json_string_value(json_object_get(rm, "numerics")) ?: "?",
             ref->precision, ref->arch, ref->record);
@@ -859,6 +899,11 @@ void diff_print_summary(FILE *out, mf_run *ref, mf_run **targets, mf_diff_acc **
                                    M_PRIMARY, M_KL_0, M_KL_1, M_KL_2};
         int not_numbers = 0;
         for (size_t s = 0; s < sizeof show / sizeof show[0]; s++) {
+            char lack[256];
+            if (metric_lacking(a, show[s], lack, sizeof lack)) {
+                fprintf(out, "  %-40s null (%s)\n", metrics[show[s]].name, lack);
+                continue;
+            }
             if (!defined(a, show[s])) continue;   /* undefined for these runs */
             double v = pooled(a, show[s], NULL, a->n_cases);
             if (isfinite(v)) fprintf(out, "  %-40s %.6g\n", metrics[show[s]].name, v);
@@ -875,8 +920,8 @@ void diff_print_summary(FILE *out, mf_run *ref, mf_run **targets, mf_diff_acc **
         if (a->L) {
             fprintf(out, "  %-8s %8s %8s %8s %10s\n", "layer", "flips", "primary", "ties", "sigma");
             for (int l = 0; l < a->L; l++)
-                fprintf(out, "  %-8d %8lld %8lld %8lld %10.3g\n", a->layers[l], (long long)a->flips[l],
-                        (long long)a->primary[l], (long long)a->ties[l],
+                fprintf(out, "  %-8d %8lld %8lld %8s %10.3g\n", a->layers[l], (long long)a->flips[l],
+                        (long long)a->primary[l], a->ref_lacks & MF_LACKS_ROUTER ? "null" : ties_text(a->ties[l], tbuf),
                         fit_sigma(a->margin_slots + (size_t)l * MF_MARGIN_BINS, a->margin_flips + (size_t)l * MF_MARGIN_BINS));
         }
     }

@@ -56,7 +56,7 @@ static int get_all(mf_run *r, size_t s, seq_tensors *st, mf_error *err) {
         return rc;
     /* mf_run_open refused a run without these; this guards a caller that built an mf_run by other means */
     const int T = r->seqs[s].length;
-    if (!st->tokens || mf_st_numel(st->tokens) != T || (r->n_moe && (!st->ids || !st->w || !st->router)) ||
+    if (!st->tokens || mf_st_numel(st->tokens) != T || (r->n_moe && (!st->ids || (!st->w && !(r->lacks & MF_LACKS_GATES)) || (!st->router && !(r->lacks & MF_LACKS_ROUTER)))) ||
         (st->topk_logits && (!st->topk_tokens || !st->lse)))
         return mf_fail(err, MF_EFORMAT, "%s: sequence %s: tensors missing", r->dir, r->seqs[s].id);
     return MF_OK;
@@ -109,11 +109,18 @@ static void export_jsonl(mf_run *r, size_t s, const seq_tensors *st, FILE *out) 
                 size_t slot = ((size_t)m * T + p);
                 fprintf(out, "%s{\"layer\": %d, \"experts\": [", m ? ", " : "", r->moe_layers[m]);
                 for (int i = 0; i < K; i++) fprintf(out, i ? ",%u" : "%u", id_at(st, slot * K + i));
-                fputs("], \"weights\": [", out);
-                put_row(out, st->w, slot * K, K, ',', true);
-                fputs("], \"router_logits\": [", out);
-                put_row(out, st->router, slot * E, E, ',', true);
                 fputc(']', out);
+                /* an imported capture without weights or scores: the keys are left out */
+                if (st->w) {
+                    fputs(", \"weights\": [", out);
+                    put_row(out, st->w, slot * K, K, ',', true);
+                    fputc(']', out);
+                }
+                if (st->router) {
+                    fputs(", \"router_logits\": [", out);
+                    put_row(out, st->router, slot * E, E, ',', true);
+                    fputc(']', out);
+                }
                 if (st->shared) {
                     fputs(", \"shared_gate\": ", out);
                     put_num(out, mf_load_as_f64(st->shared->data, st->shared->dtype, slot), st->shared->dtype, true);
@@ -146,9 +153,9 @@ static void export_csv(mf_run *r, size_t s, const seq_tensors *st, FILE *out) {
             fprintf(out, ",%d,%d,%d,", p, token_at(st, p), r->moe_layers[m]);
             for (int i = 0; i < K; i++) fprintf(out, i ? ";%u" : "%u", id_at(st, slot * K + i));
             fputc(',', out);
-            put_row(out, st->w, slot * K, K, ';', false);
+            if (st->w) put_row(out, st->w, slot * K, K, ';', false);   /* empty where an import lacks them */
             fputc(',', out);
-            put_row(out, st->router, slot * E, E, ';', false);
+            if (st->router) put_row(out, st->router, slot * E, E, ';', false);
             fputc(',', out);
             if (st->shared) put_num(out, mf_load_as_f64(st->shared->data, st->shared->dtype, slot), st->shared->dtype, false);
             fputs(gen, out);

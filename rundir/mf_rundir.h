@@ -147,7 +147,24 @@ typedef struct mf_run_info {
     const char *device_name;    /* a GPU's name and architecture (NULL: the CPU's) */
     const struct mf_generation *generation;   /* NULL: the prompts as they stand */
     const char *replay_json;    /* the manifest's "replay" object, as JSON text (NULL: no routing replay) */
+    /* an engine's capture (mf_import_engine): the manifest's "capture" object (borrowed; its "lacks" says which
+     * tensors the run cannot have: MF_LACKS_* below), and whether the experts are the engine's recorded ids */
+    json_t *capture;
+    unsigned lacks;
+    bool experts_recorded;
 } mf_run_info;
+
+/* What an imported run cannot have, as its manifest's capture.lacks names it ("gate_weights", "router_logits",
+ * "shared_gates", "logits"): its shards hold no such tensor, and a diff writes the metrics that need one as null
+ * with a warning. */
+enum {
+    MF_LACKS_GATES = 1,    /* topk_w */
+    MF_LACKS_ROUTER = 2,   /* router */
+    MF_LACKS_SHARED = 4,   /* shared_gate (a model with a shared expert) */
+    MF_LACKS_LOGITS = 8,   /* logits of any kind (record "routing") */
+};
+/* The names of lacks' bits, joined with ", " into buf ("router logits, gate weights"). */
+const char *mf_lacks_text(unsigned lacks, char *buf, size_t cap);
 
 typedef struct mf_run_writer mf_run_writer;
 
@@ -200,6 +217,8 @@ typedef struct mf_run {
     char precision[64];
     char record[32];
     bool ids_checked;          /* token and expert ids were checked against the model (every open but the unhashed) */
+    unsigned lacks;            /* MF_LACKS_*: what an imported capture cannot have (manifest capture.lacks); 0 otherwise */
+    char engine[16];           /* capture.engine of an imported capture ("vllm", ...), else "" */
 } mf_run;
 
 /* Opens a run and validates it whole (trace/run.c says what is checked, in which order): the manifest against
@@ -235,6 +254,24 @@ int mf_prompts_from_run(mf_prompts *p, mf_generation *forced, const char *run_di
  * their weights are derived from the recorded router logits (canonical
  * top-k of the raw logits, as CroVA's metrics do) and the manifest says so. */
 int mf_import_crova(const char *src_dir, const char *model_dir, const char *out_dir, mf_error *err);
+
+/* The production engines' routing captures (rundir/engines.c says each format, with its source): vLLM's
+ * routed_experts (.npy), SGLang's return_routed_experts (base64 int32 in a /generate response), llama.cpp's
+ * moe-trace (layer,expert CSV) and Hugging Face's output_router_logits (safetensors). files[i] holds the next
+ * capture(s) in order; the i-th capture is the i-th sequence of tokens_path (a prompt file: ids and tokens, or
+ * texts encoded with the model's tokenizer.json); a capture has one row per token, or one fewer (the run then
+ * holds the tokens it covers). Refused, with one line naming the file and row: ids out of range, an expert twice
+ * in a row, a row count that matches neither, the engines' known failure patterns (named). The manifest's
+ * "capture" says what the run lacks (capture.lacks: gate weights, router logits, logits). */
+typedef enum mf_engine { MF_ENGINE_VLLM, MF_ENGINE_SGLANG, MF_ENGINE_LLAMACPP, MF_ENGINE_HF } mf_engine;
+int mf_engine_parse(const char *name, mf_engine *out);   /* vllm|sglang|llamacpp|hf */
+const char *mf_engine_name(mf_engine e);
+int mf_import_engine(mf_engine eng, const char *const *files, int n_files, const char *model_dir, const char *tokens_path,
+                     const char *out_dir, mf_error *err);
+/* The readers' pieces, for tests: a .npy of integers with 3 dimensions (ids widened to int64, malloc'ed), and
+ * standard base64 with padding; where names the input in messages. */
+int mf_engine_read_npy(const uint8_t *d, size_t n, const char *where, int64_t **ids, int64_t shape[3], mf_error *err);
+int mf_base64_decode(const char *s, size_t n, uint8_t **out, size_t *out_len, const char *where, mf_error *err);
 
 /* ---- export (docs/run-format.md) -------------------------------------- */
 

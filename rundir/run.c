@@ -142,7 +142,8 @@ static json_t *build_manifest(const mf_run_info *in) {
     json_object_set_new(prec, "weights", json_string(mf_dtype_name(in->prec->weights)));
     json_object_set_new(prec, "opmath", json_string(mf_dtype_name(in->prec->opmath)));
     json_object_set_new(prec, "matmul_compute", json_string(mf_dtype_name(in->prec->compute)));
-    json_object_set_new(prec, "semantics", json_string("transformers 5.17 (v5): eager attention, grouped_mm expert combine"));
+    json_object_set_new(prec, "semantics", json_string(in->capture ? "unknown (an engine's capture)"
+                                                                   : "transformers 5.17 (v5): eager attention, grouped_mm expert combine"));
     json_object_set_new(man, "precision", prec);
 
     json_t *router = json_object();
@@ -151,8 +152,9 @@ static json_t *build_manifest(const mf_run_info *in) {
                                                         : "softmax_topk"));
     json_object_set_new(router, "norm_topk_prob", json_boolean(c->norm_topk_prob));
     json_object_set_new(router, "tie_break", json_string("larger score first; equal scores: lower expert index"));
-    json_object_set_new(router, "experts", json_string(in->imported_from ? "derived from the recorded router logits"
-                                                                        : "as dispatched"));
+    json_object_set_new(router, "experts", json_string(in->experts_recorded ? "as the engine recorded them (ids only)"
+                                                       : in->imported_from ? "derived from the recorded router logits"
+                                                                           : "as dispatched"));
     json_object_set_new(man, "router", router);
 
     json_object_set_new(man, "record", json_string(mf_record_name(in->record)));
@@ -162,6 +164,7 @@ static json_t *build_manifest(const mf_run_info *in) {
     json_object_set_new(input, "n_sequences", json_integer((json_int_t)in->prompts->n));
     json_object_set_new(man, "input", input);
     if (in->imported_from) json_object_set_new(man, "imported_from", json_string(in->imported_from));
+    if (in->capture) json_object_set(man, "capture", in->capture);
     if (in->generation) {
         /* how the prompts were continued: what a reader needs to say which answers may be compared */
         json_t *g = json_object(), *eos = json_array();
@@ -526,9 +529,10 @@ int mf_run_writer_add(mf_run_writer *w, const mf_prompt *p, const mf_seq_result 
         shape[2] = r->k;
         snprintf(name, sizeof name, "%s/topk_ids", p->id);
         mf_st_writer_add(w->pending, name, MF_U16, 3, shape, r->topk_ids);
-        add_tensor(w->pending, p->id, "topk_w", prec->opmath, 3, shape, r->topk_w);
+        /* an engine's capture may lack the weights and the scores (the manifest's capture.lacks says so) */
+        if (r->topk_w) add_tensor(w->pending, p->id, "topk_w", prec->opmath, 3, shape, r->topk_w);
         shape[2] = r->E;
-        add_tensor(w->pending, p->id, "router", mf_precision_widest(prec, MF_PART_ROUTER), 3, shape, r->router);
+        if (r->router) add_tensor(w->pending, p->id, "router", mf_precision_widest(prec, MF_PART_ROUTER), 3, shape, r->router);
         if (r->shared_gate)
             add_tensor(w->pending, p->id, "shared_gate", mf_precision_widest(prec, MF_PART_MLP), 2, shape, r->shared_gate);
         if (r->router_in && w->info.record == MF_RECORD_FULL) {
@@ -648,6 +652,44 @@ static bool shard_name_valid(const char *n) {
     return true;
 }
 
+static const char *const lacks_names[] = {"gate_weights", "router_logits", "shared_gates", "logits"};
+static const char *const lacks_words[] = {"gate weights", "router logits", "shared-expert gates", "logits"};
+
+const char *mf_lacks_text(unsigned lacks, char *buf, size_t cap) {
+    size_t n = 0;
+    buf[0] = 0;
+    for (int b = 0; b < 4; b++)
+        if (lacks & (1u << b)) n += (size_t)snprintf(buf + n, n < cap ? cap - n : 0, "%s%s", n ? ", " : "", lacks_words[b]);
+    return buf;
+}
+
+/* An imported capture's "capture" object (absent in every other run): its engine and what it lacks, each a name
+ * of lacks_names once; a run lacking logits is a routing run. */
+static int check_capture(mf_run *r, json_t *cap, mf_record record, const char *path, mf_error *err) {
+    r->lacks = 0;
+    r->engine[0] = 0;
+    if (!cap) return MF_OK;
+    const char *engine = json_string_value(json_object_get(cap, "engine"));
+    json_t *lacks = json_object_get(cap, "lacks");
+    if (!json_is_object(cap) || !engine || strlen(engine) >= sizeof r->engine || !json_is_array(lacks))
+        return mf_fail(err, MF_EFORMAT, "%s: capture must be an object with an engine name and a lacks list", path);
+    snprintf(r->engine, sizeof r->engine, "%s", engine);
+    size_t i;
+    json_t *v;
+    json_array_foreach(lacks, i, v) {
+        const char *s = json_string_value(v);
+        int b = 0;
+        while (b < 4 && (!s || strcmp(s, lacks_names[b]))) b++;
+        if (b == 4 || (r->lacks & (1u << b)))
+            return mf_fail(err, MF_EFORMAT, "%s: capture.lacks[%zu] must be one of gate_weights, router_logits, shared_gates, logits, "
+                           "each once", path, i);
+        r->lacks |= 1u << b;
+    }
+    if ((r->lacks & MF_LACKS_LOGITS) && record != MF_RECORD_ROUTING)
+        return mf_fail(err, MF_EFORMAT, "%s: capture.lacks names logits in a %s run", path, mf_record_name(record));
+    return MF_OK;
+}
+
 /* 1. The manifest against itself: fills the model facts of r. */
 static int check_manifest(mf_run *r, json_t *man, const char *path, mf_error *err) {
     const char *fmt = json_string_value(json_object_get(man, "format"));
@@ -695,6 +737,7 @@ static int check_manifest(mf_run *r, json_t *man, const char *path, mf_error *er
     if (gen && (!strategy || (strcmp(strategy, "greedy") && strcmp(strategy, "teacher-forced"))))
         return mf_fail(err, MF_EFORMAT, "%s: generation.strategy must be \"greedy\" or \"teacher-forced\"", path);
     r->forced = strategy && !strcmp(strategy, "teacher-forced");
+    if ((rc = check_capture(r, json_object_get(man, "capture"), record, path, err))) return rc;
     /* the MoE layers: model layer indices, strictly increasing, inside the model */
     if (json_array_size(ml) > (size_t)r->n_layers)
         return mf_fail(err, MF_EFORMAT, "%s: model.moe_layers lists %zu layers of a %d-layer model", path, json_array_size(ml),
@@ -757,10 +800,13 @@ static int64_t dim_of(const mf_run *r, size_t seq, char c) {
 static int field_rule(const mf_run *r, const struct field_shape *f) {
     mf_record rec = MF_RECORD_ROUTING;
     mf_record_parse(r->record, &rec);
+    /* what an imported capture lacks it may not have either: a reader takes a field's absence for the capture's */
+    if ((r->lacks & MF_LACKS_GATES) && !strcmp(f->field, "topk_w")) return -1;
+    if ((r->lacks & MF_LACKS_ROUTER) && !strcmp(f->field, "router")) return -1;
     switch (f->when) {
     case ALWAYS: return 1;
     case NEED_ROUTING: return r->n_moe ? 1 : -1;
-    case OPT_SHARED: return r->n_moe && r->has_shared ? 0 : -1;
+    case OPT_SHARED: return r->n_moe && r->has_shared && !(r->lacks & MF_LACKS_SHARED) ? 0 : -1;
     case OPT_ROUTER_IN: return r->n_moe && rec == MF_RECORD_FULL ? 0 : -1;
     case NEED_LOGITS: return rec == MF_RECORD_LOGITS || rec == MF_RECORD_FULL ? 1 : -1;
     case NEED_TOPK: return rec == MF_RECORD_TOPK ? 1 : -1;
