@@ -982,7 +982,7 @@ Test(replay, refuses_bad_layer_lists_and_options) {
 Test(replay, sweep_replay_reports_the_share_and_the_curve, .timeout = 300) {
     const char *d = temp_dir();
     char err[4096], path[4300];
-    const int rc = run_moeflip(err, sizeof err, "sweep -q --replay --targets emu:hopper@bf16 --bootstrap 200 --out '%s/out' > '%s/sweep.txt'",
+    const int rc = run_moeflip(err, sizeof err, "sweep -q --replay --generate 0 --targets emu:hopper@bf16 --bootstrap 200 --out '%s/out' > '%s/sweep.txt'",
                                d, d);
     cr_assert_eq(rc, 0, "%s", err);
     snprintf(path, sizeof path, "%s/out/diff.json", d);
