@@ -599,36 +599,91 @@ static void *alloc64(size_t bytes) {
     return p;
 }
 
-void mf_emu_gemm_fast(const mf_kschedule *s, int M, int N, int K, const uint64_t *A, const uint64_t *B,
-                      const uint64_t *C0, uint64_t *C, int threads) {
+/* B decoded for the fast path once (values, exponents, in column panels), so that products with the same B
+ * (a weight matrix, decode step after decode step) skip its decoding. The panels' layout depends on the
+ * kernel path, which the pack records. */
+struct mf_emu_bpack {
+    mf_emu_path path;
+    int N, K, lanes, group, steps, Kp, panels;
+    size_t pstride;
+    const uint64_t *B;   /* the operand bits, for the elements the reference model redoes */
+    uint64_t *B_owned;   /* B itself when the pack keeps a copy */
+    double *bv;
+    int32_t *be;
+    bool b_finite;
+};
+
+static mf_emu_bpack *pack_b(const mf_kschedule *s, int N, int K, const uint64_t *B, bool copy, int threads) {
     const mf_mma_instr *I = &s->instr;
-    fast_ctx x = {.I = I, .M = M, .N = N, .K = K, .A = A, .B = B, .C0 = C0, .C = C, .b_finite = true};
-    x.path = current_path();
-    x.lanes = x.path == MF_EMU_PATH_AVX512 ? LANES8 : LANES;
-    x.group = x.path == MF_EMU_PATH_AVX512 ? MAXP : NVP;
-    const int W = x.lanes;
-    x.steps = (K + I->k - 1) / I->k;
-    x.Kp = x.steps * I->k;
-    x.panels = (N + W - 1) / W;
-    const int min_e = fmt_min_exp(I->a_fmt), Kp = x.Kp;
+    mf_emu_bpack *p = calloc(1, sizeof *p);
+    if (!p) abort();
+    p->N = N;
+    p->K = K;
+    p->path = current_path();
+    p->lanes = p->path == MF_EMU_PATH_AVX512 ? LANES8 : LANES;
+    p->group = p->path == MF_EMU_PATH_AVX512 ? MAXP : NVP;
+    const int W = p->lanes;
+    p->steps = (K + I->k - 1) / I->k;
+    p->Kp = p->steps * I->k;
+    p->panels = (N + W - 1) / W;
+    if (copy) {
+        p->B_owned = malloc((size_t)K * N * sizeof(uint64_t) + 1);
+        if (!p->B_owned) abort();
+        memcpy(p->B_owned, B, (size_t)K * N * sizeof(uint64_t));
+        B = p->B_owned;
+    }
+    p->B = B;
+    const int min_e = fmt_min_exp(I->a_fmt), Kp = p->Kp;
     /* a zero's exponent: -126 (MMA-Sim), or far below anything when zero
      * products are left out of the largest exponent (the H200) */
     const int zero_e = I->kind == MF_MMA_NV_FUSED && I->zero_products_excluded ? -1000000 : -126;
-    /* decode both operands once: values (exact doubles) and exponents */
     /* panels one cache line (of exponents; two of values) further apart than
      * their length: the interleaved panels' loads do not fall on the same
      * cache sets (a power-of-two stride costs the AVX2 kernel 7%) */
-    x.pstride = (size_t)Kp * W + 16;
-    x.bv = alloc64((size_t)x.panels * x.pstride * sizeof(double));
-    x.be = alloc64((size_t)x.panels * x.pstride * sizeof(int32_t));
-    x.av = alloc64((size_t)M * Kp * sizeof(double));
-    x.ae = alloc64((size_t)M * Kp * sizeof(int32_t));
-    x.a_finite = malloc((size_t)M * sizeof(bool));
+    p->pstride = (size_t)Kp * W + 16;
+    p->bv = alloc64((size_t)p->panels * p->pstride * sizeof(double));
+    p->be = alloc64((size_t)p->panels * p->pstride * sizeof(int32_t));
+    fast_ctx x = {.I = I, .N = N, .K = K, .B = B, .lanes = W, .Kp = Kp, .panels = p->panels, .pstride = p->pstride,
+                  .bv = p->bv, .be = p->be};
     bool b_finite = true;
 #pragma omp parallel for num_threads(threads) reduction(&& : b_finite) if (threads > 1 && (size_t)K * N > 16384)
     for (int kk = 0; kk < Kp; kk++)
         b_finite = (W == LANES8 ? decode_row(&x, kk, LANES8, min_e, zero_e) : decode_row(&x, kk, LANES, min_e, zero_e)) && b_finite;
-    x.b_finite = b_finite;
+    p->b_finite = b_finite;
+    return p;
+}
+
+mf_emu_bpack *mf_emu_pack_b(const mf_kschedule *s, int N, int K, const uint64_t *B, int threads) {
+    return pack_b(s, N, K, B, true, threads);
+}
+
+size_t mf_emu_bpack_bytes(const mf_emu_bpack *p) {
+    return (size_t)p->panels * p->pstride * (sizeof(double) + sizeof(int32_t)) +
+           (p->B_owned ? (size_t)p->K * p->N * sizeof(uint64_t) : 0) + sizeof *p;
+}
+
+bool mf_emu_bpack_current(const mf_emu_bpack *p) { return p->path == current_path(); }
+
+void mf_emu_bpack_free(mf_emu_bpack *p) {
+    if (!p) return;
+    free(p->bv);
+    free(p->be);
+    free(p->B_owned);
+    free(p);
+}
+
+void mf_emu_gemm_packed(const mf_kschedule *s, int M, const uint64_t *A, const mf_emu_bpack *p, const uint64_t *C0,
+                        uint64_t *C, int threads) {
+    const mf_mma_instr *I = &s->instr;
+    const int N = p->N, K = p->K, Kp = p->Kp;
+    fast_ctx x = {.I = I, .path = p->path, .lanes = p->lanes, .group = p->group, .M = M, .N = N, .K = K,
+                  .steps = p->steps, .Kp = Kp, .panels = p->panels, .pstride = p->pstride, .A = A, .B = p->B,
+                  .C0 = C0, .C = C, .bv = p->bv, .be = p->be, .b_finite = p->b_finite};
+    const int min_e = fmt_min_exp(I->a_fmt);
+    const int zero_e = I->kind == MF_MMA_NV_FUSED && I->zero_products_excluded ? -1000000 : -126;
+    x.av = alloc64((size_t)M * Kp * sizeof(double));
+    x.ae = alloc64((size_t)M * Kp * sizeof(int32_t));
+    x.a_finite = malloc((size_t)M * sizeof(bool) + 1);
 #pragma omp parallel for num_threads(threads) if (threads > 1 && (size_t)M * Kp > 16384)
     for (int i = 0; i < M; i++) {
         x.a_finite[i] = true;
@@ -646,7 +701,12 @@ void mf_emu_gemm_fast(const mf_kschedule *s, int M, int N, int K, const uint64_t
     for (long t = 0; t < tiles; t++) run_group(&x, (int)(t % M), (int)(t / M) * x.group);
     free(x.av);
     free(x.ae);
-    free(x.bv);
-    free(x.be);
     free(x.a_finite);
+}
+
+void mf_emu_gemm_fast(const mf_kschedule *s, int M, int N, int K, const uint64_t *A, const uint64_t *B,
+                      const uint64_t *C0, uint64_t *C, int threads) {
+    mf_emu_bpack *p = pack_b(s, N, K, B, false, threads);
+    mf_emu_gemm_packed(s, M, A, p, C0, C, threads);
+    mf_emu_bpack_free(p);
 }

@@ -178,6 +178,10 @@ static bool pairwise_fast(const mf_kschedule *s, int M, int N, int K, const uint
 
 /* With the fast path: each (range, accumulator) chain is a plain chain over
  * its own k-steps, gathered into contiguous operands, then reduced. */
+bool mf_emu_packable(const mf_kschedule *s, int K) {
+    return mf_emu_fast_supported(s) && s->split == 1 && s->acc == 1 && K % s->instr.k == 0;
+}
+
 void mf_emu_gemm(const mf_kschedule *s, int M, int N, int K, const uint64_t *A, const uint64_t *B, const uint64_t *C0,
                  uint64_t *C, int threads) {
     if (!mf_emu_fast_supported(s)) {

@@ -3,6 +3,7 @@
 #include "mf_numerics.h"
 
 #include <math.h>
+#include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -14,6 +15,82 @@ void mf_linear_free(mf_linear *L) {
 /* Columns of W converted to instruction operands at a time: the operand block
  * stays a few megabytes whatever the weight's size. */
 #define EMU_COLS 256
+
+/* Weight blocks decoded for the emulated instructions, kept between products: a decode step multiplies one row
+ * by every weight, where converting and decoding the weight costs ten times the product itself. A block is
+ * found by the digest of its stored bytes (not its address: a freed model's mapping may be reused) with its
+ * shape, dtype, what of the instruction its decoding depends on, and the kernel path; the cache holds at most EMU_CACHE_BYTES and then stops growing
+ * (products past it decode as before). Entries live as long as the process. */
+#define EMU_CACHE_BYTES ((size_t)256 << 20)
+#define EMU_CACHE_SLOTS 4096
+
+typedef struct emu_entry {
+    char digest[33];
+    int n, k;
+    size_t rs, cs;
+    mf_dtype dtype;
+    /* what the decoding depends on: the operands' formats, the instruction's k and kind, the zero rule (a
+     * schedule's address is no key: each trace parses its own) */
+    mf_fmt a_fmt, b_fmt;
+    int instr_k;
+    mf_mma_kind kind;
+    bool zero_excluded;
+    mf_emu_bpack *pack;
+} emu_entry;
+
+static struct {
+    pthread_mutex_t lock;
+    emu_entry *slots;   /* open addressing over the digest */
+    size_t bytes;
+    size_t used;
+} emu_cache = {.lock = PTHREAD_MUTEX_INITIALIZER};
+
+static size_t slot_of(const char *digest) {
+    size_t h = 0;
+    for (int i = 0; i < 16; i++) h = h * 16 + (size_t)(digest[i] <= '9' ? digest[i] - '0' : digest[i] - 'a' + 10);
+    return h % EMU_CACHE_SLOTS;
+}
+
+static bool same_key(const emu_entry *e, const char *digest, const mf_mat *b, int n, const mf_kschedule *ks) {
+    return e->pack && !strcmp(e->digest, digest) && e->n == n && e->k == b->k && e->rs == b->rs && e->cs == b->cs &&
+           e->dtype == b->dtype && e->a_fmt == ks->instr.a_fmt && e->b_fmt == ks->instr.b_fmt &&
+           e->instr_k == ks->instr.k && e->kind == ks->instr.kind && e->zero_excluded == ks->instr.zero_products_excluded &&
+           mf_emu_bpack_current(e->pack);
+}
+
+/* The cached pack of columns [j0, j0 + n) of b, or NULL. */
+static const mf_emu_bpack *cache_find(const char *digest, const mf_mat *b, int n, const mf_kschedule *ks) {
+    const mf_emu_bpack *found = NULL;
+    pthread_mutex_lock(&emu_cache.lock);
+    if (emu_cache.slots)
+        for (size_t i = slot_of(digest), tries = 0; tries < EMU_CACHE_SLOTS && emu_cache.slots[i].pack && !found;
+             i = (i + 1) % EMU_CACHE_SLOTS, tries++)
+            if (same_key(&emu_cache.slots[i], digest, b, n, ks)) found = emu_cache.slots[i].pack;
+    pthread_mutex_unlock(&emu_cache.lock);
+    return found;
+}
+
+/* Keeps pack when there is room (true), else the caller frees it after use. */
+static bool cache_add(const char *digest, const mf_mat *b, int n, const mf_kschedule *ks, mf_emu_bpack *pack) {
+    const size_t bytes = mf_emu_bpack_bytes(pack);
+    bool kept = false;
+    pthread_mutex_lock(&emu_cache.lock);
+    if (!emu_cache.slots) emu_cache.slots = calloc(EMU_CACHE_SLOTS, sizeof *emu_cache.slots);
+    if (emu_cache.slots && emu_cache.bytes + bytes <= EMU_CACHE_BYTES && emu_cache.used < EMU_CACHE_SLOTS / 2) {
+        size_t i = slot_of(digest);
+        while (emu_cache.slots[i].pack) i = (i + 1) % EMU_CACHE_SLOTS;
+        emu_entry *e = &emu_cache.slots[i];
+        memcpy(e->digest, digest, 33);
+        e->n = n, e->k = b->k, e->rs = b->rs, e->cs = b->cs, e->dtype = b->dtype, e->pack = pack;
+        e->a_fmt = ks->instr.a_fmt, e->b_fmt = ks->instr.b_fmt, e->instr_k = ks->instr.k, e->kind = ks->instr.kind;
+        e->zero_excluded = ks->instr.zero_products_excluded;
+        emu_cache.bytes += bytes;
+        emu_cache.used++;
+        kept = true;
+    }
+    pthread_mutex_unlock(&emu_cache.lock);
+    return kept;
+}
 
 /* The product as a vendor's instruction computes it: operands to their bit
  * patterns (exact: they hold bf16 or f16 values), the emulated GEMM over
@@ -30,14 +107,33 @@ static void emulate(const mf_kschedule *ks, const mf_mm *mm, const double *ad, c
             double v = ad ? ad[(size_t)i * lda + k] : af[(size_t)i * lda + k];
             A[(size_t)i * K + k] = bf ? mf_f64_to_bf16(v) : mf_f64_to_f16(v);
         }
+    /* a block can be kept when its rows are whole and adjacent in memory (a checkpoint's [out, in] weight) */
+    const bool cacheable = mf_emu_packable(ks, K) && b->cs == 1 && b->rs == (size_t)K;
     for (int j0 = 0; j0 < N; j0 += nb) {
         const int w = N - j0 < nb ? N - j0 : nb;
-        for (int k = 0; k < K; k++)
-            for (int j = 0; j < w; j++) {
-                const double v = mf_mat_get(b, j0 + j, k);
-                B[(size_t)k * w + j] = bf ? mf_f64_to_bf16(v) : mf_f64_to_f16(v);
-            }
-        mf_emu_gemm(ks, M, w, K, A, B, NULL, C, mm->threads);
+        char digest[33];
+        const mf_emu_bpack *cached = NULL;
+        if (cacheable) {
+            mf_digest_buffer((const char *)b->data + (size_t)j0 * b->rs * mf_dtype_size(b->dtype),
+                             (size_t)w * K * mf_dtype_size(b->dtype), digest);
+            cached = cache_find(digest, b, w, ks);
+        }
+        if (!cached) {
+            for (int k = 0; k < K; k++)
+                for (int j = 0; j < w; j++) {
+                    const double v = mf_mat_get(b, j0 + j, k);
+                    B[(size_t)k * w + j] = bf ? mf_f64_to_bf16(v) : mf_f64_to_f16(v);
+                }
+        }
+        if (cached) {
+            mf_emu_gemm_packed(ks, M, A, cached, NULL, C, mm->threads);
+        } else if (cacheable) {
+            mf_emu_bpack *pack = mf_emu_pack_b(ks, w, K, B, mm->threads);
+            mf_emu_gemm_packed(ks, M, A, pack, NULL, C, mm->threads);
+            if (!cache_add(digest, b, w, ks, pack)) mf_emu_bpack_free(pack);
+        } else {
+            mf_emu_gemm(ks, M, w, K, A, B, NULL, C, mm->threads);
+        }
         for (int i = 0; i < M; i++)
             for (int j = 0; j < w; j++) {
                 uint32_t u = (uint32_t)C[(size_t)i * w + j];

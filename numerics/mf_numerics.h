@@ -129,6 +129,18 @@ bool mf_emu_fast_supported(const mf_kschedule *s);
 void mf_emu_gemm_fast(const mf_kschedule *s, int M, int N, int K, const uint64_t *A, const uint64_t *B,
                       const uint64_t *C0, uint64_t *C, int threads);
 void mf_emu_force_portable(bool on);   /* tests compare the two */
+/* The fast path in two parts, for a B used again and again (a weight matrix, decode step after decode step):
+ * B decoded once (kept with a copy of its bits; the layout of the CPU kernel path current at packing), then any
+ * number of products with it. Same bits as mf_emu_gemm_fast. mf_emu_packable: whether mf_emu_gemm takes the
+ * fast path's plain chain for this schedule and K (the only case a pack serves). */
+typedef struct mf_emu_bpack mf_emu_bpack;
+bool mf_emu_packable(const mf_kschedule *s, int K);
+mf_emu_bpack *mf_emu_pack_b(const mf_kschedule *s, int N, int K, const uint64_t *B, int threads);
+void mf_emu_gemm_packed(const mf_kschedule *s, int M, const uint64_t *A, const mf_emu_bpack *p, const uint64_t *C0,
+                        uint64_t *C, int threads);
+size_t mf_emu_bpack_bytes(const mf_emu_bpack *p);
+bool mf_emu_bpack_current(const mf_emu_bpack *p);   /* made on the kernel path in use now */
+void mf_emu_bpack_free(mf_emu_bpack *p);
 /* The fast path's kernels compute the same bits: AVX-512 (eight double lanes
  * per column panel), AVX2 (four) and portable C. AUTO takes the widest the CPU
  * runs; the environment variable MOEFLIP_EMU_PATH=avx512|avx2|portable picks
