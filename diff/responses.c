@@ -156,7 +156,7 @@ void diff_texts_add(json_t *target, mf_run *ref, mf_run *tgt, const mf_tokenizer
     /* each response: the prompt, what both runs generated alike, and where each went after they parted */
     json_array_foreach(json_object_get(json_object_get(target, "responses"), "per_sequence"), i, e) {
         const char *id = json_string_value(json_object_get(e, "id"));
-        int nr, nt;
+        int nr = 0, nt = 0;
         const int32_t *a = seq_tokens(ref, id, &nr), *b = seq_tokens(tgt, id, &nt);
         if (!a || !b) continue;
         const int P = (int)json_integer_value(json_object_get(e, "prompt_length"));
@@ -171,7 +171,7 @@ void diff_texts_add(json_t *target, mf_run *ref, mf_run *tgt, const mf_tokenizer
     json_array_foreach(json_object_get(json_object_get(target, "answers"), "changed"), i, e) {
         const char *id = json_string_value(json_object_get(e, "id"));
         const int si = seq_index(ref, id);
-        int n;
+        int n = 0;
         const int32_t *a = seq_tokens(ref, id, &n);
         if (si < 0 || !a || !ref->seqs[si].choices) continue;
         const int P = n - ref->seqs[si].generated;
