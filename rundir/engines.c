@@ -26,6 +26,7 @@
  * Every capture is someone else's file: it is read whole and checked against the model before anything is
  * written, and the run is built under a temporary name and renamed into place. */
 #include "mf_rundir.h"
+#include "rundir_int.h"
 #include "mf_router.h"
 
 #include <errno.h>
@@ -680,19 +681,7 @@ int mf_import_engine(mf_engine eng, const char *const *files, int n_files, const
         mf_digest_final(ds, prompts.digest);
     }
     char tmp[4200] = "";
-    if (!rc) {
-        char man[4300];
-        snprintf(man, sizeof man, "%s/manifest.json", out_dir);
-        if (strlen(out_dir) > 4000) rc = mf_fail(err, MF_EINVAL, "%s: path too long", out_dir);
-        else if (mf_path_exists(man)) rc = mf_fail(err, MF_EINVAL, "%s: a run is already there (import into another -o)", out_dir);
-        else if (mf_path_exists(out_dir) && !mf_is_dir(out_dir)) rc = mf_fail(err, MF_EINVAL, "%s: exists and is not a directory", out_dir);
-        else if (mf_is_dir(out_dir) && rmdir(out_dir) != 0)
-            rc = mf_fail(err, MF_EINVAL, "%s: exists and is not an empty directory", out_dir);
-        if (!rc) {
-            mf_run_remove_stale(out_dir);
-            snprintf(tmp, sizeof tmp, "%s.tmp.%ld", out_dir, (long)getpid());
-        }
-    }
+    if (!rc) rc = rundir_import_dest(out_dir, tmp, sizeof tmp, err);
     mf_run_writer *w = NULL;
     if (!rc) {
         const bool hf = eng == MF_ENGINE_HF;
@@ -747,22 +736,7 @@ int mf_import_engine(mf_engine eng, const char *const *files, int n_files, const
                 r.router = mf_xmalloc(sizeof(double) * (size_t)L * (size_t)T * (size_t)E);
                 memcpy(r.router, c->router, sizeof(double) * (size_t)L * (size_t)T * (size_t)E);
                 r.topk_w = mf_xmalloc(sizeof(double) * (size_t)L * (size_t)T * (size_t)K);
-                double *probs = mf_xmalloc(sizeof(double) * (size_t)E);
-                mf_route_spec spec = {MF_ROUTE_KIND_SOFTMAX_TOPK, E, K, cfg.norm_topk_prob, MF_F32, MF_F32};
-                for (size_t s = 0; s < (size_t)L * (size_t)T; s++) {
-                    mf_topk(r.router + s * (size_t)E, E, K, r.topk_ids + s * (size_t)K);
-                    uint16_t ids[MF_MAX_TOP_K];
-                    double w8[MF_MAX_TOP_K];
-                    mf_route_out ro = {ids, w8, 0, 0, false};
-                    mf_route(&spec, r.router + s * (size_t)E, probs, &ro);
-                    for (int k = 0; k < K; k++) {
-                        double wk = 0;
-                        for (int q = 0; q < K; q++)
-                            if (ids[q] == r.topk_ids[s * (size_t)K + (size_t)k]) wk = w8[q];
-                        r.topk_w[s * (size_t)K + (size_t)k] = wk;
-                    }
-                }
-                free(probs);
+                rundir_derive_experts(&cfg, r.router, (size_t)L * (size_t)T, r.topk_ids, r.topk_w);
                 if (have_logits) {
                     r.logits = mf_xmalloc(sizeof(double) * (size_t)T * (size_t)cfg.vocab);
                     memcpy(r.logits, c->logits, sizeof(double) * (size_t)T * (size_t)cfg.vocab);

@@ -10,6 +10,7 @@
  * in the vocabulary), and the run is built under a temporary name and renamed
  * into place when it is whole, so a failed import leaves nothing behind. */
 #include "mf_rundir.h"
+#include "rundir_int.h"
 #include "mf_router.h"
 
 #include <dirent.h>
@@ -47,6 +48,40 @@ static int list_cases(const char *dir, char ***names, size_t *n, mf_error *err) 
     qsort(*names, *n, sizeof **names, cmp_str);
     if (!*n) return mf_fail(err, MF_EINVAL, "%s: no .safetensors cases", dir);
     return MF_OK;
+}
+
+int rundir_import_dest(const char *out_dir, char *tmp, size_t cap, mf_error *err) {
+    char man[4300];
+    if (strlen(out_dir) > 4000) return mf_fail(err, MF_EINVAL, "%s: path too long", out_dir);
+    snprintf(man, sizeof man, "%s/manifest.json", out_dir);
+    if (mf_path_exists(man)) return mf_fail(err, MF_EINVAL, "%s: a run is already there (import into another -o)", out_dir);
+    if (mf_path_exists(out_dir) && !mf_is_dir(out_dir)) return mf_fail(err, MF_EINVAL, "%s: exists and is not a directory", out_dir);
+    if (mf_is_dir(out_dir) && rmdir(out_dir) != 0)   /* an empty directory is taken over; anything else is not */
+        return mf_fail(err, MF_EINVAL, "%s: exists and is not an empty directory", out_dir);
+    mf_run_remove_stale(out_dir);
+    snprintf(tmp, cap, "%s.tmp.%ld", out_dir, (long)getpid());
+    return MF_OK;
+}
+
+void rundir_derive_experts(const mf_config *cfg, const double *router, size_t rows, uint16_t *ids, double *w) {
+    const int E = cfg->n_experts, K = cfg->top_k;
+    double *probs = mf_xmalloc(sizeof(double) * (size_t)E);
+    const mf_route_spec spec = {MF_ROUTE_KIND_SOFTMAX_TOPK, E, K, cfg->norm_topk_prob, MF_F32, MF_F32};
+    for (size_t s = 0; s < rows; s++) {
+        /* experts: canonical top-k of the raw logits (CroVA's rule); weights from the fp32 softmax */
+        mf_topk(router + s * (size_t)E, E, K, ids + s * (size_t)K);
+        uint16_t rid[MF_MAX_TOP_K];
+        double rw[MF_MAX_TOP_K];
+        mf_route_out ro = {rid, rw, 0, 0, false};
+        mf_route(&spec, router + s * (size_t)E, probs, &ro);
+        for (int k = 0; k < K; k++) {
+            double wk = 0;
+            for (int q = 0; q < K; q++)
+                if (rid[q] == ids[s * (size_t)K + (size_t)k]) wk = rw[q];
+            w[s * (size_t)K + (size_t)k] = wk;
+        }
+    }
+    free(probs);
 }
 
 int mf_import_crova(const char *src_dir, const char *model_dir, const char *out_dir, mf_error *err) {
@@ -136,19 +171,7 @@ int mf_import_crova(const char *src_dir, const char *model_dir, const char *out_
     mf_run_writer *w = NULL;
     /* the run is built at <out>.tmp.<pid> and renamed to out when it is whole */
     char tmp[4200] = "";
-    if (!rc) {
-        char man[4300];
-        snprintf(man, sizeof man, "%s/manifest.json", out_dir);
-        if (strlen(out_dir) > 4000) rc = mf_fail(err, MF_EINVAL, "%s: path too long", out_dir);
-        else if (mf_path_exists(man)) rc = mf_fail(err, MF_EINVAL, "%s: a run is already there (import into another -o)", out_dir);
-        else if (mf_path_exists(out_dir) && !mf_is_dir(out_dir)) rc = mf_fail(err, MF_EINVAL, "%s: exists and is not a directory", out_dir);
-        else if (mf_is_dir(out_dir) && rmdir(out_dir) != 0)   /* an empty directory is taken over; anything else is not */
-            rc = mf_fail(err, MF_EINVAL, "%s: exists and is not an empty directory", out_dir);
-        if (!rc) {
-            mf_run_remove_stale(out_dir);
-            snprintf(tmp, sizeof tmp, "%s.tmp.%ld", out_dir, (long)getpid());
-        }
-    }
+    if (!rc) rc = rundir_import_dest(out_dir, tmp, sizeof tmp, err);
     if (!rc) {
         /* the precision the capture was made in, as far as the stored dtypes tell */
         mf_precision prec;
@@ -171,24 +194,8 @@ int mf_import_crova(const char *src_dir, const char *model_dir, const char *out_
                 r.router = mf_xmalloc(sizeof(double) * (size_t)L * T * E);
                 r.topk_ids = mf_xmalloc(sizeof(uint16_t) * (size_t)L * T * K);
                 r.topk_w = mf_xmalloc(sizeof(double) * (size_t)L * T * K);
-                double *probs = mf_xmalloc(sizeof(double) * (size_t)E);
                 for (size_t j = 0; j < (size_t)L * T * E; j++) r.router[j] = mf_load_as_f64(rl->data, rl->dtype, j);
-                mf_route_spec spec = {MF_ROUTE_KIND_SOFTMAX_TOPK, E, K, cfg.norm_topk_prob, MF_F32, MF_F32};
-                for (size_t s = 0; s < (size_t)L * T; s++) {
-                    /* experts: canonical top-k of the raw logits (CroVA's rule); weights from the fp32 softmax */
-                    mf_topk(r.router + s * E, E, K, r.topk_ids + s * K);
-                    uint16_t ids[K];
-                    double w8[K];
-                    mf_route_out ro = {ids, w8, 0, 0, false};
-                    mf_route(&spec, r.router + s * E, probs, &ro);
-                    for (int k = 0; k < K; k++) {
-                        double wk = 0;
-                        for (int q = 0; q < K; q++)
-                            if (ids[q] == r.topk_ids[s * K + k]) wk = w8[q];
-                        r.topk_w[s * K + k] = wk;
-                    }
-                }
-                free(probs);
+                rundir_derive_experts(&cfg, r.router, (size_t)L * T, r.topk_ids, r.topk_w);
             }
             rc = mf_run_writer_add(w, &prompts.seq[i], &r, err);
             mf_seq_result_free(&r);
