@@ -144,31 +144,28 @@ static double metric(const char *diff_path, int target, const char *name, double
     return v;
 }
 
-/* targets[target].obj.key(.sub).value of a diff.json, NaN where it is absent or null; n gets obj.count_key. */
-static double sub_metric(const char *diff_path, int target, const char *obj, const char *key, const char *sub,
-                         const char *count_key, long long *n) {
-    json_t *d = json_load_file(diff_path, 0, NULL);
-    json_t *o = json_object_get(json_array_get(json_object_get(d, "targets"), (size_t)target), obj);
-    json_t *m = json_object_get(o, key);
+/* targets[target].obj.key(.sub).value of a loaded diff.json, NaN where it is absent or null. */
+static double sub_metric(json_t *d, int target, const char *obj, const char *key, const char *sub) {
+    json_t *m = json_object_get(json_object_get(json_array_get(json_object_get(d, "targets"), (size_t)target), obj), key);
     if (sub) m = json_object_get(m, sub);
-    const double v = json_is_number(json_object_get(m, "value")) ? json_number_value(json_object_get(m, "value")) : NAN;
-    if (n) *n = json_integer_value(json_object_get(o, count_key));
-    json_decref(d);
-    return v;
+    return json_is_number(json_object_get(m, "value")) ? json_number_value(json_object_get(m, "value")) : NAN;
 }
 
 /* The headline of the responses and answers of target t of a diff (a, b: the two runs' names). */
 static void print_text_headline(const char *diff_path, int t, const char *a, const char *b) {
-    long long n = 0, items = 0;
-    const double eq = sub_metric(diff_path, t, "responses", "response_equal_pct", NULL, "sequences", &n);
+    json_t *d = json_load_file(diff_path, 0, NULL);
+    json_t *tj = json_array_get(json_object_get(d, "targets"), (size_t)t);
+    const long long n = json_integer_value(json_object_get(json_object_get(tj, "responses"), "sequences"));
+    const long long items = json_integer_value(json_object_get(json_object_get(tj, "answers"), "items"));
     if (n > 0)
         printf("  %s and %s generate the same response for %.0f%% of %lld prompts (first divergence at token %.3g, "
-               "median)\n", a, b, eq, n, sub_metric(diff_path, t, "responses", "first_divergence_median", NULL, NULL, NULL));
-    const double agree = sub_metric(diff_path, t, "answers", "answer_agreement_pct", NULL, "items", &items);
+               "median)\n", a, b, sub_metric(d, t, "responses", "response_equal_pct", NULL), n,
+               sub_metric(d, t, "responses", "first_divergence_median", NULL));
     if (items > 0)
-        printf("  they pick the same answer on %.0f%% of %lld multiple-choice items (accuracy %.0f%% and %.0f%%)\n", agree,
-               items, sub_metric(diff_path, t, "answers", "accuracy_pct", "reference", NULL, NULL),
-               sub_metric(diff_path, t, "answers", "accuracy_pct", "target", NULL, NULL));
+        printf("  they pick the same answer on %.0f%% of %lld multiple-choice items (accuracy %.0f%% and %.0f%%)\n",
+               sub_metric(d, t, "answers", "answer_agreement_pct", NULL), items,
+               sub_metric(d, t, "answers", "accuracy_pct", "reference"), sub_metric(d, t, "answers", "accuracy_pct", "target"));
+    json_decref(d);
 }
 
 static void draw_all(const char *diff_path, int n_targets, const char *fig_dir, const char *prefix) {

@@ -333,6 +333,7 @@ static void obj_metric_row(mf_buf *o, json_t *targets, const char *obj, const ch
     size_t i;
     json_t *t;
     json_array_foreach(targets, i, t) {
+        if (is_partial_replay(t)) continue;
         json_t *m = json_object_get(json_object_get(t, obj), key);
         if (sub) m = json_object_get(m, sub);
         value_cell(o, m);
@@ -349,20 +350,29 @@ static void text_span(mf_buf *o, json_t *e, const char *key, const char *cls) {
     mf_buf_puts(o, "</span>");
 }
 
-/* The generated responses: the token-agreement metrics per target, then for each target its responses beside
- * the reference's, the part both generated alike in plain text and each one's rest marked from the first token
- * where they part. The sequences that part come first; at most 12 are shown. */
-static void responses_part(mf_buf *o, json_t *targets) {
-    if (!any_target_has(targets, "responses")) return;
-    mf_buf_puts(o, "<h3>Generated responses</h3>\n<table class=summary><thead><tr><th>metric</th>");
+/* A heading and the head of a metrics x targets table (a curve's partial replays are left out, as in the
+ * summary table). */
+static void metric_table_head(mf_buf *o, const char *heading, json_t *targets) {
+    mf_buf_printf(o, "<h3>%s</h3>\n<table class=summary><thead><tr><th>metric</th>", heading);
     size_t i;
     json_t *t;
     json_array_foreach(targets, i, t) {
+        if (is_partial_replay(t)) continue;
         mf_buf_puts(o, "<th>");
         short_setting(o, t, targets);
         mf_buf_puts(o, "</th>");
     }
     mf_buf_puts(o, "</tr></thead><tbody>\n");
+}
+
+/* The generated responses: the token-agreement metrics per target, then for each target its responses beside
+ * the reference's, the part both generated alike in plain text and each one's rest marked from the first token
+ * where they part. The sequences that part come first; at most 12 are shown. */
+static void responses_part(mf_buf *o, json_t *targets) {
+    if (!any_target_has(targets, "responses")) return;
+    metric_table_head(o, "Generated responses", targets);
+    size_t i;
+    json_t *t;
     obj_metric_row(o, targets, "responses", "response_equal_pct", NULL, "response_equal_pct");
     obj_metric_row(o, targets, "responses", "first_divergence_median", NULL, "first_divergence_median");
     obj_metric_row(o, targets, "responses", "generated_token_agreement_pct", NULL, "generated_token_agreement_pct");
@@ -420,20 +430,15 @@ static void choice_text(mf_buf *o, json_t *e, json_t *pick) {
 /* Multiple-choice answers: agreement and accuracy per target, and the items whose pick changed. */
 static void answers_part(mf_buf *o, json_t *targets) {
     if (!any_target_has(targets, "answers")) return;
-    mf_buf_puts(o, "<h3>Multiple-choice answers</h3>\n<table class=summary><thead><tr><th>metric</th>");
+    metric_table_head(o, "Multiple-choice answers", targets);
     size_t i;
     json_t *t;
-    json_array_foreach(targets, i, t) {
-        mf_buf_puts(o, "<th>");
-        short_setting(o, t, targets);
-        mf_buf_puts(o, "</th>");
-    }
-    mf_buf_puts(o, "</tr></thead><tbody>\n");
     obj_metric_row(o, targets, "answers", "answer_agreement_pct", NULL, "answer_agreement_pct");
     obj_metric_row(o, targets, "answers", "accuracy_pct", "reference", "accuracy_pct, reference");
     obj_metric_row(o, targets, "answers", "accuracy_pct", "target", "accuracy_pct, target");
     mf_buf_puts(o, "<tr><th>items changed</th>");
     json_array_foreach(targets, i, t) {
+        if (is_partial_replay(t)) continue;
         json_t *a = json_object_get(t, "answers");
         if (a) mf_buf_printf(o, "<td>%zu of %lld</td>", json_array_size(json_object_get(a, "changed")),
                        (long long)json_integer_value(json_object_get(a, "items")));
