@@ -19,9 +19,8 @@ void mf_linear_free(mf_linear *L) {
 /* Weight blocks decoded for the emulated instructions, kept between products: a decode step multiplies one row
  * by every weight, where converting and decoding the weight costs ten times the product itself. A block is
  * found by the digest of its stored bytes (not its address: a freed model's mapping may be reused) with its
- * shape, dtype, what of the instruction its decoding depends on, and the kernel path; the cache holds at most EMU_CACHE_BYTES and then stops growing
+ * shape, dtype, what of the instruction its decoding depends on, and the kernel path; the cache holds at most MF_EMU_CACHE_BYTES and then stops growing
  * (products past it decode as before). Entries live as long as the process. */
-#define EMU_CACHE_BYTES ((size_t)256 << 20)
 #define EMU_CACHE_SLOTS 4096
 
 typedef struct emu_entry {
@@ -76,7 +75,7 @@ static bool cache_add(const char *digest, const mf_mat *b, int n, const mf_ksche
     bool kept = false;
     pthread_mutex_lock(&emu_cache.lock);
     if (!emu_cache.slots) emu_cache.slots = calloc(EMU_CACHE_SLOTS, sizeof *emu_cache.slots);
-    if (emu_cache.slots && emu_cache.bytes + bytes <= EMU_CACHE_BYTES && emu_cache.used < EMU_CACHE_SLOTS / 2) {
+    if (emu_cache.slots && emu_cache.bytes + bytes <= MF_EMU_CACHE_BYTES && emu_cache.used < EMU_CACHE_SLOTS / 2) {
         size_t i = slot_of(digest);
         while (emu_cache.slots[i].pack) i = (i + 1) % EMU_CACHE_SLOTS;
         emu_entry *e = &emu_cache.slots[i];

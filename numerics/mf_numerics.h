@@ -134,6 +134,9 @@ void mf_emu_force_portable(bool on);   /* tests compare the two */
  * number of products with it. Same bits as mf_emu_gemm_fast. mf_emu_packable: whether mf_emu_gemm takes the
  * fast path's plain chain for this schedule and K (the only case a pack serves). */
 typedef struct mf_emu_bpack mf_emu_bpack;
+/* The most the linear layers keep of decoded weight blocks for emu: profiles (numerics/linear.c), in bytes: a
+ * trace's memory check counts it. */
+#define MF_EMU_CACHE_BYTES ((size_t)256 << 20)
 bool mf_emu_packable(const mf_kschedule *s, int K);
 mf_emu_bpack *mf_emu_pack_b(const mf_kschedule *s, int N, int K, const uint64_t *B, int threads);
 void mf_emu_gemm_packed(const mf_kschedule *s, int M, const uint64_t *A, const mf_emu_bpack *p, const uint64_t *C0,

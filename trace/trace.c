@@ -37,7 +37,7 @@ int mf_trace_check(const mf_trace_opts *o, mf_precision *prec, mf_numerics *num,
  * address space for the mapped files too. A GPU's own memory is checked when
  * it is opened. */
 static int trace_fits(const char *dir, const mf_config *cfg, const mf_precision *prec, unsigned flags, bool on_gpu,
-                      int max_T, int threads, bool router_in, mf_error *err) {
+                      int max_T, int threads, bool router_in, bool emu, mf_error *err) {
     mf_model_bytes mb;
     int rc = mf_model_measure(dir, prec->weights, flags, &mb, err);
     if (rc) return rc;
@@ -47,7 +47,8 @@ static int trace_fits(const char *dir, const mf_config *cfg, const mf_precision 
         snprintf(what, sizeof what, "%s: a %d-token %s trace on a GPU (host side)", dir, max_T, prec->name);
         return mf_mem_check(host, 0, what, err);
     }
-    const uint64_t act = mf_forward_cpu_bytes(cfg, max_T, threads, router_in);
+    /* an emu: profile keeps decoded weight blocks, up to its cache's bound */
+    const uint64_t act = mf_forward_cpu_bytes(cfg, max_T, threads, router_in) + (emu ? MF_EMU_CACHE_BYTES : 0);
     const uint64_t slack = (256u << 20) + (uint64_t)threads * (72u << 20);   /* stacks, malloc arenas */
     snprintf(what, sizeof what, "%s: a %d-token %s trace (weights %.2f GiB in place + %.2f GiB converted, "
              "activations %.2f GiB)", dir, max_T, prec->name, (double)mb.in_place / (1u << 30),
@@ -125,7 +126,8 @@ int mf_trace(const mf_trace_opts *o, mf_error *err) {
     /* a GPU reads the files once, hashing them as it uploads them, and converts on the device */
     const bool on_gpu = mf_device_is_gpu(device);
     const unsigned flags = on_gpu ? MF_LOAD_DEFER_DIGEST | MF_LOAD_NO_CONVERT : MF_LOAD_POPULATE;
-    if ((rc = trace_fits(o->model_dir, &cfg, &prec, flags, on_gpu, max_T, threads, record == MF_RECORD_FULL, err)))
+    if ((rc = trace_fits(o->model_dir, &cfg, &prec, flags, on_gpu, max_T, threads, record == MF_RECORD_FULL,
+                         numerics.kind == MF_NUMERICS_EMU, err)))
         goto done;
     const double t_load = mf_now();
     if ((rc = mf_model_load(&model, o->model_dir, prec.weights, flags, err))) goto done;
