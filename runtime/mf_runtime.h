@@ -89,14 +89,15 @@ typedef struct mf_gpu mf_gpu;
 /* Whether this build has the backend ("cuda" or "hip"). */
 bool mf_gpu_built(const char *backend);
 /* device: "cuda", "cuda:N", "hip" or "hip:N". Checks that the model and a
- * max_tokens-token sequence fit the device's free memory, uploads the
+ * max_tokens-token sequence (and, cache_tokens > 0, a session's key-value
+ * cache of that many positions) fit the device's free memory, uploads the
  * model's weights once (straight from its files; the weights digest is made
  * on the way when the model was loaded with MF_LOAD_DEFER_DIGEST), and, when
  * max_tokens > 0, allocates the scratch and runs one warm-up forward, so
  * that no sequence pays for set-up. The model must be loaded with
  * MF_LOAD_NO_CONVERT (its views in the checkpoint's files). */
 int mf_gpu_open(mf_gpu **out, const char *device, mf_model *m, const mf_precision *prec, const mf_numerics *num,
-                int max_tokens, mf_error *err);
+                int max_tokens, int cache_tokens, mf_error *err);
 /* What a GPU forward hands back. The logits always reach the host, in the
  * head's dtype (bf16, fp16, or fp32 for wider heads: exact either way), in a
  * buffer of the GPU object (mf_gpu_host_logits, valid until the next
@@ -106,6 +107,17 @@ enum { MF_GPU_ROUTING = 1u, MF_GPU_LOGITS = 2u, MF_GPU_ALL = 3u };
 /* One sequence; routing (ids, weights, router logits, shared gates) is copied
  * back with MF_GPU_ROUTING. */
 int mf_gpu_forward(mf_gpu *g, const int32_t *tokens, int T, unsigned capture, mf_seq_result *r, mf_error *err);
+/* Sessions (generation), when the GPU was opened with cache_tokens > 0: a sequence run a prompt first (from
+ * position 0), then one token at a time, every layer's keys and values kept on the device. Each step's
+ * products are its own (a one-row product on cuBLAS is another kernel than the prompt's): under `fixed` and
+ * `emu:` numerics a position's results are the bits of one pass over the whole sequence, under native they
+ * need not be (the decode path's own routing). r gets the new positions only. */
+int mf_gpu_session_forward(mf_gpu *g, const int32_t *tokens, int n, unsigned capture, mf_seq_result *r, mf_error *err);
+/* Forgets the positions from pos on (0: a new sequence). */
+int mf_gpu_session_rewind(mf_gpu *g, int pos, mf_error *err);
+/* Routing replay for the sequences that follow (NULL: the router's own choices), as on the CPU (mf_replay);
+ * read at every forward and session step until set again. */
+void mf_gpu_set_replay(mf_gpu *g, const mf_replay *rp);
 /* The last forward's logits [T, V] in host memory, of *dtype (MF_BF16, MF_F16 or MF_F32). */
 const void *mf_gpu_host_logits(const mf_gpu *g, mf_dtype *dtype);
 /* "NVIDIA H200 (sm_90)" */

@@ -58,9 +58,77 @@ static void free_outputs(outputs *o) {
     memset(o, 0, sizeof *o);
 }
 
-/* Every prompt of tokens on the CPU (device NULL) or a GPU. */
+/* How a check runs its sequences: in one pass each; as a session (the first half of each sequence as a
+ * prompt, then one token at a time against the key-value cache: the decode path); or replaying the
+ * routing of the CPU's fp64 run of the same sequences (with that run's weights, or the router's own). */
+typedef enum { MODE_FORWARD, MODE_DECODE, MODE_REPLAY, MODE_REPLAY_WEIGHTS } run_mode;
+static const char *const mode_names[] = {"forward", "decode", "replay", "replay-weights"};
+
+/* Room for every output of T positions, laid out as one pass's result. */
+static void result_alloc(mf_seq_result *d, const mf_config *c, int T, bool shared) {
+    mf_seq_result_shape(d, c, T);
+    const size_t slots = (size_t)d->n_moe * T;
+    d->logits = mf_xmalloc((size_t)T * d->V * sizeof(double));
+    if (!d->n_moe) return;
+    d->topk_ids = mf_xmalloc(slots * d->k * sizeof(uint16_t));
+    d->topk_w = mf_xmalloc(slots * d->k * sizeof(double));
+    d->router = mf_xmalloc(slots * d->E * sizeof(double));
+    if (shared) d->shared_gate = mf_xmalloc(slots * sizeof(double));
+}
+
+/* A step's s->T positions into d at position `at`. */
+static void result_place(mf_seq_result *d, const mf_seq_result *s, int at) {
+    const size_t n = (size_t)s->T, a = (size_t)at, T = (size_t)d->T;
+    memcpy(d->logits + a * d->V, s->logits, n * d->V * sizeof(double));
+    for (size_t l = 0; l < (size_t)d->n_moe; l++) {
+        memcpy(d->topk_ids + (l * T + a) * d->k, s->topk_ids + l * n * d->k, n * d->k * sizeof(uint16_t));
+        memcpy(d->topk_w + (l * T + a) * d->k, s->topk_w + l * n * d->k, n * d->k * sizeof(double));
+        memcpy(d->router + (l * T + a) * d->E, s->router + l * n * d->E, n * d->E * sizeof(double));
+        if (d->shared_gate) memcpy(d->shared_gate + l * T + a, s->shared_gate + l * n, n * sizeof(double));
+    }
+}
+
+/* A sequence on a GPU session: its first half at once, then a token at a time. */
+static int decode_gpu(mf_gpu *g, const mf_config *c, const int32_t *tokens, int T, mf_seq_result *out, mf_error *err) {
+    const int P = T / 2 > 0 ? T / 2 : 1;
+    int rc = mf_gpu_session_rewind(g, 0, err);
+    for (int at = 0; at < T && !rc; at += at < P ? P : 1) {
+        mf_seq_result s;
+        if ((rc = mf_gpu_session_forward(g, tokens + at, at < P ? P : 1, MF_GPU_ALL, &s, err))) break;
+        if (at == 0) result_alloc(out, c, T, s.shared_gate != NULL);
+        result_place(out, &s, at);
+        mf_seq_result_free(&s);
+    }
+    if (rc) mf_seq_result_free(out);
+    return rc;
+}
+
 static int run_all(outputs *o, const char *dir, const char *tokens, const char *prec_name, const char *num_name,
-                   const char *device, mf_error *err) {
+                   const char *device, run_mode mode, mf_error *err);
+
+/* The routing of the CPU's fp64 run of every sequence, as replays. */
+static int replay_source(outputs *src, mf_replay **rp, const char *dir, const char *tokens, bool weights, mf_error *err) {
+    *rp = NULL;
+    int rc = run_all(src, dir, tokens, "fp64", "fp64", NULL, MODE_FORWARD, err);
+    if (rc) return rc;
+    mf_prompts ps;
+    if ((rc = mf_prompts_load(&ps, tokens, src->r[0].V, err))) {
+        free_outputs(src);
+        return rc;
+    }
+    *rp = mf_xcalloc(src->n, sizeof **rp);
+    for (size_t i = 0; i < src->n; i++) {
+        int32_t *t = mf_xmalloc((size_t)ps.seq[i].T * sizeof *t);
+        memcpy(t, ps.seq[i].tokens, (size_t)ps.seq[i].T * sizeof *t);
+        (*rp)[i] = (mf_replay){ps.seq[i].T, t, src->r[i].topk_ids, weights ? src->r[i].topk_w : NULL, NULL};
+    }
+    mf_prompts_free(&ps);
+    return MF_OK;
+}
+
+/* Every prompt of tokens on the CPU (device NULL) or a GPU, in the given mode (decode: the GPU's alone). */
+static int run_all(outputs *o, const char *dir, const char *tokens, const char *prec_name, const char *num_name,
+                   const char *device, run_mode mode, mf_error *err) {
     memset(o, 0, sizeof *o);
     mf_precision p;
     mf_numerics n;
@@ -73,21 +141,37 @@ static int run_all(outputs *o, const char *dir, const char *tokens, const char *
         mf_model_free(m);
         return rc;
     }
+    outputs src = {0};
+    mf_replay *rp = NULL;
+    if ((mode == MODE_REPLAY || mode == MODE_REPLAY_WEIGHTS) &&
+        (rc = replay_source(&src, &rp, dir, tokens, mode == MODE_REPLAY_WEIGHTS, err))) {
+        mf_prompts_free(&ps);
+        mf_model_free(m);
+        return rc;
+    }
     o->n = ps.n;
     o->r = mf_xcalloc(ps.n, sizeof(mf_seq_result));
     mf_gpu *g = NULL;
     int max_T = 0;
     for (size_t i = 0; i < ps.n; i++) max_T = ps.seq[i].T > max_T ? ps.seq[i].T : max_T;
-    if (device) rc = mf_gpu_open(&g, device, m, &p, &n, max_T, err);
+    if (device) rc = mf_gpu_open(&g, device, m, &p, &n, max_T, mode == MODE_DECODE ? max_T : 0, err);
     mf_run_opts ro = {.prec = p, .threads = (int)sysconf(_SC_NPROCESSORS_ONLN), .numerics = &n};
     const double t0 = mf_now();
     for (size_t i = 0; i < ps.n && !rc; i++) {
-        rc = device ? mf_gpu_forward(g, ps.seq[i].tokens, ps.seq[i].T, MF_GPU_ALL, &o->r[i], err)
+        if (rp) {
+            ro.replay = &rp[i];
+            if (g) mf_gpu_set_replay(g, &rp[i]);
+        }
+        rc = device ? (mode == MODE_DECODE ? decode_gpu(g, &m->cfg, ps.seq[i].tokens, ps.seq[i].T, &o->r[i], err)
+                                           : mf_gpu_forward(g, ps.seq[i].tokens, ps.seq[i].T, MF_GPU_ALL, &o->r[i], err))
                     : mf_forward_cpu(m, &ro, ps.seq[i].tokens, ps.seq[i].T, &o->r[i], err);
         if (rc) mf_fail_wrap(err, "%s, sequence %s", dir, ps.seq[i].id);
     }
     o->secs = mf_now() - t0;
     mf_gpu_close(g);
+    for (size_t i = 0; rp && i < src.n; i++) free((void *)rp[i].tokens);
+    free(rp);
+    free_outputs(&src);
     mf_prompts_free(&ps);
     mf_model_free(m);
     if (rc) free_outputs(o);
@@ -183,8 +267,9 @@ typedef struct tally {
 
 /* One check: the GPU run of (precision, gpu numerics) against the CPU run of
  * (cpu precision, cpu numerics). */
-static void check(tally *t, const char *label, const char *source, const char *dir, const char *tokens,
-                  const char *prec, const char *gpu_num, const char *cpu_prec, const char *cpu_num, bool exact) {
+static void check_mode(tally *t, const char *label, const char *source, const char *dir, const char *tokens,
+                       const char *prec, const char *gpu_num, const char *cpu_prec, const char *cpu_num, bool exact,
+                       run_mode mode) {
     mf_error err = {0};
     outputs g, c;
     json_t *rec = json_object();
@@ -195,8 +280,12 @@ static void check(tally *t, const char *label, const char *source, const char *d
     json_object_set_new(rec, "cpu_precision", json_string(cpu_prec));
     json_object_set_new(rec, "cpu_numerics", json_string(cpu_num));
     json_object_set_new(rec, "kind", json_string(exact ? "bit-exact" : "within 1e-5"));
+    json_object_set_new(rec, "mode", json_string(mode_names[mode]));
     bool pass = false;
-    if (run_all(&g, dir, tokens, prec, gpu_num, "cuda", &err) || run_all(&c, dir, tokens, cpu_prec, cpu_num, NULL, &err)) {
+    /* a decode on the GPU is checked against one pass on the CPU: the same bits are the claim */
+    const run_mode cpu_mode = mode == MODE_DECODE ? MODE_FORWARD : mode;
+    if (run_all(&g, dir, tokens, prec, gpu_num, "cuda", mode, &err) ||
+        run_all(&c, dir, tokens, cpu_prec, cpu_num, NULL, cpu_mode, &err)) {
         json_object_set_new(rec, "error", json_string(err.msg));
         free_outputs(&g);
     } else {
@@ -214,6 +303,21 @@ static void check(tally *t, const char *label, const char *source, const char *d
     free(line);
     json_array_append_new(t->checks, rec);
     pass ? t->passed++ : t->failed++;
+}
+
+static void check(tally *t, const char *label, const char *source, const char *dir, const char *tokens,
+                  const char *prec, const char *gpu_num, const char *cpu_prec, const char *cpu_num, bool exact) {
+    check_mode(t, label, source, dir, tokens, prec, gpu_num, cpu_prec, cpu_num, exact, MODE_FORWARD);
+}
+
+/* The session (decode) and replay paths, on one model: exact where the GPU's products are an instruction
+ * model's; native cuBLAS within 1e-5 of fp64 (a decode step is another kernel than the prompt's). */
+static void check_paths(tally *t, const char *label, const char *source, const char *dir, const char *tokens) {
+    check_mode(t, label, source, dir, tokens, "fp32", "native", "fp64", "fp64", false, MODE_DECODE);
+    check_mode(t, label, source, dir, tokens, "bf16", "fixed", "bf16", hopper_mma, true, MODE_DECODE);
+    check_mode(t, label, source, dir, tokens, "bf16", "emu:cdna3", "bf16", "emu:cdna3", true, MODE_DECODE);
+    check_mode(t, label, source, dir, tokens, "bf16", "fixed", "bf16", hopper_mma, true, MODE_REPLAY);
+    check_mode(t, label, source, dir, tokens, "bf16", "emu:cdna3", "bf16", "emu:cdna3", true, MODE_REPLAY_WEIGHTS);
 }
 
 /* A synthetic checkpoint under root, and the "source" string that names it in
@@ -238,7 +342,7 @@ static int validate(const char *fixtures, const char *out_path) {
         outputs probe;
         snprintf(dir, sizeof dir, "%s/hf/llama", fixtures);
         snprintf(tok, sizeof tok, "%s/tokens.jsonl", dir);
-        if (run_all(&probe, dir, tok, "fp32", "native", "cuda", &err)) {
+        if (run_all(&probe, dir, tok, "fp32", "native", "cuda", MODE_FORWARD, &err)) {
             fprintf(stderr, "moeflip_gpu_check: %s\n", err.msg);
             return strstr(err.msg, "no cuda GPU") ? EXIT_NO_GPU : 1;
         }
@@ -252,6 +356,7 @@ static int validate(const char *fixtures, const char *out_path) {
         check(&t, hf_cases[i], src, dir, tok, "fp32", "native", "fp64", "fp64", false);
         check(&t, hf_cases[i], src, dir, tok, "bf16", "fixed", "bf16", hopper_mma, true);
         check(&t, hf_cases[i], src, dir, tok, "bf16", "emu:cdna3", "bf16", "emu:cdna3", true);
+        check_paths(&t, hf_cases[i], src, dir, tok);
     }
     char tmpl[] = "/tmp/moeflip-gpu-XXXXXX";
     const char *root = mkdtemp(tmpl);
@@ -267,6 +372,7 @@ static int validate(const char *fixtures, const char *out_path) {
         check(&t, name, src, dir, tok, "bf16", "emu:ampere", "bf16", "emu:ampere", true);
         check(&t, name, src, dir, tok, "fp16", "emu:cdna3", "fp16", "emu:cdna3", true);
         check(&t, name, src, dir, tok, "fp16", "emu:volta", "fp16", "emu:volta", true);
+        check_paths(&t, name, src, dir, tok);
     }
     /* 512-token prompts (tiles, launches and the router's grid at a real length) */
     static const mf_arch small_archs[] = {MF_ARCH_OLMOE, MF_ARCH_QWEN2_MOE};
@@ -332,7 +438,7 @@ static int bench(const char *dir, const char *prec_name, int reps, const char *n
         if (mf_numerics_parse(&n, name, &err)) goto fail;
         mf_gpu *g = NULL;
         const double t_open = mf_now();
-        if (mf_gpu_open(&g, "cuda", m, &p, &n, ps.seq[0].T, &err)) goto fail;
+        if (mf_gpu_open(&g, "cuda", m, &p, &n, ps.seq[0].T, 0, &err)) goto fail;
         const double open_s = mf_now() - t_open;
         /* the first numerics also runs without copying the routing (the trace's
          * overhead), the two kinds of forward alternating so that both see the

@@ -26,7 +26,8 @@
 
 /* The CPU run of one recorded check: its checkpoint (a fixture, or the
  * synthetic model it names, made again: synth is deterministic). */
-static void cpu_digests(const char *source, const char *prec_name, const char *num_name, char out[MF_SEQ_DIGESTS][33]) {
+static void cpu_digests(const char *source, const char *prec_name, const char *num_name, const char *mode,
+                        char out[MF_SEQ_DIGESTS][33]) {
     char dir[4096], tok[4200];
     if (!strncmp(source, "hf/", 3)) {
         snprintf(dir, sizeof dir, "%s", fixture(source));
@@ -51,12 +52,34 @@ static void cpu_digests(const char *source, const char *prec_name, const char *n
     cr_assert_eq(mf_prompts_load(&ps, tok, m->cfg.vocab, &err), 0, "%s", err.msg);
     mf_seq_result *r = calloc(ps.n, sizeof *r);
     mf_run_opts ro = {.prec = p, .threads = 2, .numerics = &n};
-    for (size_t i = 0; i < ps.n; i++)
+    /* a replay check replays the routing of the CPU's fp64 run of the same sequences (moeflip_gpu_check's
+     * source); a decode check's GPU session must be one pass's bits */
+    const bool replay = !strcmp(mode, "replay") || !strcmp(mode, "replay-weights");
+    mf_seq_result *src = calloc(ps.n, sizeof *src);
+    mf_model *m64 = NULL;
+    if (replay) {
+        mf_precision p64;
+        cr_assert_eq(mf_precision_parse(&p64, "fp64", &err), 0, "%s", err.msg);
+        cr_assert_eq(mf_runtime_load(&m64, dir, &p64, &err), 0, "%s", err.msg);
+        mf_run_opts r64 = {.prec = p64, .threads = 2};
+        for (size_t i = 0; i < ps.n; i++)
+            cr_assert_eq(mf_forward_cpu(m64, &r64, ps.seq[i].tokens, ps.seq[i].T, &src[i], &err), 0, "%s", err.msg);
+    }
+    for (size_t i = 0; i < ps.n; i++) {
+        mf_replay rp = {ps.seq[i].T, ps.seq[i].tokens, src[i].topk_ids,
+                        !strcmp(mode, "replay-weights") ? src[i].topk_w : NULL, NULL};
+        ro.replay = replay ? &rp : NULL;
         cr_assert_eq(mf_forward_cpu(m, &ro, ps.seq[i].tokens, ps.seq[i].T, &r[i], &err), 0, "%s", err.msg);
+    }
     mf_seq_results_digest(r, ps.n, out);
-    for (size_t i = 0; i < ps.n; i++) mf_seq_result_free(&r[i]);
+    for (size_t i = 0; i < ps.n; i++) {
+        mf_seq_result_free(&r[i]);
+        mf_seq_result_free(&src[i]);
+    }
     free(r);
+    free(src);
     mf_prompts_free(&ps);
+    mf_model_free(m64);
     mf_model_free(m);
 }
 
@@ -74,13 +97,15 @@ Test(gpu, recorded_h200_runs_equal_the_cpu_models, .timeout = 900) {
         if (strcmp(kind, "bit-exact") != 0 || strstr(source, ":small:")) continue;
         const char *prec = json_string_value(json_object_get(c, "cpu_precision"));
         const char *num = json_string_value(json_object_get(c, "cpu_numerics"));
+        const char *mode = json_string_value(json_object_get(c, "mode"));   /* absent in older records: forward */
         char got[MF_SEQ_DIGESTS][33];
-        cpu_digests(source, prec, num, got);
+        cpu_digests(source, prec, num, mode ? mode : "forward", got);
         json_t *want = json_object_get(c, "gpu_digests");
         for (int k = 0; k < MF_SEQ_DIGESTS; k++)
             cr_expect_str_eq(got[k], json_string_value(json_object_get(want, MF_SEQ_DIGEST_NAMES[k])),
-                             "%s %s: the CPU's %s differs from the H200's %s (%s)", source, prec, num,
-                             json_string_value(json_object_get(c, "gpu_numerics")), MF_SEQ_DIGEST_NAMES[k]);
+                             "%s %s: the CPU's %s differs from the H200's %s (%s, %s)", source, prec, num,
+                             json_string_value(json_object_get(c, "gpu_numerics")), mode ? mode : "forward",
+                             MF_SEQ_DIGEST_NAMES[k]);
         compared++;
     }
     cr_log_info("%zu recorded H200 runs reproduced by the CPU's instruction models", compared);

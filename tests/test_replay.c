@@ -966,8 +966,6 @@ Test(replay, refuses_bad_layer_lists_and_options) {
         refused(m, in, d, bad[i].rc, bad[i].want, "--replay '%s' --replay-layers '%s'", ref, bad[i].spec);
     refused(m, in, d, 2, "go with --replay", "--replay-layers 0");
     refused(m, in, d, 2, "go with --replay", "--replay-weights");
-    refused(m, in, d, 2, "--replay runs on the CPU only", "--replay '%s' --device cuda", ref);
-    refused(m, in, d, 2, "--replay runs on the CPU only", "--replay '%s' --device hip:1", ref);
     /* a resumed run keeps its replay */
     const char *run = trace(d, "resumed", m, in, "--precision bf16 --replay '%s' --replay-layers 0", ref);
     char err[4096];

@@ -2,7 +2,8 @@
 # `moeflip trace --device cuda` end to end, on a GPU machine. For a synthetic small model of each architecture
 # below (four 512-token prompts, bf16), the GPU's `fixed` and `emu:cdna3` runs must be the CPU's
 # `emu:hopper:mma.m16n8k16` and `emu:cdna3` runs bit for bit (the same shard digests, which cover every logit,
-# router logit, expert id and weight), and `moeflip diff` compares the GPU's native, fixed and emu:cdna3 runs with
+# router logit, expert id and weight), so must their greedy generations of 24 tokens (the GPU's decode path
+# against the CPU's) and their replays of the CPU's fp64 routing, and `moeflip diff` compares the GPU's native, fixed and emu:cdna3 runs with
 # the CPU's fp64 one.
 #   tools/gpu_cli_check.sh [MOEFLIP] [WORK_DIR]
 # MOEFLIP is the program (default build/moeflip; libmoeflip_cuda.so next to it). Prints one line per comparison
@@ -31,7 +32,16 @@ for arch in olmoe qwen2_moe; do
   trace cpu-cdna3 --numerics emu:cdna3
   trace gpu-native --device cuda
   trace cpu-fp64 --precision fp64
-  for pair in fixed cdna3; do
+  # the decode path (a KV cache on the device, one token a step) and routing replay, against the CPU's
+  trace gpu-fixed-gen --device cuda --numerics fixed --generate 24
+  trace cpu-fixed-gen --numerics emu:hopper:mma.m16n8k16.f32.bf16.bf16.f32 --generate 24
+  trace gpu-cdna3-gen --device cuda --numerics emu:cdna3 --generate 24
+  trace cpu-cdna3-gen --numerics emu:cdna3 --generate 24
+  trace gpu-fixed-replay --device cuda --numerics fixed --replay "$work/cpu-fp64-$arch"
+  trace cpu-fixed-replay --numerics emu:hopper:mma.m16n8k16.f32.bf16.bf16.f32 --replay "$work/cpu-fp64-$arch"
+  trace gpu-cdna3-replayw --device cuda --numerics emu:cdna3 --replay "$work/cpu-fp64-$arch" --replay-weights
+  trace cpu-cdna3-replayw --numerics emu:cdna3 --replay "$work/cpu-fp64-$arch" --replay-weights
+  for pair in fixed cdna3 fixed-gen cdna3-gen fixed-replay cdna3-replayw; do
     gpu=$(digests "$work/gpu-$pair-$arch") cpu=$(digests "$work/cpu-$pair-$arch")
     if [ "$gpu" = "$cpu" ]; then
       echo "$arch $pair: the GPU's run is the CPU's bit for bit ($gpu)"

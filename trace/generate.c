@@ -1,4 +1,4 @@
-/* Greedy generation on the CPU: a prompt run through a session, then one
+/* Greedy generation on the CPU or a GPU: a prompt run through a session, then one
  * token at a time against its key-value cache, each step's results kept as
  * the decode path computed them. Hugging Face generate(do_sample=False) is
  * the model followed: argmax of the last position's logits (the first of
@@ -142,22 +142,35 @@ static void grown_finish(grown *g, mf_seq_result *out) {
     memset(r, 0, sizeof *r);
 }
 
-int mf_generate_cpu(const mf_model *m, const mf_run_opts *o, const mf_generation *gen, const mf_prompt *p,
-                    int32_t *tokens, int *generated, mf_seq_result *out, mf_error *err) {
+/* A sequence's key-value-cache session on the CPU or a GPU (whose cache was made when it was opened). */
+typedef struct session {
+    mf_cpu_session *cpu;
+    mf_gpu *gpu;
+} session;
+
+static int session_step(session *s, const int32_t *tokens, int n, mf_seq_result *r, mf_error *err) {
+    return s->gpu ? mf_gpu_session_forward(s->gpu, tokens, n, MF_GPU_ALL, r, err)
+                  : mf_cpu_session_forward(s->cpu, tokens, n, r, err);
+}
+
+int mf_generate(const mf_model *m, const mf_run_opts *o, mf_gpu *gpu, const mf_generation *gen, const mf_prompt *p,
+                int32_t *tokens, int *generated, double *decode_s, mf_seq_result *out, mf_error *err) {
     memset(out, 0, sizeof *out);
     *generated = 0;
+    *decode_s = 0;
     const int cap = p->T + gen->max_new_tokens;
     memcpy(tokens, p->tokens, (size_t)p->T * sizeof *tokens);
-    mf_cpu_session *s;
-    int rc = mf_cpu_session_open(&s, m, o, cap, err);
+    session s = {NULL, gpu};
+    int rc = gpu ? mf_gpu_session_rewind(gpu, 0, err) : mf_cpu_session_open(&s.cpu, m, o, cap, err);
     if (rc) return rc;
     grown g;
     mf_seq_result step;
-    if ((rc = mf_cpu_session_forward(s, tokens, p->T, &step, err))) goto done;
+    if ((rc = session_step(&s, tokens, p->T, &step, err))) goto done;
     grown_init(&g, &step, cap);
     grown_append(&g, &step);
     mf_seq_result_free(&step);
     const mf_dtype head = o->prec.part[MF_PART_HEAD];
+    const double t_decode = mf_now();
     for (int i = 0; i < gen->max_new_tokens; i++) {
         const int at = p->T + i;   /* the position the new token takes */
         int32_t next;
@@ -168,7 +181,7 @@ int mf_generate_cpu(const mf_model *m, const mf_run_opts *o, const mf_generation
         tokens[at] = next;
         ++*generated;
         /* the token is run too, so that every position the run records has its routing and logits */
-        if ((rc = mf_cpu_session_forward(s, &next, 1, &step, err))) {
+        if ((rc = session_step(&s, &next, 1, &step, err))) {
             mf_fail_wrap(err, "generated position %d", at);
             break;
         }
@@ -176,9 +189,10 @@ int mf_generate_cpu(const mf_model *m, const mf_run_opts *o, const mf_generation
         mf_seq_result_free(&step);
         if (mf_generation_stops(gen, next)) break;
     }
+    *decode_s = mf_now() - t_decode;
     if (!rc) grown_finish(&g, out);
     mf_seq_result_free(&g.r);
 done:
-    mf_cpu_session_close(s);
+    mf_cpu_session_close(s.cpu);
     return rc;
 }

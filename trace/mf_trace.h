@@ -46,10 +46,11 @@ bool mf_generation_stops(const mf_generation *g, int32_t token);
  * MF_EINVAL where one is NaN. */
 int mf_greedy_token(const double *logits, int V, mf_dtype head, int32_t *token);
 /* The prompt, then up to max_new_tokens greedy tokens, each run one step against the key-value cache (the
- * decode path). tokens (room for p->T + max_new_tokens) gets the prompt and the generated tokens; r every
- * position's results, the generated ones as their decode steps computed them. */
-int mf_generate_cpu(const mf_model *m, const mf_run_opts *o, const mf_generation *gen, const mf_prompt *p,
-                    int32_t *tokens, int *generated, mf_seq_result *r, mf_error *err);
+ * decode path), on the CPU (gpu NULL) or on a GPU opened with a cache of p->T + max_new_tokens positions.
+ * tokens (room for p->T + max_new_tokens) gets the prompt and the generated tokens; r every position's
+ * results, the generated ones as their decode steps computed them; *decode_s the seconds after the prompt. */
+int mf_generate(const mf_model *m, const mf_run_opts *o, mf_gpu *gpu, const mf_generation *gen, const mf_prompt *p,
+                int32_t *tokens, int *generated, double *decode_s, mf_seq_result *r, mf_error *err);
 
 /* ---- routing replay ---------------------------------------------------------
  * trace --replay RUN: every (MoE layer, position) dispatches the experts RUN dispatched there, in its rank

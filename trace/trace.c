@@ -23,10 +23,6 @@ int mf_trace_check(const mf_trace_opts *o, mf_precision *prec, mf_numerics *num,
         return mf_fail(err, MF_EINVAL, "%s has no %s matrix instruction", num->arch, mf_dtype_name(prec->act));
     if (!o->replay && (o->replay_layers || o->replay_weights))
         return mf_fail(err, MF_EINVAL, "--replay-layers and --replay-weights go with --replay RUN");
-    /* a GPU chooses its experts on the device (runtime/gpu's route kernel): a replay there is not built */
-    if (o->replay && gpu)
-        return mf_fail(err, MF_EINVAL, "--replay runs on the CPU only: on %s the experts are chosen on the device, where "
-                       "routing replay is not built", o->device);
     if (o->replay_layers && mf_replay_layers_parse(o->replay_layers, NULL, NULL, err)) return MF_EINVAL;
     return MF_OK;
 }
@@ -109,10 +105,6 @@ int mf_trace(const mf_trace_opts *o, mf_error *err) {
         goto done;
     }
     if (o->generate > 0) {
-        if (mf_device_is_gpu(device)) {
-            rc = mf_fail(err, MF_EUNSUPPORTED, "--generate runs on the CPU for now (%s has no decode path yet)", device);
-            goto done;
-        }
         if ((rc = mf_generation_load(&gen, o->model_dir, cfg.vocab, o->generate, err))) goto done;
     }
     int max_T = 0;
@@ -132,7 +124,9 @@ int mf_trace(const mf_trace_opts *o, mf_error *err) {
     const double t_load = mf_now();
     if ((rc = mf_model_load(&model, o->model_dir, prec.weights, flags, err))) goto done;
     if (replay && (rc = mf_replay_check_weights(replay, model->ckpt->weights_digest, err))) goto done;
-    if (mf_device_is_gpu(device) && (rc = mf_gpu_open(&gpu, device, model, &prec, &numerics, max_T, err))) goto done;
+    if (mf_device_is_gpu(device) && (rc = mf_gpu_open(&gpu, device, model, &prec, &numerics, max_T,
+                                                   o->generate > 0 ? max_T : 0, err)))
+        goto done;
     mf_run_info info = {.model_dir = o->model_dir, .model = model, .prec = &prec, .device = device,
                         .numerics = numerics.name, .threads = threads, .record = record, .input_path = o->input,
                         .prompts = &prompts, .shard_seqs = o->shard_seqs, .device_name = gpu ? mf_gpu_describe(gpu) : NULL,
@@ -153,7 +147,7 @@ int mf_trace(const mf_trace_opts *o, mf_error *err) {
     mf_progress bar;
     mf_progress_begin(&bar, o->label ? o->label : "trace", total);
     const double t0 = mf_now();
-    double forward_s = 0;
+    double forward_s = 0, decode_s = 0;
     for (size_t i = 0; i < prompts.n; i++) {
         const mf_prompt *p = &prompts.seq[i];
         const uint64_t seq_total = (uint64_t)p->T + (o->generate > 0 ? (uint64_t)o->generate : 0);
@@ -166,6 +160,7 @@ int mf_trace(const mf_trace_opts *o, mf_error *err) {
         if (replay) {
             if ((rc = mf_replay_sequence(replay, i, &replayed, err))) break;
             ro.replay = &replayed;
+            if (gpu) mf_gpu_set_replay(gpu, &replayed);
         }
         const double tf = mf_now();
         /* the choices first: a GPU's logits of the sequence itself stay in its buffer until they are written */
@@ -182,7 +177,9 @@ int mf_trace(const mf_trace_opts *o, mf_error *err) {
         if (o->generate > 0) {
             mf_generation own = gen;   /* a line may ask for fewer new tokens than --generate */
             if (p->own_max_new && p->max_new < own.max_new_tokens) own.max_new_tokens = p->max_new;
-            rc = mf_generate_cpu(model, &ro, &own, p, gen_tokens, &traced.generated, &r, err);
+            double dec_s;
+            rc = mf_generate(model, &ro, gpu, &own, p, gen_tokens, &traced.generated, &dec_s, &r, err);
+            decode_s += dec_s;
             traced.tokens = gen_tokens;
             traced.T = p->T + traced.generated;
         } else {
@@ -221,9 +218,10 @@ int mf_trace(const mf_trace_opts *o, mf_error *err) {
             if (unscored) mf_log("moeflip: warning: %d items have a NaN score: their prediction is null", unscored);
         }
         if (o->generate > 0)
-            mf_log("moeflip: generated %llu tokens (greedy, at most %d a sequence, stopping at %d eos token%s from %s)",
-                   (unsigned long long)generated_tokens, o->generate, gen.n_eos, gen.n_eos == 1 ? "" : "s",
-                   gen.eos_source);
+            mf_log("moeflip: generated %llu tokens (greedy, at most %d a sequence, stopping at %d eos token%s from %s); "
+                   "decoding %.3f s, %.1f tokens/s", (unsigned long long)generated_tokens, o->generate, gen.n_eos,
+                   gen.n_eos == 1 ? "" : "s", gen.eos_source, decode_s,
+                   decode_s > 0 ? (double)generated_tokens / decode_s : 0.0);
     }
 done:
     mf_replay_close(replay);

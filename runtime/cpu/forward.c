@@ -156,6 +156,8 @@ int mf_cpu_session_rewind(mf_cpu_session *s, int pos, mf_error *err) {
     if (pos < 1 || pos > s->pos)
         return mf_fail(err, MF_EINVAL, "a session at position %d cannot rewind to %d", s->pos, pos);
     s->pos = pos;   /* the cache's rows from pos on are written again by the next steps */
+    /* the replay's agreement ends where the forgotten positions began: the next ones are checked afresh */
+    if (s->replay_agree > pos) s->replay_agree = pos;
     return MF_OK;
 }
 

@@ -72,7 +72,8 @@ static void free_scratch(gpu *G) {
                      (void **)&G->sh, (void **)&G->probs, (void **)&G->cf, &G->opA, &G->opB, &G->opH, (void **)&G->cos_t,
                      (void **)&G->sin_t, (void **)&G->tokens, (void **)&G->topk_w,
                      (void **)&G->router, (void **)&G->shared_gate, (void **)&G->router_in, (void **)&G->offset,
-                     (void **)&G->token, (void **)&G->row_of, (void **)&G->logits, (void **)&G->route_dev};
+                     (void **)&G->token, (void **)&G->row_of, (void **)&G->logits, (void **)&G->route_dev, (void **)&G->rep_ids,
+                     (void **)&G->rep_w};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) {
         GPU_FN(free)(G->ctx, *bufs[i]);
         *bufs[i] = NULL;
@@ -155,6 +156,9 @@ static int scratch_for(gpu *G, int T, size_t *count, mf_error *err) {
     GET(logits, t * V * 4);
     const size_t route_bytes = route_layout_for(c, T).bytes;
     GET(route_dev, route_bytes);
+    const size_t nm = c->n_moe_layers > 0 ? (size_t)c->n_moe_layers : 1;
+    GET(rep_ids, nm * t * K * 2);
+    GET(rep_w, nm * t * K * 8);
 #undef GET
     if (count) return MF_OK;
     if (ok) ok = (G->logits_host = GPU_FN(host_alloc)(t * V * 4)) != NULL;
@@ -292,7 +296,17 @@ typedef struct step {
     int T, l;
     mf_dtype O;
     bool routing;   /* copy each MoE layer's routing out as it is done */
+    int pos;        /* the first new position (0 but for a session's later steps) */
+    bool cached;    /* keys and values go to the session's cache (and are read from it) */
+    int n_rep;      /* the first this many new positions dispatch the replayed experts */
+    const double *cos_t, *sin_t;   /* the new positions' RoPE rows */
 } step;
+
+/* Layer l's keys (0) or values (1) in the session's cache. */
+static double *cache_of(gpu *G, int l, int which) {
+    const mf_config *c = &G->m->cfg;
+    return G->kv + ((size_t)2 * l + which) * G->cache_T * c->n_kv_heads * c->head_dim;
+}
 
 static int attention(step *st, mf_dtype D, glayer *L, mf_error *err) {
     gpu *G = st->G;
@@ -300,48 +314,53 @@ static int attention(step *st, mf_dtype D, glayer *L, mf_error *err) {
     const int T = st->T, hd = c->head_dim, nh = c->n_heads, nkv = c->n_kv_heads;
     const int nq = nh * hd, nk = nkv * hd, group = nh / nkv;
     const double eps = (float)c->rms_eps;
+    /* the new rows' keys and values: in a session after those of the positions before, which the queries see
+     * too (Tk keys in all) */
+    double *kbase = st->cached ? cache_of(G, st->l, 0) : G->k, *vbase = st->cached ? cache_of(G, st->l, 1) : G->v;
+    double *kn = kbase + (size_t)st->pos * nk, *vn = vbase + (size_t)st->pos * nk;
+    const int Tk = st->pos + T;
     int rc;
     if ((rc = linear(G, st->l, "q", &L->q, D, D, G->x, T, G->q, err))) return rc;
     /* k and v take the same operand: x is packed once */
     prod pk = {.what = "k", .layer = st->l, .in = D, .out = D, .M = T, .N = L->k.n, .K = L->k.k, .batch = 1,
-               .a = {G->x, 0, 1, (size_t)L->k.k, 1}, .a_packed = true, .w = &L->k, .dst = G->k, .ldc = (size_t)L->k.n};
+               .a = {G->x, 0, 1, (size_t)L->k.k, 1}, .a_packed = true, .w = &L->k, .dst = kn, .ldc = (size_t)L->k.n};
     if ((rc = product(G, &pk, err))) return rc;
     prod pv_ = pk;
     pv_.what = "v";
     pv_.w = &L->v;
-    pv_.dst = G->v;
+    pv_.dst = vn;
     if ((rc = product(G, &pv_, err))) return rc;
     mark(G, P_QKV);
     if (c->qk_norm == MF_QK_NORM_FULL) {
-        GPU_FN(rmsnorm_pair)(G->ctx, G->q, T, nq, L->q_norm, G->k, T, nk, L->k_norm, eps, gk_dt(D), gk_dt(D));
+        GPU_FN(rmsnorm_pair)(G->ctx, G->q, T, nq, L->q_norm, kn, T, nk, L->k_norm, eps, gk_dt(D), gk_dt(D));
     }
     if (c->clip_qkv > 0) {
         const double cl = mf_round_to(D, c->clip_qkv);
         GPU_FN(clip)(G->ctx, G->q, (size_t)T * nq, cl);
-        GPU_FN(clip)(G->ctx, G->k, (size_t)T * nk, cl);
-        GPU_FN(clip)(G->ctx, G->v, (size_t)T * nk, cl);
+        GPU_FN(clip)(G->ctx, kn, (size_t)T * nk, cl);
+        GPU_FN(clip)(G->ctx, vn, (size_t)T * nk, cl);
     }
     if (c->qk_norm == MF_QK_NORM_PER_HEAD) {
-        GPU_FN(rmsnorm_pair)(G->ctx, G->q, T * nh, hd, L->q_norm, G->k, T * nkv, hd, L->k_norm, eps, gk_dt(D),
+        GPU_FN(rmsnorm_pair)(G->ctx, G->q, T * nh, hd, L->q_norm, kn, T * nkv, hd, L->k_norm, eps, gk_dt(D),
                              gk_dt(D));
     }
     mark(G, P_QKNORM);
-    GPU_FN(rope)(G->ctx, G->q, T, nh, hd, (size_t)nq, G->cos_t, G->sin_t, gk_dt(D));
-    GPU_FN(rope)(G->ctx, G->k, T, nkv, hd, (size_t)nk, G->cos_t, G->sin_t, gk_dt(D));
+    GPU_FN(rope)(G->ctx, G->q, T, nh, hd, (size_t)nq, st->cos_t, st->sin_t, gk_dt(D));
+    GPU_FN(rope)(G->ctx, kn, T, nkv, hd, (size_t)nk, st->cos_t, st->sin_t, gk_dt(D));
     mark(G, P_ROPE);
-    /* scores[h] = Q_h K_kh^T, every head at once */
-    prod qk = {.what = "q.k", .layer = st->l, .in = D, .out = D, .M = T, .N = T, .K = hd, .batch = nh,
-               .a = {G->q, (size_t)hd, 1, (size_t)nq, 1}, .b = {G->k, (size_t)hd, group, (size_t)nk, 1}, .dst = G->s,
-               .ldc = (size_t)T, .dst_bstride = (size_t)T * T};
+    /* scores[h] = Q_h K_kh^T, every head at once, against all Tk keys */
+    prod qk = {.what = "q.k", .layer = st->l, .in = D, .out = D, .M = T, .N = Tk, .K = hd, .batch = nh,
+               .a = {G->q, (size_t)hd, 1, (size_t)nq, 1}, .b = {kbase, (size_t)hd, group, (size_t)nk, 1}, .dst = G->s,
+               .ldc = (size_t)Tk, .dst_bstride = (size_t)T * Tk};
     if ((rc = product(G, &qk, err))) return rc;
     mark(G, P_SCORES);
     const double scale = (float)pow((double)hd, -0.5);   /* head_dim ** -0.5, as the CPU */
     const int window = c->layer_sliding[st->l] ? c->sliding_window : 0;
-    GPU_FN(softmax_causal)(G->ctx, G->s, nh, T, scale, window, gk_dt(D));
+    GPU_FN(softmax_causal)(G->ctx, G->s, nh, T, Tk, st->pos, scale, window, gk_dt(D));
     mark(G, P_SOFTMAX);
-    /* ctx[:, h] = P_h V_kh */
-    prod pv = {.what = "p.v", .layer = st->l, .in = D, .out = D, .M = T, .N = hd, .K = T, .batch = nh,
-               .a = {G->s, (size_t)T * T, 1, (size_t)T, 1}, .b = {G->v, (size_t)hd, group, 1, (size_t)nk},
+    /* ctx[:, h] = P_h V_kh (a row's weights past its position are zeros: the same sums as without them) */
+    prod pv = {.what = "p.v", .layer = st->l, .in = D, .out = D, .M = T, .N = hd, .K = Tk, .batch = nh,
+               .a = {G->s, (size_t)T * Tk, 1, (size_t)Tk, 1}, .b = {vbase, (size_t)hd, group, 1, (size_t)nk},
                .dst = G->ctxv, .ldc = (size_t)nq, .dst_bstride = (size_t)hd};
     if ((rc = product(G, &pv, err))) return rc;
     mark(G, P_PV);
@@ -395,7 +414,10 @@ static int moe(step *st, mf_dtype D, mf_dtype DR, glayer *L, int mi, mf_error *e
     const mf_dtype wdt = c->route_rule == MF_ROUTE_SOFTMAX_TOPK_RENORM ? st->O : DR;
     uint16_t *ids = (uint16_t *)(G->route_dev + lo.ids_at) + (size_t)mi * lo.w;   /* this layer's slot of the staging */
     double *w = G->topk_w;
-    GPU_FN(route)(G->ctx, logits, G->probs, T, E, K, c->norm_topk_prob, gk_dt(wdt), ids, w);
+    const bool rep_layer = st->n_rep > 0 && (!G->replay->layers || G->replay->layers[mi]);
+    GPU_FN(route)(G->ctx, logits, G->probs, T, E, K, c->norm_topk_prob, gk_dt(wdt), ids, w,
+                  rep_layer ? G->rep_ids + (size_t)mi * T * K : NULL,
+                  rep_layer && G->replay->weights ? G->rep_w + (size_t)mi * T * K : NULL, rep_layer ? st->n_rep : 0);
     mark(G, P_ROUTE);
     GPU_FN(dispatch)(G->ctx, ids, T, K, E, G->offset, G->token, G->row_of);
     mark(G, P_DISPATCH);
@@ -444,6 +466,9 @@ void GPU_FN(gpu_close)(void *impl) {
     }
     if (G->ctx) {
         free_scratch(G);
+        GPU_FN(free)(G->ctx, G->kv);
+        GPU_FN(free)(G->ctx, G->rope_cos);
+        GPU_FN(free)(G->ctx, G->rope_sin);
         GPU_FN(weights_free)(G);
         GPU_FN(ctx_close)(G->ctx);
     }
@@ -453,11 +478,14 @@ void GPU_FN(gpu_close)(void *impl) {
 
 const char *GPU_FN(gpu_describe)(const void *impl) { return ((const gpu *)impl)->desc; }
 
-int GPU_FN(gpu_forward)(void *impl, const int32_t *tokens, int T, unsigned capture, mf_seq_result *r, mf_error *err);
+static int run_tokens(gpu *G, const int32_t *tokens, int T, int pos, bool cached, unsigned capture, mf_seq_result *r,
+                      mf_error *err);
+static int upload_rope(gpu *G, int n, int from, double *dst_cos, double *dst_sin);
 
 /* The set-up a sequence should not pay for: the scratch for max_T tokens,
  * and one forward of max_T tokens, which loads the kernels and lets cuBLAS
- * choose its algorithms for these shapes. */
+ * choose its algorithms for these shapes; with a cache, a session's first
+ * decode steps too (one-row products choose other kernels). */
 static int warm_up(gpu *G, int max_T, mf_error *err) {
     int rc = ensure_scratch(G, max_T, err);
     if (rc) return rc;
@@ -465,17 +493,29 @@ static int warm_up(gpu *G, int max_T, mf_error *err) {
     mf_seq_result r;
     const bool prof = G->prof;
     G->prof = false;
-    rc = GPU_FN(gpu_forward)(G, tokens, max_T, MF_GPU_ROUTING, &r, err);
-    G->prof = prof;
+    rc = run_tokens(G, tokens, max_T, 0, false, MF_GPU_ROUTING, &r, err);
     if (!rc) mf_seq_result_free(&r);
+    for (int p = 0; !rc && G->kv && p < 3 && p < G->cache_T; p++) {
+        rc = run_tokens(G, tokens, 1, p, true, MF_GPU_ALL, &r, err);
+        if (!rc) mf_seq_result_free(&r);
+    }
+    G->pos = 0;
+    G->prof = prof;
     free(tokens);
     return rc;
+}
+
+/* Device bytes of a session's cache of cache_T positions: keys and values of every layer, and the RoPE tables. */
+static size_t cache_bytes(const mf_config *c, int cache_T) {
+    if (cache_T <= 0) return 0;
+    const size_t nk = (size_t)c->n_kv_heads * c->head_dim;
+    return (size_t)2 * c->n_layers * cache_T * nk * 8 + (size_t)2 * cache_T * c->head_dim * 8;
 }
 
 static double gib(size_t b) { return (double)b / (double)(1u << 30); }
 
 int GPU_FN(gpu_open)(void **out, int device, mf_model *m, const mf_precision *prec, const mf_numerics *num, int max_T,
-                     mf_error *err) {
+                     int cache_T, mf_error *err) {
     *out = NULL;
     const mf_config *c = &m->cfg;
     if (prec->opmath != MF_F32 || prec->compute != MF_F32)
@@ -537,7 +577,8 @@ int GPU_FN(gpu_open)(void **out, int device, mf_model *m, const mf_precision *pr
     /* what the model and max_T tokens need, against what the device has free, before allocating */
     {
         size_t need = GPU_FN(weights_plan)(G), scratch = 0, free_b = 0, total_b = 0;
-        scratch_for(G, max_T > 0 ? max_T : 1, &scratch, err);
+        scratch_for(G, max_T > cache_T ? (max_T > 0 ? max_T : 1) : cache_T, &scratch, err);
+        scratch += cache_bytes(c, cache_T);
         need += scratch + (size_t)6 * (32u << 20);   /* the upload's staging slots */
         if (GPU_FN(mem_info)(G->ctx, &free_b, &total_b, msg, sizeof msg)) {
             rc = mf_fail(err, MF_EIO, "%s: %s", G->desc, msg);
@@ -545,15 +586,36 @@ int GPU_FN(gpu_open)(void **out, int device, mf_model *m, const mf_precision *pr
         }
         if (need > free_b) {
             rc = mf_fail(err, MF_ENOMEM, "%s: the model needs %.2f GiB of GPU memory (weights %.2f GiB, %d-token "
-                         "scratch %.2f GiB) but the GPU has %.2f GiB free of %.2f GiB", G->desc, gib(need),
-                         gib(G->weight_bytes), max_T, gib(scratch), gib(free_b), gib(total_b));
+                         "scratch and cache %.2f GiB) but the GPU has %.2f GiB free of %.2f GiB", G->desc, gib(need),
+                         gib(G->weight_bytes), max_T > cache_T ? max_T : cache_T, gib(scratch), gib(free_b),
+                         gib(total_b));
             goto done;
         }
     }
     const double t_up = mf_now();
     if ((rc = GPU_FN(weights_upload)(G, err))) goto done;
     const double up_s = mf_now() - t_up, t_warm = mf_now();
-    if (max_T > 0 && (rc = warm_up(G, max_T, err))) goto done;
+    if (cache_T > 0) {
+        G->cache_T = cache_T;
+        const size_t nk = (size_t)c->n_kv_heads * c->head_dim, rope = (size_t)cache_T * c->head_dim * 8;
+        G->kv = GPU_FN(alloc)(G->ctx, (size_t)2 * c->n_layers * cache_T * nk * 8);
+        /* tables that do not depend on the length are made once, for every position the cache holds */
+        if (G->kv && c->rope.type != MF_ROPE_DYNAMIC) {
+            G->rope_cos = GPU_FN(alloc)(G->ctx, rope);
+            G->rope_sin = GPU_FN(alloc)(G->ctx, rope);
+            if (G->rope_cos && G->rope_sin && upload_rope(G, cache_T, 0, G->rope_cos, G->rope_sin)) {
+                rc = mf_fail(err, MF_EIO, "%s: copying the RoPE tables to the GPU failed", G->desc);
+                goto done;
+            }
+        }
+        if (!G->kv || (c->rope.type != MF_ROPE_DYNAMIC && (!G->rope_cos || !G->rope_sin))) {
+            rc = mf_fail(err, MF_ENOMEM, "%s: not enough memory for a key-value cache of %d positions", G->desc,
+                         cache_T);
+            goto done;
+        }
+    }
+    const int warm_T = max_T > cache_T ? max_T : cache_T;
+    if (warm_T > 0 && (rc = warm_up(G, warm_T, err))) goto done;
     {
         size_t free_b = 0, total_b = 0;
         if (!GPU_FN(mem_info)(G->ctx, &free_b, &total_b, msg, sizeof msg))
@@ -575,8 +637,62 @@ const void *GPU_FN(gpu_host_logits)(const void *impl, mf_dtype *dtype) {
     return ((const gpu *)impl)->logits_host;
 }
 
-int GPU_FN(gpu_forward)(void *impl, const int32_t *tokens, int T, unsigned capture, mf_seq_result *r, mf_error *err) {
-    gpu *G = impl;
+/* RoPE tables of positions 0 .. n - 1 as the CPU makes them, cast to the stream's dtype, into dst_cos and
+ * dst_sin (device) from row `from` on. */
+static int upload_rope(gpu *G, int n, int from, double *dst_cos, double *dst_sin) {
+    const mf_config *c = &G->m->cfg;
+    const size_t hd = (size_t)c->head_dim, rows = (size_t)(n - from);
+    double *cs = mf_xmalloc((size_t)n * hd * sizeof(double)), *sn = mf_xmalloc((size_t)n * hd * sizeof(double));
+    mf_rope_tables(c, &G->prec, n, cs, sn);
+    for (size_t i = (size_t)from * hd; i < (size_t)n * hd; i++) {
+        cs[i] = mf_round_to(G->prec.act, cs[i]);
+        sn[i] = mf_round_to(G->prec.act, sn[i]);
+    }
+    const bool fail = GPU_FN(upload)(G->ctx, dst_cos, cs + (size_t)from * hd, rows * hd * sizeof(double)) ||
+                      GPU_FN(upload)(G->ctx, dst_sin, sn + (size_t)from * hd, rows * hd * sizeof(double));
+    free(cs);
+    free(sn);
+    return fail;
+}
+
+/* Of n new tokens at position pos, how many replay: the source's tokens must agree up to and including a
+ * position for it to replay (the CPU's rule, runtime/cpu/forward.c), so the replayed positions are a prefix. */
+static int replay_positions(gpu *G, const int32_t *tokens, int n, int pos) {
+    const mf_replay *rp = G->replay;
+    if (!rp) return 0;
+    if (G->replay_agree > pos) G->replay_agree = pos;
+    for (int t = 0; t < n; t++) {
+        const int p = pos + t;
+        if (G->replay_agree == p && p < rp->len && tokens[t] == rp->tokens[p]) G->replay_agree++;
+    }
+    const int n_rep = G->replay_agree - pos;
+    return n_rep < 0 ? 0 : n_rep > n ? n : n_rep;
+}
+
+/* The replayed experts (and weights) of n_rep new positions from pos, every MoE layer's, to the device as
+ * [n_moe][T][K] (the layout the route kernel reads, T the step's tokens). */
+static int upload_replay(gpu *G, int T, int pos, int n_rep) {
+    const mf_config *c = &G->m->cfg;
+    const mf_replay *rp = G->replay;
+    const size_t nm = (size_t)c->n_moe_layers, K = (size_t)c->top_k, n = (size_t)n_rep;
+    uint16_t *ids = mf_xcalloc(nm * (size_t)T * K + 1, sizeof *ids);
+    double *w = rp->weights ? mf_xcalloc(nm * (size_t)T * K + 1, sizeof *w) : NULL;
+    for (size_t mi = 0; mi < nm; mi++) {
+        const size_t src = (mi * (size_t)rp->len + (size_t)pos) * K, dst = mi * (size_t)T * K;
+        memcpy(ids + dst, rp->ids + src, n * K * sizeof *ids);
+        if (w) memcpy(w + dst, rp->weights + src, n * K * sizeof *w);
+    }
+    bool fail = GPU_FN(upload)(G->ctx, G->rep_ids, ids, nm * (size_t)T * K * sizeof *ids);
+    if (w) fail = fail || GPU_FN(upload)(G->ctx, G->rep_w, w, nm * (size_t)T * K * sizeof *w);
+    free(ids);
+    free(w);
+    return fail;
+}
+
+/* T new tokens at position pos: a whole sequence (pos 0, not cached), or a session's step (its keys and
+ * values into the cache, which the queries read). */
+static int run_tokens(gpu *G, const int32_t *tokens, int T, int pos, bool cached, unsigned capture, mf_seq_result *r,
+                      mf_error *err) {
     const mf_model *m = G->m;
     const mf_config *c = &m->cfg;
     const mf_precision *P = &G->prec;
@@ -585,28 +701,31 @@ int GPU_FN(gpu_forward)(void *impl, const int32_t *tokens, int T, unsigned captu
     if (T <= 0) return mf_fail(err, MF_EINVAL, "empty sequence");
     for (int t = 0; t < T; t++)
         if (tokens[t] < 0 || tokens[t] >= V)
-            return mf_fail(err, MF_EINVAL, "position %d: token id %d outside the vocabulary [0, %d)", t, tokens[t], V);
-    int rc = ensure_scratch(G, T, err);
+            return mf_fail(err, MF_EINVAL, "position %d: token id %d outside the vocabulary [0, %d)", pos + t, tokens[t], V);
+    /* the scratch is sized by the keys a row sees, which a session's step has more of than its rows */
+    int rc = ensure_scratch(G, pos + T, err);
     if (rc) return rc;
     G->ncalls = 0;
     GPU_FN(emu_flag_reset)(G->ctx);
-    /* RoPE tables as the CPU makes them */
-    double *cs = mf_xmalloc((size_t)T * c->head_dim * sizeof(double)), *sn = mf_xmalloc((size_t)T * c->head_dim * sizeof(double));
-    mf_rope_tables(c, P, T, cs, sn);
-    for (size_t i = 0; i < (size_t)T * c->head_dim; i++) {
-        cs[i] = mf_round_to(P->act, cs[i]);
-        sn[i] = mf_round_to(P->act, sn[i]);
+    const size_t hd = (size_t)c->head_dim;
+    const double *cos_t = G->cos_t, *sin_t = G->sin_t;
+    bool up_fail;
+    if (cached && G->rope_cos) {   /* the session's tables, made once */
+        cos_t = G->rope_cos + (size_t)pos * hd;
+        sin_t = G->rope_sin + (size_t)pos * hd;
+        up_fail = false;
+    } else {
+        /* dynamic NTK: the tables of the length so far, as transformers makes them at every step */
+        up_fail = upload_rope(G, pos + T, pos, G->cos_t, G->sin_t) != 0;
     }
-    bool up_fail = GPU_FN(upload)(G->ctx, G->cos_t, cs, (size_t)T * c->head_dim * sizeof(double)) ||
-                   GPU_FN(upload)(G->ctx, G->sin_t, sn, (size_t)T * c->head_dim * sizeof(double)) ||
-                   GPU_FN(upload)(G->ctx, G->tokens, tokens, (size_t)T * sizeof(int32_t));
-    free(cs);
-    free(sn);
+    const int n_rep = replay_positions(G, tokens, T, pos);
+    up_fail = up_fail || GPU_FN(upload)(G->ctx, G->tokens, tokens, (size_t)T * sizeof(int32_t)) ||
+              (n_rep > 0 && upload_replay(G, T, pos, n_rep));
     if (up_fail) return mf_fail(err, MF_EIO, "%s: copying the sequence to the GPU failed", G->desc);
 
     const size_t TH = (size_t)T * H;
     const mf_dtype Rd = P->act;
-    step st = {G, T, 0, P->opmath, c->n_moe_layers > 0 && (capture & MF_GPU_ROUTING)};
+    step st = {G, T, 0, P->opmath, c->n_moe_layers > 0 && (capture & MF_GPU_ROUTING), pos, cached, n_rep, cos_t, sin_t};
     const double eps = (float)c->rms_eps;
     if (G->prof) {
         G->prof_forwards++;
@@ -694,4 +813,40 @@ int GPU_FN(gpu_forward)(void *impl, const int32_t *tokens, int T, unsigned captu
     }
     mark(G, P_OUTPUT);
     return MF_OK;
+}
+
+int GPU_FN(gpu_forward)(void *impl, const int32_t *tokens, int T, unsigned capture, mf_seq_result *r, mf_error *err) {
+    gpu *G = impl;
+    G->replay_agree = 0;
+    return run_tokens(G, tokens, T, 0, false, capture, r, err);
+}
+
+int GPU_FN(gpu_session_forward)(void *impl, const int32_t *tokens, int n, unsigned capture, mf_seq_result *r,
+                                mf_error *err) {
+    gpu *G = impl;
+    memset(r, 0, sizeof *r);
+    if (!G->kv) return mf_fail(err, MF_EINVAL, "%s: the model was opened without a key-value cache", G->desc);
+    if (n <= 0) return mf_fail(err, MF_EINVAL, "empty sequence");
+    if (G->pos > 0 && n != 1)
+        return mf_fail(err, MF_EUNSUPPORTED, "after the prompt, the tokens of a sequence come one at a time");
+    if (G->pos + n > G->cache_T)
+        return mf_fail(err, MF_EINVAL, "position %d is past the %d the cache was made for", G->pos + n - 1, G->cache_T);
+    const int rc = run_tokens(G, tokens, n, G->pos, true, capture, r, err);
+    if (!rc) G->pos += n;
+    return rc;
+}
+
+int GPU_FN(gpu_session_rewind)(void *impl, int pos, mf_error *err) {
+    gpu *G = impl;
+    if (pos < 0 || pos > G->pos)
+        return mf_fail(err, MF_EINVAL, "a session at position %d cannot rewind to %d", G->pos, pos);
+    G->pos = pos;   /* the cache's rows from pos on are written again by the next steps */
+    if (G->replay_agree > pos) G->replay_agree = pos;
+    return MF_OK;
+}
+
+void GPU_FN(gpu_set_replay)(void *impl, const mf_replay *rp) {
+    gpu *G = impl;
+    G->replay = rp;
+    G->replay_agree = 0;
 }

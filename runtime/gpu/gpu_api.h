@@ -127,13 +127,16 @@ void GPU_FN(rope)(gk_ctx *c, double *x, int T, int heads, int hd, size_t row_str
 void GPU_FN(clip)(gk_ctx *c, double *x, size_t n, double bound);
 /* h = round_C(round_S(h + round_S(y))) (C: a further cast, GK_F64: none) */
 void GPU_FN(residual)(gk_ctx *c, double *h, const double *y, size_t n, int S, int C);
-/* s [heads][T][T]: scale, causal (sliding) mask, fp32 softmax, rounded to D; zeros where masked */
-void GPU_FN(softmax_causal)(gk_ctx *c, double *s, int heads, int T, double scale, int window, int D);
+/* s [heads][Tq][Tk], query rows at positions q0 .. q0 + Tq - 1 against keys 0 .. Tk - 1: scale, causal
+ * (sliding) mask, fp32 softmax, rounded to D; zeros where masked */
+void GPU_FN(softmax_causal)(gk_ctx *c, double *s, int heads, int Tq, int Tk, int q0, double scale, int window, int D);
 /* g = round_D(round_D(act(g)) * u) */
 void GPU_FN(act_mul)(gk_ctx *c, double *g, const double *u, size_t n, int act, int D);
-/* Routing of T tokens: fp32 softmax, canonical top-k, optional renormalisation, weights rounded to wdt. */
+/* Routing of T tokens: fp32 softmax, canonical top-k, optional renormalisation, weights rounded to wdt.
+ * The first n_rep tokens replay: their experts are rep_ids [n_rep][K] (rank order), their weights rep_w's
+ * (rounded to wdt) or, rep_w NULL, this router's probabilities of those experts, renormalised as its own. */
 void GPU_FN(route)(gk_ctx *c, const double *logits, double *probs, int T, int E, int K, int norm, int wdt,
-                   uint16_t *ids, double *w);
+                   uint16_t *ids, double *w, const uint16_t *rep_ids, const double *rep_w, int n_rep);
 /* Rows grouped by expert (ascending), tokens ascending within one; offset
  * has room for 2E + 1 ints (the counts follow the offsets). */
 void GPU_FN(dispatch)(gk_ctx *c, const uint16_t *ids, int T, int K, int E, int *offset, int *token, int *row_of);

@@ -65,6 +65,17 @@ typedef struct gpu {
     float *route_dev;
     void *route_host;      /* pinned, the same */
     mf_dtype logits_dtype;
+    /* sessions (generation): every layer's keys and values of the positions so far, on the device
+     * ([n_layers][2][cache_T][n_kv_heads * head_dim] doubles), and the RoPE tables of all cache_T positions
+     * where they do not depend on the length (all but dynamic NTK) */
+    int cache_T, pos;
+    double *kv, *rope_cos, *rope_sin;
+    /* routing replay (NULL: the router's own choices): the leading positions of the sequence so far whose
+     * tokens are the source's, and the source's experts and weights of the new positions, on the device */
+    const mf_replay *replay;
+    int replay_agree;
+    uint16_t *rep_ids;     /* [n_moe][cap_T][K] */
+    double *rep_w;         /* [n_moe][cap_T][K] */
     /* which product a call id is, for messages */
     int ncalls;
     char calls[MAX_CALLS][40];

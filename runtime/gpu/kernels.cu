@@ -385,15 +385,21 @@ extern "C" void GPU_FN(residual)(gk_ctx *c, double *h, const double *y, size_t n
  * exponentials kept in shared memory when the row fits (in_smem). */
 #define SOFTMAX_THREADS 128
 #define SOFTMAX_MAX_SMEM 8192
-__global__ static void k_softmax_causal(double *s, int T, double scale, int window, int D, int in_smem) {
+/* Rows [heads][Tq][Tk]: query row r is position q0 + r % Tq and sees keys
+ * 0 .. q0 + r % Tq (the last `window` of them when sliding). A row's result
+ * depends only on its own keys, not on Tk: a decode step's row (one query
+ * against the cache) is the bits of the same row in a pass over the whole
+ * sequence. */
+__global__ static void k_softmax_causal(double *s, int Tq, int Tk, int q0, double scale, int window, int D,
+                                        int in_smem) {
     extern __shared__ float ex[];
     __shared__ double red[SOFTMAX_THREADS];
     __shared__ float sum_s;
-    const int r = blockIdx.x, i = r % T, tid = threadIdx.x;
-    double *row = s + (size_t)r * T;
+    const int r = blockIdx.x, i = q0 + r % Tq, tid = threadIdx.x;
+    double *row = s + (size_t)r * Tk;
     const int j0 = window > 0 && i - window + 1 > 0 ? i - window + 1 : 0;
     double mx = -INFINITY;
-    for (int j = tid; j < T; j += blockDim.x) {
+    for (int j = tid; j < Tk; j += blockDim.x) {
         if (j < j0 || j > i) {
             row[j] = 0;
             continue;
@@ -428,10 +434,11 @@ __global__ static void k_softmax_causal(double *s, int T, double scale, int wind
         row[j] = rd(D, (double)((in_smem ? ex[j - j0] : (float)row[j]) / sum));
 }
 
-extern "C" void GPU_FN(softmax_causal)(gk_ctx *c, double *s, int heads, int T, double scale, int window, int D) {
-    const int in_smem = T <= SOFTMAX_MAX_SMEM;
-    k_softmax_causal<<<heads * T, SOFTMAX_THREADS, in_smem ? (size_t)T * sizeof(float) : 0, c->stream>>>(
-        s, T, scale, window, D, in_smem);
+extern "C" void GPU_FN(softmax_causal)(gk_ctx *c, double *s, int heads, int Tq, int Tk, int q0, double scale,
+                                       int window, int D) {
+    const int in_smem = Tk <= SOFTMAX_MAX_SMEM;
+    k_softmax_causal<<<heads * Tq, SOFTMAX_THREADS, in_smem ? (size_t)Tk * sizeof(float) : 0, c->stream>>>(
+        s, Tq, Tk, q0, scale, window, D, in_smem);
 }
 
 __global__ static void k_act_mul(double *g, const double *u, size_t n, int act, int D) {
@@ -473,7 +480,8 @@ __device__ static bool ranks_before(double a, int ia, double b, int ib) {
  * insertion keeps them), so the top k land where the CPU's sorted list has
  * them. */
 __global__ static void k_route(const double *logits, double *probs, int T, int E, int K, int norm, int wdt,
-                               uint16_t *ids_out, double *w_out) {
+                               uint16_t *ids_out, double *w_out, const uint16_t *rep_ids, const double *rep_w,
+                               int n_rep) {
     (void)T;   /* the grid's x dimension: blockIdx.x is the position */
     extern __shared__ float p[];   /* E probabilities, then the top k's ids */
     const int lane = threadIdx.x, t = blockIdx.x;
@@ -504,22 +512,26 @@ __global__ static void k_route(const double *logits, double *probs, int T, int E
         if (rank < K) ids[rank] = (uint16_t)i;
     }
     __syncthreads();
+    const bool replayed = t < n_rep;   /* routing replay: another run's experts, in its rank order */
+    if (replayed)
+        for (int i = lane; i < K; i += WARP) ids[i] = rep_ids[(size_t)t * K + i];
+    __syncthreads();
     float sk = 0;
     if (lane == 0)
         for (int i = 0; i < K; i++) sk += p[ids[i]];
     sk = SHFL(sk, 0);
     for (int i = lane; i < K; i += WARP) {
         const float pi = p[ids[i]];
-        const double wi = norm ? (double)(pi / sk) : (double)pi;
+        const double wi = replayed && rep_w ? rep_w[(size_t)t * K + i] : norm ? (double)(pi / sk) : (double)pi;
         ids_out[(size_t)t * K + i] = ids[i];
         w_out[(size_t)t * K + i] = rd(wdt, wi);
     }
 }
 
 extern "C" void GPU_FN(route)(gk_ctx *c, const double *logits, double *probs, int T, int E, int K, int norm, int wdt,
-                              uint16_t *ids, double *w) {
+                              uint16_t *ids, double *w, const uint16_t *rep_ids, const double *rep_w, int n_rep) {
     const size_t smem = (size_t)E * sizeof(float) + MAX_TOPK * sizeof(uint16_t);
-    if (T) k_route<<<T, WARP, smem, c->stream>>>(logits, probs, T, E, K, norm, wdt, ids, w);
+    if (T) k_route<<<T, WARP, smem, c->stream>>>(logits, probs, T, E, K, norm, wdt, ids, w, rep_ids, rep_w, n_rep);
 }
 
 /* Rows grouped by expert, tokens ascending within one (experts/experts.c's

@@ -13,8 +13,11 @@ typedef enum { BACKEND_CUDA, BACKEND_HIP } backend;
 
 typedef struct backend_api {
     int (*open)(void **out, int device, mf_model *m, const mf_precision *prec, const mf_numerics *num, int max_T,
-                mf_error *err);
+                int cache_T, mf_error *err);
     int (*forward)(void *impl, const int32_t *tokens, int T, unsigned capture, mf_seq_result *r, mf_error *err);
+    int (*session_forward)(void *impl, const int32_t *tokens, int n, unsigned capture, mf_seq_result *r, mf_error *err);
+    int (*session_rewind)(void *impl, int pos, mf_error *err);
+    void (*set_replay)(void *impl, const mf_replay *rp);
     const void *(*host_logits)(const void *impl, mf_dtype *dtype);
     const char *(*describe)(const void *impl);
     void (*close)(void *impl);
@@ -34,19 +37,23 @@ static int load_backend(backend b, const backend_api **out, mf_error *err) {
         *out = &apis[b];
         return MF_OK;
     }
-    char file[64], names[5][64];
+    enum { N_ENTRIES = 8 };
+    char file[64], names[N_ENTRIES][64];
     snprintf(file, sizeof file, "libmoeflip_%s.so", backend_names[b]);
     backend_api *a = &apis[b];
-    static const char *const entry[5] = {"gpu_open", "gpu_forward", "gpu_host_logits", "gpu_describe", "gpu_close"};
-    void **slots[5] = {(void **)&a->open, (void **)&a->forward, (void **)&a->host_logits, (void **)&a->describe,
-                       (void **)&a->close};
-    mf_module_fn fns[5];
-    for (int i = 0; i < 5; i++) {
+    static const char *const entry[N_ENTRIES] = {"gpu_open", "gpu_forward", "gpu_session_forward", "gpu_session_rewind",
+                                                 "gpu_set_replay", "gpu_host_logits", "gpu_describe", "gpu_close"};
+    void **slots[N_ENTRIES] = {(void **)&a->open, (void **)&a->forward, (void **)&a->session_forward,
+                               (void **)&a->session_rewind, (void **)&a->set_replay, (void **)&a->host_logits,
+                               (void **)&a->describe, (void **)&a->close};
+    mf_module_fn fns[N_ENTRIES];
+    for (int i = 0; i < N_ENTRIES; i++) {
         snprintf(names[i], sizeof names[i], "mf_%s_%s", backend_names[b], entry[i]);
         fns[i] = (mf_module_fn){names[i], slots[i]};
     }
     void *h;
-    if (mf_module_load(&h, file, fns, 5, err)) return mf_fail_wrap(err, "cannot load the %s backend", backend_names[b]);
+    if (mf_module_load(&h, file, fns, N_ENTRIES, err))
+        return mf_fail_wrap(err, "cannot load the %s backend", backend_names[b]);
     loaded[b] = true;
     *out = a;
     return MF_OK;
@@ -103,14 +110,14 @@ static int parse_device(const char *device, backend *b, int *index, mf_error *er
 }
 
 int mf_gpu_open(mf_gpu **out, const char *device, mf_model *m, const mf_precision *prec, const mf_numerics *num,
-                int max_tokens, mf_error *err) {
+                int max_tokens, int cache_tokens, mf_error *err) {
     *out = NULL;
     backend b = BACKEND_CUDA;
     int index = 0, rc;
     const backend_api *api;
     if ((rc = parse_device(device, &b, &index, err)) || (rc = load_backend(b, &api, err))) return rc;
     void *impl = NULL;
-    if ((rc = api->open(&impl, index, m, prec, num, max_tokens, err))) return rc;
+    if ((rc = api->open(&impl, index, m, prec, num, max_tokens, cache_tokens, err))) return rc;
     mf_gpu *g = mf_xmalloc(sizeof *g);
     g->api = api;
     g->impl = impl;
@@ -121,6 +128,14 @@ int mf_gpu_open(mf_gpu **out, const char *device, mf_model *m, const mf_precisio
 int mf_gpu_forward(mf_gpu *g, const int32_t *tokens, int T, unsigned capture, mf_seq_result *r, mf_error *err) {
     return g->api->forward(g->impl, tokens, T, capture, r, err);
 }
+
+int mf_gpu_session_forward(mf_gpu *g, const int32_t *tokens, int n, unsigned capture, mf_seq_result *r, mf_error *err) {
+    return g->api->session_forward(g->impl, tokens, n, capture, r, err);
+}
+
+int mf_gpu_session_rewind(mf_gpu *g, int pos, mf_error *err) { return g->api->session_rewind(g->impl, pos, err); }
+
+void mf_gpu_set_replay(mf_gpu *g, const mf_replay *rp) { g->api->set_replay(g->impl, rp); }
 
 const void *mf_gpu_host_logits(const mf_gpu *g, mf_dtype *dtype) { return g->api->host_logits(g->impl, dtype); }
 
