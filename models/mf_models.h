@@ -262,6 +262,11 @@ typedef struct mf_seq_result {
 void mf_seq_result_free(mf_seq_result *r);
 /* The shape fields of a result for T positions of a model with this config (CPU and GPU alike). */
 void mf_seq_result_shape(mf_seq_result *r, const mf_config *c, int T);
+/* A result laid out for T positions (every array allocated; shared gates and router inputs where asked for),
+ * for one assembled from the results of several steps (a prompt, then one token at a time). */
+void mf_seq_result_alloc(mf_seq_result *r, const mf_config *c, int T, bool shared_gate, bool router_in);
+/* A step's src->T positions into dst's layout at position `at` (at + src->T <= dst->T; src's logits as doubles). */
+void mf_seq_result_place(mf_seq_result *dst, const mf_seq_result *src, int at);
 
 /* ---- tokenizer ---------------------------------------------------------
  *

@@ -64,41 +64,26 @@ static void free_outputs(outputs *o) {
 typedef enum { MODE_FORWARD, MODE_DECODE, MODE_REPLAY, MODE_REPLAY_WEIGHTS } run_mode;
 static const char *const mode_names[] = {"forward", "decode", "replay", "replay-weights"};
 
-/* Room for every output of T positions, laid out as one pass's result. */
-static void result_alloc(mf_seq_result *d, const mf_config *c, int T, bool shared) {
-    mf_seq_result_shape(d, c, T);
-    const size_t slots = (size_t)d->n_moe * T;
-    d->logits = mf_xmalloc((size_t)T * d->V * sizeof(double));
-    if (!d->n_moe) return;
-    d->topk_ids = mf_xmalloc(slots * d->k * sizeof(uint16_t));
-    d->topk_w = mf_xmalloc(slots * d->k * sizeof(double));
-    d->router = mf_xmalloc(slots * d->E * sizeof(double));
-    if (shared) d->shared_gate = mf_xmalloc(slots * sizeof(double));
-}
-
-/* A step's s->T positions into d at position `at`. */
-static void result_place(mf_seq_result *d, const mf_seq_result *s, int at) {
-    const size_t n = (size_t)s->T, a = (size_t)at, T = (size_t)d->T;
-    memcpy(d->logits + a * d->V, s->logits, n * d->V * sizeof(double));
-    for (size_t l = 0; l < (size_t)d->n_moe; l++) {
-        memcpy(d->topk_ids + (l * T + a) * d->k, s->topk_ids + l * n * d->k, n * d->k * sizeof(uint16_t));
-        memcpy(d->topk_w + (l * T + a) * d->k, s->topk_w + l * n * d->k, n * d->k * sizeof(double));
-        memcpy(d->router + (l * T + a) * d->E, s->router + l * n * d->E, n * d->E * sizeof(double));
-        if (d->shared_gate) memcpy(d->shared_gate + l * T + a, s->shared_gate + l * n, n * sizeof(double));
-    }
-}
-
-/* A sequence on a GPU session: its first half at once, then a token at a time. */
-static int decode_gpu(mf_gpu *g, const mf_config *c, const int32_t *tokens, int T, mf_seq_result *out, mf_error *err) {
+/* A sequence as a session, on a GPU (g) or the CPU (m, ro): its first half at once, then a token at a time.
+ * With dynamic NTK scaling a position's RoPE tables depend on the length so far, so the CPU's session, not its
+ * one pass, is what the GPU's must equal. */
+static int decode_seq(mf_gpu *g, const mf_model *m, const mf_run_opts *ro, const int32_t *tokens, int T,
+                      mf_seq_result *out, mf_error *err) {
     const int P = T / 2 > 0 ? T / 2 : 1;
-    int rc = mf_gpu_session_rewind(g, 0, err);
+    mf_cpu_session *cs = NULL;
+    int rc = g ? mf_gpu_session_rewind(g, 0, err) : mf_cpu_session_open(&cs, m, ro, T, err);
+    memset(out, 0, sizeof *out);
     for (int at = 0; at < T && !rc; at += at < P ? P : 1) {
+        const int n = at < P ? P : 1;
         mf_seq_result s;
-        if ((rc = mf_gpu_session_forward(g, tokens + at, at < P ? P : 1, MF_GPU_ALL, &s, err))) break;
-        if (at == 0) result_alloc(out, c, T, s.shared_gate != NULL);
-        result_place(out, &s, at);
+        if ((rc = g ? mf_gpu_session_forward(g, tokens + at, n, MF_GPU_ALL, &s, err)
+                    : mf_cpu_session_forward(cs, tokens + at, n, &s, err)))
+            break;
+        if (at == 0) mf_seq_result_alloc(out, &m->cfg, T, s.shared_gate != NULL, false);
+        mf_seq_result_place(out, &s, at);
         mf_seq_result_free(&s);
     }
+    mf_cpu_session_close(cs);
     if (rc) mf_seq_result_free(out);
     return rc;
 }
@@ -126,7 +111,7 @@ static int replay_source(outputs *src, mf_replay **rp, const char *dir, const ch
     return MF_OK;
 }
 
-/* Every prompt of tokens on the CPU (device NULL) or a GPU, in the given mode (decode: the GPU's alone). */
+/* Every prompt of tokens on the CPU (device NULL) or a GPU, in the given mode. */
 static int run_all(outputs *o, const char *dir, const char *tokens, const char *prec_name, const char *num_name,
                    const char *device, run_mode mode, mf_error *err) {
     memset(o, 0, sizeof *o);
@@ -162,9 +147,9 @@ static int run_all(outputs *o, const char *dir, const char *tokens, const char *
             ro.replay = &rp[i];
             if (g) mf_gpu_set_replay(g, &rp[i]);
         }
-        rc = device ? (mode == MODE_DECODE ? decode_gpu(g, &m->cfg, ps.seq[i].tokens, ps.seq[i].T, &o->r[i], err)
-                                           : mf_gpu_forward(g, ps.seq[i].tokens, ps.seq[i].T, MF_GPU_ALL, &o->r[i], err))
-                    : mf_forward_cpu(m, &ro, ps.seq[i].tokens, ps.seq[i].T, &o->r[i], err);
+        rc = mode == MODE_DECODE ? decode_seq(g, m, &ro, ps.seq[i].tokens, ps.seq[i].T, &o->r[i], err)
+             : device            ? mf_gpu_forward(g, ps.seq[i].tokens, ps.seq[i].T, MF_GPU_ALL, &o->r[i], err)
+                                 : mf_forward_cpu(m, &ro, ps.seq[i].tokens, ps.seq[i].T, &o->r[i], err);
         if (rc) mf_fail_wrap(err, "%s, sequence %s", dir, ps.seq[i].id);
     }
     o->secs = mf_now() - t0;
@@ -282,10 +267,8 @@ static void check_mode(tally *t, const char *label, const char *source, const ch
     json_object_set_new(rec, "kind", json_string(exact ? "bit-exact" : "within 1e-5"));
     json_object_set_new(rec, "mode", json_string(mode_names[mode]));
     bool pass = false;
-    /* a decode on the GPU is checked against one pass on the CPU: the same bits are the claim */
-    const run_mode cpu_mode = mode == MODE_DECODE ? MODE_FORWARD : mode;
     if (run_all(&g, dir, tokens, prec, gpu_num, "cuda", mode, &err) ||
-        run_all(&c, dir, tokens, cpu_prec, cpu_num, NULL, cpu_mode, &err)) {
+        run_all(&c, dir, tokens, cpu_prec, cpu_num, NULL, mode, &err)) {
         json_object_set_new(rec, "error", json_string(err.msg));
         free_outputs(&g);
     } else {

@@ -53,7 +53,7 @@ static void cpu_digests(const char *source, const char *prec_name, const char *n
     mf_seq_result *r = calloc(ps.n, sizeof *r);
     mf_run_opts ro = {.prec = p, .threads = 2, .numerics = &n};
     /* a replay check replays the routing of the CPU's fp64 run of the same sequences (moeflip_gpu_check's
-     * source); a decode check's GPU session must be one pass's bits */
+     * source); a decode check's GPU session must be the CPU session's bits */
     const bool replay = !strcmp(mode, "replay") || !strcmp(mode, "replay-weights");
     mf_seq_result *src = calloc(ps.n, sizeof *src);
     mf_model *m64 = NULL;
@@ -69,6 +69,22 @@ static void cpu_digests(const char *source, const char *prec_name, const char *n
         mf_replay rp = {ps.seq[i].T, ps.seq[i].tokens, src[i].topk_ids,
                         !strcmp(mode, "replay-weights") ? src[i].topk_w : NULL, NULL};
         ro.replay = replay ? &rp : NULL;
+        if (!strcmp(mode, "decode")) {
+            /* moeflip_gpu_check's session: the first half of the sequence at once, then a token at a time */
+            const int T = ps.seq[i].T, P = T / 2 > 0 ? T / 2 : 1;
+            mf_cpu_session *cs;
+            cr_assert_eq(mf_cpu_session_open(&cs, m, &ro, T, &err), 0, "%s", err.msg);
+            for (int at = 0; at < T; at += at < P ? P : 1) {
+                mf_seq_result step;
+                cr_assert_eq(mf_cpu_session_forward(cs, ps.seq[i].tokens + at, at < P ? P : 1, &step, &err), 0, "%s",
+                             err.msg);
+                if (at == 0) mf_seq_result_alloc(&r[i], &m->cfg, T, step.shared_gate != NULL, false);
+                mf_seq_result_place(&r[i], &step, at);
+                mf_seq_result_free(&step);
+            }
+            mf_cpu_session_close(cs);
+            continue;
+        }
         cr_assert_eq(mf_forward_cpu(m, &ro, ps.seq[i].tokens, ps.seq[i].T, &r[i], &err), 0, "%s", err.msg);
     }
     mf_seq_results_digest(r, ps.n, out);

@@ -86,51 +86,19 @@ int mf_greedy_token(const double *logits, int V, mf_dtype head, int32_t *token) 
     return MF_OK;
 }
 
-/* The growing result: every array laid out for cap positions ([n_moe, cap, ...]), compacted to T at the end. */
+/* The growing result: laid out for cap positions ([n_moe, cap, ...]), len of them filled, compacted at the end. */
 typedef struct grown {
     mf_seq_result r;
-    int cap;
+    int len;
 } grown;
 
-static void grown_init(grown *g, const mf_seq_result *first, int cap) {
-    memset(g, 0, sizeof *g);
-    g->cap = cap;
-    mf_seq_result *r = &g->r;
-    r->T = 0;
-    r->n_moe = first->n_moe, r->k = first->k, r->E = first->E, r->V = first->V, r->H = first->H;
-    const size_t L = (size_t)first->n_moe, C = (size_t)cap;
-    r->topk_ids = mf_xmalloc(L * C * (size_t)r->k * sizeof *r->topk_ids + 1);
-    r->topk_w = mf_xmalloc(L * C * (size_t)r->k * sizeof *r->topk_w + 1);
-    r->router = mf_xmalloc(L * C * (size_t)r->E * sizeof *r->router + 1);
-    if (first->shared_gate) r->shared_gate = mf_xmalloc(L * C * sizeof *r->shared_gate + 1);
-    if (first->router_in) r->router_in = mf_xmalloc(L * C * (size_t)r->H * sizeof *r->router_in + 1);
-    r->logits = mf_xmalloc(C * (size_t)r->V * sizeof *r->logits);
-}
-
-/* Per MoE layer, n positions of width w from src (laid out for n positions) to dst (for cap) at position at. */
-#define APPEND_ROWS(dst, src, w)                                                                                  \
-    for (size_t l = 0; l < L; l++)                                                                                \
-        memcpy((dst) + (l * C + at) * (w), (src) + l * n * (w), n * (w) * sizeof *(dst))
-
-static void grown_append(grown *g, const mf_seq_result *s) {
-    mf_seq_result *r = &g->r;
-    const size_t L = (size_t)r->n_moe, C = (size_t)g->cap, at = (size_t)r->T, n = (size_t)s->T;
-    APPEND_ROWS(r->topk_ids, s->topk_ids, (size_t)r->k);
-    APPEND_ROWS(r->topk_w, s->topk_w, (size_t)r->k);
-    APPEND_ROWS(r->router, s->router, (size_t)r->E);
-    if (r->shared_gate) APPEND_ROWS(r->shared_gate, s->shared_gate, (size_t)1);
-    if (r->router_in) APPEND_ROWS(r->router_in, s->router_in, (size_t)r->H);
-    memcpy(r->logits + at * (size_t)r->V, s->logits, n * (size_t)r->V * sizeof *r->logits);
-    r->T += s->T;
-}
-
-/* From [n_moe, cap, w] to [n_moe, T, w], in place (each layer's block moves down, never over one not yet moved). */
+/* From [n_moe, cap, w] to [n_moe, len, w], in place (each layer's block moves down, never over one not yet moved). */
 #define COMPACT(a, w)                                                                                             \
     for (size_t l = 1; l < L; l++) memmove((a) + l * T * (w), (a) + l * C * (w), T * (w) * sizeof *(a))
 
 static void grown_finish(grown *g, mf_seq_result *out) {
     mf_seq_result *r = &g->r;
-    const size_t L = (size_t)r->n_moe, C = (size_t)g->cap, T = (size_t)r->T;
+    const size_t L = (size_t)r->n_moe, C = (size_t)r->T, T = (size_t)g->len;
     if (T < C) {
         COMPACT(r->topk_ids, (size_t)r->k);
         COMPACT(r->topk_w, (size_t)r->k);
@@ -138,6 +106,7 @@ static void grown_finish(grown *g, mf_seq_result *out) {
         if (r->shared_gate) COMPACT(r->shared_gate, (size_t)1);
         if (r->router_in) COMPACT(r->router_in, (size_t)r->H);
     }
+    r->T = g->len;
     *out = *r;
     memset(r, 0, sizeof *r);
 }
@@ -166,8 +135,9 @@ int mf_generate(const mf_model *m, const mf_run_opts *o, mf_gpu *gpu, const mf_g
     grown g;
     mf_seq_result step;
     if ((rc = session_step(&s, tokens, p->T, &step, err))) goto done;
-    grown_init(&g, &step, cap);
-    grown_append(&g, &step);
+    mf_seq_result_alloc(&g.r, &m->cfg, cap, step.shared_gate != NULL, step.router_in != NULL);
+    mf_seq_result_place(&g.r, &step, 0);
+    g.len = step.T;
     mf_seq_result_free(&step);
     const mf_dtype head = o->prec.part[MF_PART_HEAD];
     const double t_decode = mf_now();
@@ -185,7 +155,8 @@ int mf_generate(const mf_model *m, const mf_run_opts *o, mf_gpu *gpu, const mf_g
             mf_fail_wrap(err, "generated position %d", at);
             break;
         }
-        grown_append(&g, &step);
+        mf_seq_result_place(&g.r, &step, g.len);
+        g.len += step.T;
         mf_seq_result_free(&step);
         if (mf_generation_stops(gen, next)) break;
     }

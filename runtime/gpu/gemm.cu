@@ -299,9 +299,8 @@ template <int CHUNK> __global__ static void __launch_bounds__(256) k_emu_tiled(g
                 int ea[EM_T], eb[EM_T];
                 for (int i = 0; i < EM_T; i++) ea[i] = Ae[ty + 16 * i][kk];
                 for (int j = 0; j < EM_T; j++) eb[j] = Be[tx + 16 * j][kk];
-                /* max(ea + eb, E): one DPX instruction on Hopper (two integer operations before it) */
                 for (int i = 0; i < EM_T; i++)
-                    for (int j = 0; j < EM_T; j++) E[i][j] = __viaddmax_s32(ea[i], eb[j], E[i][j]);
+                    for (int j = 0; j < EM_T; j++) E[i][j] = max(E[i][j], ea[i] + eb[j]);
             }
             int Mh[EM_T][EM_T];
             double S[EM_T][EM_T];
