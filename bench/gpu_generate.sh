@@ -24,11 +24,25 @@ PY
 for num in native fixed; do
   rm -rf "$work/gen-$num" "$work/forced-$num"
   "$bin/moeflip" trace --model "$m" --input "$work/prompts-$plen.jsonl" --out "$work/gen-$num" --device cuda \
-    --precision bf16 --numerics "$num" --generate "$new" 2>&1 | tee -a "$out/generate-$size.log"
+    --precision bf16 --numerics "$num" --generate "$new" --record logits 2>&1 | tee -a "$out/generate-$size.log"
   "$bin/moeflip" trace --model "$m" --input "$work/gen-$num" --out "$work/forced-$num" --device cuda \
-    --precision bf16 --numerics "$num" -q 2>&1 | tee -a "$out/generate-$size.log"
+    --precision bf16 --numerics "$num" --record logits -q 2>&1 | tee -a "$out/generate-$size.log"
   "$bin/moeflip" diff "$work/forced-$num" "$work/gen-$num" -o "$out/prefill-vs-decode-$num-$size.json" \
-    --bootstrap 200 2>&1 | tail -n 3 | tee -a "$out/generate-$size.log"
+    --positions "$work/positions-$num.csv" --bootstrap 1000 -q 2>&1 | tee -a "$out/generate-$size.log"
+  # the prompt's positions are prefill in both runs (64 rows against the whole sequence's); the generated ones
+  # are decode steps in one and prefill rows in the other
+  python3 - "$work/positions-$num.csv" "$num" << 'PY' | tee -a "$out/generate-$size.log"
+import csv, sys
+rows = list(csv.DictReader(open(sys.argv[1])))
+for gen in ("false", "true"):
+    r = [x for x in rows if x["generated"] == gen]
+    flipped = sum(int(x["flipped_slots"]) > 0 for x in r)
+    top1 = sum(x["top1"] == "1" for x in r)
+    kl = sum(float(x["kl"]) for x in r) / max(len(r), 1)
+    print(f"prefill vs decode ({sys.argv[2]}), {'generated' if gen == 'true' else 'prompt'} positions: {len(r)}, "
+          f"with a flipped slot {flipped} ({100 * flipped / max(len(r), 1):.1f}%), top-1 equal {100 * top1 / max(len(r), 1):.1f}%, "
+          f"mean KL {kl:.3g}")
+PY
 done
 python3 "$here/hf_generate.py" --model "$m" --input "$work/prompts-$plen.jsonl" --new "$new" \
   --out "$out/hf-generate-$size.json" 2>&1 | grep -v Warning | tee -a "$out/generate-$size.log"
