@@ -1,7 +1,7 @@
 /* The GPU backends.
  *
- * recorded_h200_runs_equal_the_cpu_models runs everywhere: for every
- * bit-exact check that tools/gpu_check.sh ran on an H200
+ * recorded_h200_runs_equal_the_cpu_models (and ..._sessions_and_replays_...)
+ * run everywhere: for every bit-exact check that tools/gpu_check.sh ran on an H200
  * (tests/fixtures/gpu/h200-check.json: `fixed` = the card's own mma.sync,
  * and the GPU's emu:ARCH kernels), the CPU's run of the matching instruction
  * model must give outputs with the same digests as the H200 gave. The
@@ -99,7 +99,9 @@ static void cpu_digests(const char *source, const char *prec_name, const char *n
     mf_model_free(m);
 }
 
-Test(gpu, recorded_h200_runs_equal_the_cpu_models, .timeout = 900) {
+/* The recorded bit-exact checks of one group (one pass each: forward; or the session and replay paths), which
+ * run as two tests so that Criterion runs them side by side. */
+static void recorded_checks(bool paths, size_t want_at_least) {
     json_error_t je;
     json_t *doc = json_load_file(fixture("gpu/h200-check.json"), 0, &je);
     cr_assert(doc, "h200-check.json: %s", je.text);
@@ -114,6 +116,7 @@ Test(gpu, recorded_h200_runs_equal_the_cpu_models, .timeout = 900) {
         const char *prec = json_string_value(json_object_get(c, "cpu_precision"));
         const char *num = json_string_value(json_object_get(c, "cpu_numerics"));
         const char *mode = json_string_value(json_object_get(c, "mode"));   /* absent in older records: forward */
+        if (paths == (!mode || !strcmp(mode, "forward"))) continue;
         char got[MF_SEQ_DIGESTS][33];
         cpu_digests(source, prec, num, mode ? mode : "forward", got);
         json_t *want = json_object_get(c, "gpu_digests");
@@ -124,10 +127,17 @@ Test(gpu, recorded_h200_runs_equal_the_cpu_models, .timeout = 900) {
                              MF_SEQ_DIGEST_NAMES[k]);
         compared++;
     }
-    cr_log_info("%zu recorded H200 runs reproduced by the CPU's instruction models", compared);
-    cr_expect_geq(compared, 50, "only %zu checks compared", compared);
+    cr_log_info("%zu recorded H200 runs (%s) reproduced by the CPU's instruction models", compared,
+                paths ? "sessions and replays" : "one pass each");
+    cr_expect_geq(compared, want_at_least, "only %zu checks compared", compared);
     json_decref(doc);
 }
+
+Test(gpu, recorded_h200_runs_equal_the_cpu_models, .timeout = 900) { recorded_checks(false, 50); }
+
+/* The GPU's decode path (a session: half of each sequence, then a token at a time against the device's cache)
+ * and its routing replay of the CPU's fp64 run, under fixed and emu:cdna3: the CPU's session and replay. */
+Test(gpu, recorded_h200_sessions_and_replays_equal_the_cpu_models, .timeout = 900) { recorded_checks(true, 60); }
 
 Test(gpu, live_checks_pass_on_this_gpu, .timeout = 1800) {
 #ifndef MF_GPU_CHECK_BIN
