@@ -453,6 +453,12 @@ void GPU_FN(gpu_close)(void *impl) {
 
 const char *GPU_FN(gpu_describe)(const void *impl) { return ((const gpu *)impl)->desc; }
 
+int GPU_FN(gpu_count)(int *count, mf_error *err) {
+    char msg[256];
+    if (GPU_FN(device_count)(count, msg, sizeof msg)) return mf_fail(err, MF_EIO, "%s", msg);
+    return MF_OK;
+}
+
 int GPU_FN(gpu_forward)(void *impl, const int32_t *tokens, int T, unsigned capture, mf_seq_result *r, mf_error *err);
 
 /* The set-up a sequence should not pay for: the scratch for max_T tokens,
