@@ -1,6 +1,7 @@
 /* moeflip diff: a reference run against target runs. */
 #include "cli.h"
 #include "mf_diff.h"
+#include "mf_dist.h"
 
 #include <getopt.h>
 
@@ -78,6 +79,7 @@ int cmd_diff(int argc, char **argv) {
     };
     mf_error err = {0};
     if (mf_diff_runs(&q, &err)) return cli_fail(&err);
-    if (!quiet) printf("\nwrote %s%s%s\n", out, positions ? " and " : "", positions ? positions : "");
+    if (!quiet && mf_dist_rank() == 0)   /* the ranks of a job wrote one diff: rank 0 says so */
+        printf("\nwrote %s%s%s\n", out, positions ? " and " : "", positions ? positions : "");
     return 0;
 }
