@@ -136,9 +136,9 @@ void mf_gpu_close(mf_gpu *g) {
 
 int mf_gpu_count(const char *device, int *count, mf_error *err) {
     *count = 0;
-    backend b;
-    int index;
-    const backend_api *api;
+    backend b = BACKEND_CUDA;
+    int index = 0;
+    const backend_api *api = NULL;
     int rc = parse_device(device, &b, &index, err);
     if (!rc) rc = load_backend(b, &api, err);
     return rc ? rc : api->count(count, err);
