@@ -194,10 +194,14 @@ int mf_trace(const mf_trace_opts *o, mf_error *err) {
     mf_numerics numerics;
     int rc = mf_trace_check(o, &prec, &numerics, err);
     if (rc) return rc;
-    /* the ranks of a node share its cores: each takes its own when the launcher bound it to them, else a share */
+    /* the ranks of a node share its cores: each takes the cores its launcher bound it to (omp_get_num_procs counts
+     * those), but no more than its share of the node, as a binding to a whole socket gives each rank there all
+     * of the socket's cores */
     int procs = omp_get_num_procs();
-    const long online = sysconf(_SC_NPROCESSORS_ONLN);
-    if (mf_dist_local_size() > 1 && procs >= online) procs = procs / mf_dist_local_size() > 0 ? procs / mf_dist_local_size() : 1;
+    if (mf_dist_local_size() > 1) {
+        const long share = sysconf(_SC_NPROCESSORS_ONLN) / mf_dist_local_size();
+        if (procs > share) procs = share > 1 ? (int)share : 1;
+    }
     const int threads = o->threads > 0 ? o->threads : procs;
     omp_set_num_threads(threads);
     /* A forward allocates and frees buffers of up to T x vocabulary values, layer after layer: kept in the
