@@ -29,7 +29,10 @@ static const char *help =
     "  --bootstrap N      resamples   [10000; 0: no intervals]\n"
     "  --seed S           resampling seed   [" NUMBER_TEXT(MF_DIFF_SEED) "]\n"
     "  --floor RUN        a repeat of the reference configuration\n"
-    "  -q, --quiet        no summary on stdout\n";
+    "  -q, --quiet        no summary on stdout\n"
+    "\n"
+    "Under mpirun or srun the ranks share the sequences and the bootstrap's resamples; rank 0 writes the same\n"
+    "files as one process (docs/mpi.md).\n";
 
 int cmd_diff(int argc, char **argv) {
     const char *out = "diff.json", *positions = NULL, *floor_path = NULL, *slots = NULL;
