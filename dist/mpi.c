@@ -6,6 +6,7 @@
 #include <mpi.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 MF_MODULE_ABI_DEFINE;
 
@@ -73,8 +74,16 @@ void mf_mpi_isend(int dest, int tag, void *data, int n) {
     n_pending = w;
 }
 
+/* A rank that finished its part may wait long for one still working: it polls every millisecond rather than
+ * spin in MPI's wait, which would keep a core busy (another rank's, where a node runs more ranks than cores). */
+static void nap(void) {
+    const struct timespec ms = {0, 1000000};
+    nanosleep(&ms, NULL);
+}
+
 void mf_mpi_waitall(void) {
-    MPI_Waitall(n_pending, pending, MPI_STATUSES_IGNORE);
+    int done = 0;
+    while (MPI_Testall(n_pending, pending, &done, MPI_STATUSES_IGNORE), !done) nap();
     for (int i = 0; i < n_pending; i++) free(pending_data[i]);
     n_pending = 0;
 }
@@ -83,8 +92,11 @@ void mf_mpi_waitall(void) {
 int mf_mpi_probe(int wait, int *src, int *tag, int *n) {
     MPI_Status st;
     int flag = 1;
-    if (wait) MPI_Probe(MPI_ANY_SOURCE, MPI_ANY_TAG, MPI_COMM_WORLD, &st);
-    else MPI_Iprobe(MPI_ANY_SOURCE, MPI_ANY_TAG, MPI_COMM_WORLD, &flag, &st);
+    for (;;) {
+        MPI_Iprobe(MPI_ANY_SOURCE, MPI_ANY_TAG, MPI_COMM_WORLD, &flag, &st);
+        if (flag || !wait) break;
+        nap();
+    }
     if (!flag) return 0;
     *src = st.MPI_SOURCE;
     *tag = st.MPI_TAG;
