@@ -1,6 +1,7 @@
 /* moeflip diff: a reference run against target runs. */
 #include "cli.h"
 #include "mf_diff.h"
+#include "mf_dist.h"
 
 #include <getopt.h>
 
@@ -28,7 +29,10 @@ static const char *help =
     "  --bootstrap N      resamples   [10000; 0: no intervals]\n"
     "  --seed S           resampling seed   [" NUMBER_TEXT(MF_DIFF_SEED) "]\n"
     "  --floor RUN        a repeat of the reference configuration\n"
-    "  -q, --quiet        no summary on stdout\n";
+    "  -q, --quiet        no summary on stdout\n"
+    "\n"
+    "Under mpirun or srun the ranks share the sequences and the bootstrap's resamples; rank 0 writes the same\n"
+    "files as one process (docs/mpi.md).\n";
 
 int cmd_diff(int argc, char **argv) {
     const char *out = "diff.json", *positions = NULL, *floor_path = NULL, *slots = NULL;
@@ -78,6 +82,7 @@ int cmd_diff(int argc, char **argv) {
     };
     mf_error err = {0};
     if (mf_diff_runs(&q, &err)) return cli_fail(&err);
-    if (!quiet) printf("\nwrote %s%s%s\n", out, positions ? " and " : "", positions ? positions : "");
+    if (!quiet && mf_dist_rank() == 0)   /* the ranks of a job wrote one diff: rank 0 says so */
+        printf("\nwrote %s%s%s\n", out, positions ? " and " : "", positions ? positions : "");
     return 0;
 }

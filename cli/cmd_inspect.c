@@ -64,10 +64,11 @@ int cmd_inspect(int argc, char **argv) {
                r->n_experts, r->top_k, r->vocab);
         printf("digests    config %s, weights %s\n", str(model, "config_digest"),
                str(model, "weights_digest"));
-        printf("device     %s (%s), %lld threads, kernel %s\n", str(dev, "kind"),
-               str(dev, "name"),
-               (long long)json_integer_value(json_object_get(dev, "threads")),
-               str(dev, "kernel"));
+        json_t *ranks = json_object_get(dev, "ranks");   /* a run an MPI job's ranks wrote */
+        printf("device     %s (%s), %lld threads, kernel %s", str(dev, "kind"), str(dev, "name"),
+               (long long)json_integer_value(json_object_get(dev, "threads")), str(dev, "kernel"));
+        if (json_is_integer(ranks)) printf(", %lld MPI ranks (name and threads: rank 0's)", (long long)json_integer_value(ranks));
+        printf("\n");
         printf("numerics   %s\n", str(man, "numerics"));
         printf("precision  %s (activations %s, weights %s, opmath %s)\n", r->precision,
                str(prec, "activations"), str(prec, "weights"),

@@ -25,7 +25,9 @@ static const char *help =
     "  --replay                    add each target's replayed twins (trace --replay of the reference: in every\n"
     "                              MoE layer, and through each layer for the curve) and report how much of its\n"
     "                              output error the expert flips cause (one more trace per target and MoE layer)\n"
-    "  --bootstrap N               [2000]\n";
+    "  --bootstrap N               [2000]\n"
+    "\n"
+    "Under mpirun or srun every trace and diff is shared by the ranks; rank 0 draws and writes the report.\n";
 
 int cmd_sweep(int argc, char **argv) {
     mf_sweep_opts o = {.bootstrap = 2000, .generate = -1};

@@ -32,7 +32,10 @@ static const char *help =
     "  --replay-weights     apply RUN's recorded gate weights too   [this router's weights of RUN's experts]\n"
     "  --resume             continue an interrupted run in RUN\n"
     "  --shard-seqs N       write a shard every N sequences   [by size and time]\n"
-    "  -q, --quiet          no progress output\n";
+    "  -q, --quiet          no progress output\n"
+    "\n"
+    "Under mpirun or srun the ranks share the sequences and write one run; --device cuda (or hip) without\n"
+    "an index gives each rank of a node one of its GPUs in turn (docs/mpi.md).\n";
 
 int cmd_trace(int argc, char **argv) {
     const char *model_dir = NULL, *input = NULL, *out = NULL, *prec_name = "bf16", *device = "cpu", *record_s = NULL,

@@ -1,5 +1,6 @@
 /* moeflip: entry point and subcommand table. */
 #include "cli.h"
+#include "mf_dist.h"
 
 #include <errno.h>
 #include <stdarg.h>
@@ -33,6 +34,8 @@ static void usage(FILE *out) {
 }
 
 int cli_fail(const mf_error *err) {
+    /* in a job of several ranks every rank has the same failure (the ranks agree on it): rank 0 says it */
+    if (mf_dist_rank() > 0) return 1;
     /* every failure has its message; a path that lost it still says what kind of failure it was */
     fprintf(stderr, "moeflip: %s\n", err->msg[0] ? err->msg : mf_strerror(err->code ? err->code : MF_EIO));
     return 1;
@@ -44,6 +47,7 @@ int cli_stdout_error(const char *what) {
 }
 
 int cli_usage_error(const char *cmd, const char *fmt, ...) {
+    if (mf_dist_rank() > 0) return EXIT_USAGE;   /* every rank parsed the same arguments */
     va_list ap;
     va_start(ap, fmt);
     fprintf(stderr, "moeflip %s: ", cmd);
@@ -76,12 +80,25 @@ int main(int argc, char **argv) {
     }
     for (size_t i = 0; i < sizeof commands / sizeof commands[0]; i++)
         if (!strcmp(argv[1], commands[i].name)) {
+            /* under mpirun or srun the ranks join one job; a command started alone loads no MPI at all */
+            mf_error err = {0};
+            if (mf_dist_init(&err)) return cli_fail(&err);
+            const bool shared = !strcmp(argv[1], "trace") || !strcmp(argv[1], "diff") || !strcmp(argv[1], "sweep");
+            if (mf_dist_size() > 1 && !shared) {
+                const int status = cli_usage_error(argv[1], "runs as one process; trace, diff and sweep are the commands "
+                                                   "that share their work over MPI ranks (this job has %d)", mf_dist_size());
+                mf_dist_finalize();
+                return status;
+            }
+            /* the other ranks' lines would repeat rank 0's: it alone logs */
+            if (mf_dist_rank() > 0) mf_log_set_quiet(true);
             int status = commands[i].run(argc - 1, argv + 1);
             /* what a command printed must have reached stdout (a full disk, a closed pipe): else it failed */
             errno = 0;
             if (fflush(stdout) != 0 || ferror(stdout)) {
                 if (status == 0) status = cli_stdout_error(commands[i].name);
             }
+            mf_dist_finalize();
             return status;
         }
     fprintf(stderr, "moeflip: unknown command \"%s\"\n", argv[1]);

@@ -294,7 +294,7 @@ double mf_now(void);   /* monotonic seconds */
  * says which version of that interface it was built for (MF_MODULE_ABI_DEFINE), and one that says another, or
  * nothing, is refused. Raise MF_MODULE_ABI with any change to what a module and the program share. */
 
-#define MF_MODULE_ABI 2
+#define MF_MODULE_ABI 3   /* 2: the GPU backends count their devices (gpu_count); 3: sessions and routing replay */
 /* In one file of every module: the version it was built for, as the symbol mf_module_abi. */
 #define MF_MODULE_ABI_DEFINE                                                                                        \
     extern __attribute__((visibility("default"))) const unsigned mf_module_abi;                                  \

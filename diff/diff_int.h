@@ -54,4 +54,23 @@ json_t *diff_attribution_json(mf_run *ref, mf_run **targets, mf_diff_acc **accs,
                               const diff_labels *labels);
 void diff_attribution_summary(FILE *out, mf_run *ref, mf_run **targets, mf_diff_acc **accs, int n);
 
+/* ---- a diff shared by the ranks of a job (diff/gather.c; mf_dist.h) ---- */
+
+/* The reference's sequences that rank accumulates: [*first, *first + *count), contiguous blocks in rank order of
+ * about equal positions. */
+void diff_share_block(const mf_run *ref, int rank, int size, size_t *first, size_t *count);
+/* An accumulator's whole state as bytes (appended to b), and back: unpack fills a (initialised here for ref's
+ * model; the caller frees it, also on a failure), refusing a state of another build or model or cut short, from
+ * naming the sender in messages. */
+void diff_acc_pack(const mf_diff_acc *a, mf_buf *b);
+int diff_acc_unpack(mf_diff_acc *a, const mf_run *ref, const uint8_t *data, size_t n, const char *from, mf_error *err);
+/* Collective: every rank's outcome (rc, and stage: -1 opening and checking the runs, i accumulating the i-th of
+ * accs) and, when every rank succeeded, every rank's n_accs accumulators merged in rank order into accs on every
+ * rank. A failure is every rank's: the earliest stage's, at the lowest rank. */
+int diff_gather(mf_diff_acc **accs, int n_accs, const mf_run *ref, int rc, int stage, mf_error *err);
+/* While on (and the job has several ranks), the bootstrap's draws are shared: each rank computes its block of
+ * every interval's draws, and every interval is a collective call (diff_write_json must then run on every rank;
+ * a NULL path writes nothing). Per thread. */
+void diff_bootstrap_share(bool on);
+
 #endif

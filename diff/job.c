@@ -3,6 +3,7 @@
  * written together. `moeflip diff`, the sweep and the collector all diff
  * here, so that the same runs and options give them the same diff.json. */
 #include "diff_int.h"
+#include "mf_dist.h"
 
 #include <errno.h>
 #include <jansson.h>
@@ -73,16 +74,24 @@ int mf_diff_runs(const mf_diff_request *q, mf_error *err) {
     mf_diff_acc *floor_acc = NULL;
     bool floor_owned = false;   /* a floor run of its own, not one of the targets */
     const char *ref_label = q->reference_label ? q->reference_label : q->reference;
+    /* a job of several ranks shares the diff: each accumulates its block of the reference's sequences, and the
+     * blocks are merged on every rank (diff/gather.c); rank 0 writes the outputs */
+    const int rank = mf_dist_rank(), size = mf_dist_size();
+    const bool shared = size > 1;
     output outs[N_OUTPUTS] = {{q->json_path, ""}, {q->positions_path, ""}, {q->slots_path, ""}};
+    int stage = -1;   /* what failed: -1 opening and checking the runs, i accumulating target i (nt: the floor run) */
     int rc = mf_run_open(&ref, q->reference, err);
     for (int i = 0; i < nt && !rc; i++) rc = mf_run_open(&targets[i], q->targets[i], err);
+    size_t first = 0, count = ref ? ref->n_seqs : 0;
+    if (!rc && shared) diff_share_block(ref, rank, size, &first, &count);
     for (int i = 0; i < nt && !rc; i++) {
         const char *label = q->target_labels && q->target_labels[i] ? q->target_labels[i] : q->targets[i];
         accs[i] = mf_xcalloc(1, sizeof *accs[i]);
         mf_diff_acc_init(accs[i], ref);
         accs[i]->keep_slots = q->slots_path != NULL;
-        if (!(rc = mf_diff_align_named(ref, ref_label, targets[i], label, err)))
-            rc = diff_acc_add_aligned(accs[i], ref, targets[i], 0, ref->n_seqs, err);
+        if (!(rc = mf_diff_align_named(ref, ref_label, targets[i], label, err)) &&
+            (rc = diff_acc_add_aligned(accs[i], ref, targets[i], first, count, err)))
+            stage = i;
     }
     if (!rc && q->floor == MF_DIFF_FLOOR_RUN) {
         const char *label = q->floor_label ? q->floor_label : q->floor_run;
@@ -90,9 +99,18 @@ int mf_diff_runs(const mf_diff_request *q, mf_error *err) {
         if (!(rc = mf_run_open(&floor_run, q->floor_run, err))) {
             floor_acc = mf_xcalloc(1, sizeof *floor_acc);
             mf_diff_acc_init(floor_acc, ref);
-            if (!(rc = mf_diff_align_named(ref, ref_label, floor_run, label, err)))
-                rc = diff_acc_add_aligned(floor_acc, ref, floor_run, 0, ref->n_seqs, err);
+            if (!(rc = mf_diff_align_named(ref, ref_label, floor_run, label, err)) &&
+                (rc = diff_acc_add_aligned(floor_acc, ref, floor_run, first, count, err)))
+                stage = nt;
         }
+    }
+    if (shared) {
+        mf_diff_acc **all = mf_xcalloc((size_t)nt + 2, sizeof *all);
+        int n_all = 0;
+        for (int i = 0; i < nt && !rc; i++) all[n_all++] = accs[i];
+        if (!rc && floor_acc) all[n_all++] = floor_acc;
+        rc = diff_gather(all, n_all, ref, rc, stage, err);
+        free(all);
     }
     const mf_diff_opts o = {q->bootstrap, q->seed, q->model_tokenizer};
     diff_labels labels = {q->reference_label, q->target_labels, q->floor_label};
@@ -108,16 +126,23 @@ int mf_diff_runs(const mf_diff_request *q, mf_error *err) {
         if (outs[i].path && strlen(outs[i].path) >= MAX_OUTPUT_PATH) rc = mf_fail(err, MF_EINVAL, "an output path is too long");
     for (int i = 0; i < N_OUTPUTS && !rc; i++)
         if (outs[i].path) snprintf(outs[i].tmp, sizeof outs[i].tmp, "%s.tmp.diff.%ld", outs[i].path, (long)getpid());
-    if (!rc && q->json_path) rc = diff_write_json(outs[0].tmp, ref, targets, accs, nt, floor_acc, floor_run, &o, &labels, err);
-    if (!rc && q->positions_path) rc = mf_diff_write_positions(outs[1].tmp, accs, nt, err);
-    if (!rc && q->slots_path) rc = mf_diff_write_slots(outs[2].tmp, accs, nt, err);
+    /* every rank computes its share of the bootstrap's draws; rank 0 alone writes */
+    diff_bootstrap_share(shared);
+    if (!rc && q->json_path)
+        rc = diff_write_json(rank == 0 ? outs[0].tmp : NULL, ref, targets, accs, nt, floor_acc, floor_run, &o, &labels, err);
+    diff_bootstrap_share(false);
+    if (rank > 0)
+        for (int i = 0; i < N_OUTPUTS; i++) outs[i].path = NULL;
+    if (!rc && outs[1].path) rc = mf_diff_write_positions(outs[1].tmp, accs, nt, err);
+    if (!rc && outs[2].path) rc = mf_diff_write_slots(outs[2].tmp, accs, nt, err);
     if (!rc) rc = commit_outputs(outs, err);
-    if (!rc && q->summary) {
+    rc = shared ? mf_dist_agree(rank == 0 ? rc : MF_OK, err) : rc;
+    if (!rc && q->summary && rank == 0) {
         diff_print_summary(q->summary, ref, targets, accs, nt, &labels);
         diff_attribution_summary(q->summary, ref, targets, accs, nt);
     }
     for (int i = 0; i < N_OUTPUTS; i++)
-        if (outs[i].tmp[0]) unlink(outs[i].tmp);
+        if (outs[i].path && outs[i].tmp[0]) unlink(outs[i].tmp);
     for (int i = 0; i < nt; i++) {
         if (accs[i]) mf_diff_acc_free(accs[i]);
         free(accs[i]);

@@ -1,6 +1,7 @@
 /* Pooled metrics, bootstrap intervals, the router noise fit, and the
  * outputs of a diff: diff.json, the summary, the positions CSV. */
 #include "diff_int.h"
+#include "mf_dist.h"
 
 #include <jansson.h>
 #include <math.h>
@@ -136,13 +137,32 @@ double mf_diff_metric(const mf_diff_acc *a, const char *name) {
 
 /* ---- bootstrap --------------------------------------------------------------- */
 
+/* In a diff shared by the ranks of a job (diff_bootstrap_share): each rank computes a block of the draws of every
+ * interval, and the ranks exchange them, so every rank has every draw in draw order, as one process computes
+ * them. Per thread: the collector diffs in several threads at once, never shared. */
+static _Thread_local bool shared_draws;
+
+void diff_bootstrap_share(bool on) { shared_draws = on && mf_dist_size() > 1; }
+
+/* The draws [first, first + count) of the B this thread's process computes: all of them, or its rank's block. */
+static void own_draws(int B, size_t *first, size_t *count) {
+    *first = 0;
+    *count = (size_t)B;
+    if (shared_draws) mf_dist_block((size_t)B, mf_dist_rank(), mf_dist_size(), first, count);
+}
+
 /* The resampling plan: B draws of n case indices, with replacement, from one
- * seeded generator; the same plan for every metric and every target (paired). */
+ * seeded generator; the same plan for every metric and every target (paired).
+ * Only the rows of the draws this process computes (own_draws) are kept: the
+ * generator runs through the others' rows to reach them. */
 static int *bootstrap_plan(size_t n, int B, uint64_t seed) {
-    int *idx = mf_xmalloc(sizeof(int) * (size_t)B * (n ? n : 1));
+    size_t first, count;
+    own_draws(B, &first, &count);
+    int *idx = mf_xmalloc(sizeof(int) * (count * n + 1));
     mf_rng r;
     mf_rng_seed(&r, seed);
-    for (size_t i = 0; i < (size_t)B * n; i++) idx[i] = (int)(mf_rng_uniform(&r) * (double)n);
+    for (size_t i = 0; i < first * n; i++) (void)mf_rng_next(&r);
+    for (size_t i = 0; i < count * n; i++) idx[i] = (int)(mf_rng_uniform(&r) * (double)n);
     return idx;
 }
 
@@ -166,12 +186,21 @@ static void ci_of(double (*f)(const void *, const int *, size_t), const void *ct
                   double ci[2]) {
     ci[0] = ci[1] = NAN;
     if (!plan || !B || !n) return;
+    size_t first, count;
+    own_draws(B, &first, &count);
     double *v = mf_xmalloc(sizeof(double) * (size_t)B);
-    int k = 0;
-    for (int b = 0; b < B; b++) {
-        double x = f(ctx, plan + (size_t)b * n, n);
-        if (!isnan(x)) v[k++] = x;
+    for (size_t b = 0; b < count; b++) v[b] = f(ctx, plan + b * n, n);
+    if (shared_draws) {   /* every rank's block, in draw order: the values one process would have */
+        uint8_t *all;
+        size_t *off;
+        mf_dist_allgather(v, count * sizeof(double), &all, &off);
+        memcpy(v, all, sizeof(double) * (size_t)B);
+        free(all);
+        free(off);
     }
+    int k = 0;
+    for (int b = 0; b < B; b++)
+        if (!isnan(v[b])) v[k++] = v[b];
     if (k) {
         ci[0] = percentile(v, k, 2.5);
         ci[1] = percentile(v, k, 97.5);
@@ -842,6 +871,11 @@ int diff_write_json(const char *path, mf_run *ref, mf_run **targets, mf_diff_acc
         json_decref(warnings);
     }
     free(plan);
+    if (!path) {   /* a rank of a shared diff that computed its draws: rank 0 writes the file */
+        json_decref(root);
+        mf_tokenizer_free(tk);
+        return MF_OK;
+    }
     char *text = json_dumps(root, JSON_INDENT(1) | JSON_PRESERVE_ORDER | JSON_REAL_PRECISION(17));
     json_decref(root);
     /* each target's marker string becomes its sequences, written by hand */

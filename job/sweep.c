@@ -1,8 +1,13 @@
 /* The main job: trace a reference and targets of one model on one prompt
  * file, diff every target against the reference and the two vendors against
- * each other at the same precision, draw every figure, write one report. */
+ * each other at the same precision, draw every figure, write one report.
+ *
+ * In a job of several ranks (mf_dist.h) every trace and every diff is shared by
+ * the ranks; rank 0 alone writes the default model, the figures and the report,
+ * and prints the headline. */
 #include "mf_job.h"
 #include "mf_diff.h"
+#include "mf_dist.h"
 #include "mf_models.h"
 #include "mf_trace.h"
 #include "mf_viz.h"
@@ -193,7 +198,7 @@ int mf_sweep(const mf_sweep_opts *o, mf_error *err) {
         snprintf(input, sizeof input, "%s", o->input);
     } else {
         snprintf(model, sizeof model, "%s/model", out);
-        if ((rc = mf_default_model_write(model, err))) return rc;
+        if ((rc = mf_dist_agree(mf_dist_rank() == 0 ? mf_default_model_write(model, err) : MF_OK, err))) return rc;
         /* the default's own short set of texts (open prompts and multiple-choice items) keeps the whole sweep
          * about a minute on 2 cores */
         if (o->input) snprintf(input, sizeof input, "%s", o->input);
@@ -270,8 +275,9 @@ int mf_sweep(const mf_sweep_opts *o, mf_error *err) {
     free(main_targets);
     free(twins);
     if (rc) return rc;
-    draw_all(diff_main, nok, figs, "reference");
-    for (int t = 0; t < nok && o->replay; t++) {   /* the replay curves */
+    const bool lead = mf_dist_rank() == 0;   /* the rank that draws, reports and prints */
+    if (lead) draw_all(diff_main, nok, figs, "reference");
+    for (int t = 0; t < nok && o->replay && lead; t++) {   /* the replay curves */
         char *text, path[4400];
         size_t len;
         mf_error e = {0};
@@ -299,13 +305,13 @@ int mf_sweep(const mf_sweep_opts *o, mf_error *err) {
         snprintf(diff_vendor, sizeof diff_vendor, "%s/diff-vendors.json", out);
         config *t1[1] = {amd};
         if (!diff_runs(nv, t1, 1, repeat && rep.ok && nv == &tg[0] ? &rep : NULL, o->bootstrap, diff_vendor, err)) {
-            draw_all(diff_vendor, 1, figs, "vendors");
+            if (lead) draw_all(diff_vendor, 1, figs, "vendors");
             paths[0] = diff_vendor;
             paths[npaths++] = diff_main;
         }
     }
     snprintf(report, sizeof report, "%s/report.html", out);
-    if ((rc = mf_report_write_many(paths, npaths, report, err))) return rc;
+    if ((rc = mf_dist_agree(lead ? mf_report_write_many(paths, npaths, report, err) : MF_OK, err)) || !lead) return rc;
     /* three headline numbers */
     printf("report: %s\n", report);
     double ci[2];

@@ -152,6 +152,7 @@ typedef struct mf_run_info {
     json_t *capture;
     unsigned lacks;
     bool experts_recorded;
+    int ranks;                  /* the ranks of the job that traces it (manifest device.ranks when more than 1) */
 } mf_run_info;
 
 /* What an imported run cannot have, as its manifest's capture.lacks names it ("gate_weights", "router_logits",
@@ -179,6 +180,27 @@ int mf_run_writer_add(mf_run_writer *w, const mf_prompt *p, const mf_seq_result 
 /* Writes what is pending and marks the run complete when every input sequence is in. */
 int mf_run_writer_close(mf_run_writer *w, mf_error *err);
 void mf_run_writer_free(mf_run_writer *w);
+
+/* A run written by the ranks of a job (trace under mpirun or srun; trace/trace.c). Rank 0 holds the run's writer
+ * (mf_run_create) and alone writes the manifest; every other rank writes shards into the same directory with a
+ * writer of its own (mf_run_part_create) and hands their entries over (mf_run_writer_take_report, then through
+ * MPI), which rank 0 adds to the manifest (mf_run_writer_adopt). Shard numbers never collide: rank r of n numbers
+ * its shards first + r, first + r + n, ... (mf_run_writer_number_shards), first being the number past every shard
+ * the run had (mf_run_writer_next_shard of rank 0's writer). mf_run_writer_close puts the manifest's sequences in
+ * the input's order and its shards in number order, as one process writes them. A shard written but not yet in
+ * the manifest when the job is killed is a stray that --resume removes, as for one process. */
+int mf_run_part_create(mf_run_writer **out, const char *dir, const mf_run_info *info, mf_error *err);
+int mf_run_writer_next_shard(const mf_run_writer *w);
+void mf_run_writer_number_shards(mf_run_writer *w, int first, int stride);
+/* A rank's writer: its shards and sequences written since the last call, as JSON text ({"shards", "sequences"},
+ * malloc'ed), or NULL when there are none. */
+char *mf_run_writer_take_report(mf_run_writer *w);
+/* Rank 0's writer: adds a report (len bytes; from names its rank in messages) to the manifest and writes it
+ * (*positions gets the positions of its sequences):
+ * refused, naming the entry, when a shard is malformed, already in the run or not there with its size, or a
+ * sequence is not of the input, already in the run, given twice, or in no shard of the report. */
+int mf_run_writer_adopt(mf_run_writer *w, const char *report, size_t len, const char *from, uint64_t *positions,
+                        mf_error *err);
 /* Removes what writers of dir killed before their run appeared left: <dir>.tmp.<pid> directories of processes
  * that are gone, when they hold only run files. */
 void mf_run_remove_stale(const char *dir);

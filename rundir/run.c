@@ -3,6 +3,7 @@
 
 #include <dirent.h>
 #include <errno.h>
+#include <fcntl.h>
 #include <signal.h>
 #include <sys/stat.h>
 #include <math.h>
@@ -49,8 +50,15 @@ struct mf_run_writer {
     json_t *pending_seqs;
     int pending_count;
     double last_flush;
-    int next_shard;
+    int next_shard, shard_stride;   /* the next shard's number, and how far each one moves it */
+    /* a rank's writer in a job of several (mf_run_part_create): it writes shards but not the manifest, and keeps
+     * their entries here until mf_run_writer_take_report hands them over to rank 0 */
+    bool part;
+    json_t *report_shards, *report_seqs;
 };
+
+static bool shard_name_valid(const char *n);
+static bool is_hex32(const char *s);
 
 static int cmp_str(const void *a, const void *b) { return strcmp(*(char *const *)a, *(char *const *)b); }
 
@@ -133,6 +141,7 @@ static json_t *build_manifest(const mf_run_info *in) {
     json_object_set_new(dev, "name", json_string(in->device_name ? in->device_name : m ? name : "unknown (imported)"));
     json_object_set_new(dev, "threads", json_integer(in->threads));
     json_object_set_new(dev, "kernel", json_string(in->device_name ? "runtime/gpu" : m ? mf_gemm_kernel_name() : "unknown"));
+    if (in->ranks > 1) json_object_set_new(dev, "ranks", json_integer(in->ranks));
     json_object_set_new(man, "device", dev);
 
     json_object_set_new(man, "numerics", json_string(in->numerics));
@@ -183,6 +192,12 @@ static json_t *build_manifest(const mf_run_info *in) {
     json_object_set_new(man, "shards", json_array());
     json_object_set_new(man, "complete", json_false());
     return man;
+}
+
+/* The number NNNNN of "part-NNNNN.safetensors" (a name mf_run_open checked), -1 for anything else. */
+static int shard_number(const char *file) {
+    if (!file || !shard_name_valid(file)) return -1;
+    return atoi(file + 5);
 }
 
 static int write_manifest(mf_run_writer *w, mf_error *err) {
@@ -391,7 +406,15 @@ int mf_run_create(mf_run_writer **out, const char *dir, const mf_run_info *info,
     }
     w->sequences = json_object_get(w->manifest, "sequences");
     w->shards = json_object_get(w->manifest, "shards");
-    w->next_shard = (int)json_array_size(w->shards);
+    /* past the highest number there: the ranks of a job leave gaps, so the count could name a shard that exists */
+    w->next_shard = 0;
+    w->shard_stride = 1;
+    size_t si;
+    json_t *sh;
+    json_array_foreach(w->shards, si, sh) {
+        const int k = shard_number(json_string_value(json_object_get(sh, "file")));
+        if (k >= w->next_shard) w->next_shard = k + 1;
+    }
     remove_strays(dir, w->shards);
     if ((rc = write_manifest(w, err))) goto fail;
     w->pending = mf_st_writer_new();
@@ -404,8 +427,142 @@ fail:
     return rc;
 }
 
+/* Sequence ids of the input, sorted, with their places in it: where each sequence goes in the manifest. */
+typedef struct id_place {
+    const char *id;
+    size_t index;
+} id_place;
+
+static int cmp_place(const void *a, const void *b) { return strcmp(((const id_place *)a)->id, ((const id_place *)b)->id); }
+
+static id_place *input_places(const mf_prompts *p) {
+    id_place *v = mf_xcalloc(p->n + 1, sizeof *v);
+    for (size_t i = 0; i < p->n; i++) v[i] = (id_place){p->seq[i].id, i};
+    qsort(v, p->n, sizeof *v, cmp_place);
+    return v;
+}
+
+static const id_place *find_place(const id_place *v, size_t n, const char *id) {
+    const id_place key = {id, 0};
+    return id ? bsearch(&key, v, n, sizeof *v, cmp_place) : NULL;
+}
+
+int mf_run_part_create(mf_run_writer **out, const char *dir, const mf_run_info *info, mf_error *err) {
+    *out = NULL;
+    if (!mf_is_dir(dir)) return mf_fail(err, MF_EIO, "%s: not a run directory (rank 0 creates it first)", dir);
+    mf_run_writer *w = mf_xcalloc(1, sizeof *w);
+    w->dir = mf_xstrdup(dir);
+    w->info = *info;
+    w->part = true;
+    w->report_shards = json_array();
+    w->report_seqs = json_array();
+    w->shard_stride = 1;
+    w->pending = mf_st_writer_new();
+    w->pending_seqs = json_array();
+    w->last_flush = mf_now();
+    *out = w;
+    return MF_OK;
+}
+
+int mf_run_writer_next_shard(const mf_run_writer *w) { return w->next_shard; }
+
+void mf_run_writer_number_shards(mf_run_writer *w, int first, int stride) {
+    w->next_shard = first;
+    w->shard_stride = stride > 0 ? stride : 1;
+}
+
+char *mf_run_writer_take_report(mf_run_writer *w) {
+    if (!w->part || !json_array_size(w->report_shards)) return NULL;
+    json_t *r = json_object();
+    json_object_set(r, "shards", w->report_shards);
+    json_object_set(r, "sequences", w->report_seqs);
+    char *text = json_dumps(r, JSON_COMPACT | JSON_PRESERVE_ORDER);
+    json_decref(r);
+    json_array_clear(w->report_shards);
+    json_array_clear(w->report_seqs);
+    return text;
+}
+
+int mf_run_writer_adopt(mf_run_writer *w, const char *report, size_t len, const char *from, uint64_t *positions,
+                        mf_error *err) {
+    *positions = 0;
+    json_error_t jerr;
+    json_t *r = json_loadb(report, len, JSON_REJECT_DUPLICATES, &jerr);
+    json_t *shards = json_object_get(r, "shards"), *seqs = json_object_get(r, "sequences");
+    int rc = MF_OK;
+    if (!json_is_array(shards) || !json_is_array(seqs) || !json_array_size(shards)) {
+        rc = mf_fail(err, MF_EFORMAT, "%s: %s's report of its shards is malformed (%s)", w->dir, from,
+                     r ? "it needs shards and sequences lists" : jerr.text);
+        json_decref(r);
+        return rc;
+    }
+    /* the shards: named as the writer names them, not in the run yet, there with the size reported */
+    size_t i;
+    json_t *e;
+    json_array_foreach(shards, i, e) {
+        const char *f = json_string_value(json_object_get(e, "file")), *d = json_string_value(json_object_get(e, "digest"));
+        json_t *b = json_object_get(e, "bytes");
+        if (!f || !shard_name_valid(f) || !d || !is_hex32(d) || !json_is_integer(b)) {
+            rc = mf_fail(err, MF_EFORMAT, "%s: %s reported a malformed shard entry %zu", w->dir, from, i);
+            break;
+        }
+        size_t j;
+        json_t *o;
+        json_array_foreach(w->shards, j, o) if (!strcmp(json_string_value(json_object_get(o, "file")), f)) {
+            rc = mf_fail(err, MF_EFORMAT, "%s: %s reported shard %s, which the run already has", w->dir, from, f);
+            break;
+        }
+        if (rc) break;
+        char path[4200];
+        struct stat st;
+        /* opened, not just stat'ed: on NFS an open revalidates what another client wrote (close-to-open) */
+        int fd = mf_path_join(path, sizeof path, w->dir, f) ? open(path, O_RDONLY | O_CLOEXEC) : -1;
+        const bool there = fd >= 0 && fstat(fd, &st) == 0;
+        if (fd >= 0) close(fd);
+        if (!there || (uint64_t)st.st_size != (uint64_t)json_integer_value(b)) {
+            rc = mf_fail(err, MF_EIO, "%s: %s reported %s of %lld bytes, but %s", w->dir, from, f,
+                         (long long)json_integer_value(b), there ? "its size differs" : "it is not there");
+            break;
+        }
+    }
+    /* the sequences: of the input, not done yet, in a shard of the report */
+    id_place *places = rc ? NULL : input_places(w->info.prompts);
+    json_array_foreach(seqs, i, e) {
+        if (rc) break;
+        const char *id = json_string_value(json_object_get(e, "id")), *sh = json_string_value(json_object_get(e, "shard"));
+        bool in_report = false;
+        size_t j;
+        json_t *o;
+        json_array_foreach(shards, j, o) in_report |= sh && !strcmp(json_string_value(json_object_get(o, "file")), sh);
+        if (!find_place(places, w->info.prompts->n, id))
+            rc = mf_fail(err, MF_EFORMAT, "%s: %s reported sequence entry %zu, which is not of the input", w->dir, from, i);
+        else if (mf_run_writer_has(w, id))
+            rc = mf_fail(err, MF_EFORMAT, "%s: %s reported sequence %s, which the run already has", w->dir, from, id);
+        else if (!in_report)
+            rc = mf_fail(err, MF_EFORMAT, "%s: %s reported sequence %s in a shard it did not report", w->dir, from, id);
+        for (size_t k = 0; k < i && !rc; k++)
+            if (!strcmp(json_string_value(json_object_get(json_array_get(seqs, k), "id")), id))
+                rc = mf_fail(err, MF_EFORMAT, "%s: %s reported sequence %s twice", w->dir, from, id);
+    }
+    free(places);
+    if (!rc) {
+        json_array_foreach(shards, i, e) json_array_append(w->shards, e);
+        json_array_foreach(seqs, i, e) {
+            json_array_append(w->sequences, e);
+            done_insert(w, json_string_value(json_object_get(e, "id")));
+            const json_int_t length = json_integer_value(json_object_get(e, "length"));
+            *positions += length > 0 ? (uint64_t)length : 0;
+        }
+        rc = write_manifest(w, err);
+    }
+    json_decref(r);
+    return rc;
+}
+
 static int flush_shard(mf_run_writer *w, mf_error *err) {
     if (w->pending_count == 0) return MF_OK;
+    if (w->next_shard > 99999999)   /* the 8 digits of the format */
+        return mf_fail(err, MF_EINVAL, "%s: shard number %d is past the format's 8 digits", w->dir, w->next_shard);
     char name[64], path[4096];
     snprintf(name, sizeof name, "part-%05d.safetensors", w->next_shard);
     if (!mf_path_join(path, sizeof path, w->dir, name)) return mf_fail(err, MF_EINVAL, "%s: path too long", w->dir);
@@ -422,16 +579,16 @@ static int flush_shard(mf_run_writer *w, mf_error *err) {
     json_object_set_new(sh, "file", json_string(name));
     json_object_set_new(sh, "bytes", json_integer((json_int_t)bytes));
     json_object_set_new(sh, "digest", json_string(digest));
-    json_array_append_new(w->shards, sh);
+    json_array_append_new(w->part ? w->report_shards : w->shards, sh);
     size_t i;
     json_t *s;
     json_array_foreach(w->pending_seqs, i, s) {
         json_object_set_new(s, "shard", json_string(name));
-        json_array_append(w->sequences, s);
+        json_array_append(w->part ? w->report_seqs : w->sequences, s);
         done_insert(w, json_string_value(json_object_get(s, "id")));
     }
-    if ((rc = write_manifest(w, err))) return rc;
-    w->next_shard++;
+    if (!w->part && (rc = write_manifest(w, err))) return rc;
+    w->next_shard += w->shard_stride;
     mf_st_writer_free(w->pending);
     w->pending = mf_st_writer_new();
     json_array_clear(w->pending_seqs);
@@ -561,9 +718,52 @@ int mf_run_writer_add(mf_run_writer *w, const mf_prompt *p, const mf_seq_result 
     return due ? flush_shard(w, err) : MF_OK;
 }
 
+typedef struct placed {
+    size_t key;
+    json_t *entry;
+} placed;
+
+static int cmp_placed(const void *a, const void *b) {
+    const size_t x = ((const placed *)a)->key, y = ((const placed *)b)->key;
+    return (x > y) - (x < y);
+}
+
+/* The manifest's sequences in the input's order and its shards by number, as one process writes them: the
+ * ranks of a job report theirs as they finish, in no particular order. */
+static void sort_manifest(mf_run_writer *w) {
+    const mf_prompts *p = w->info.prompts;
+    id_place *places = input_places(p);
+    json_t *arrays[2] = {w->sequences, w->shards};
+    for (int a = 0; a < 2; a++) {
+        const size_t n = json_array_size(arrays[a]);
+        placed *v = mf_xcalloc(n + 1, sizeof *v);
+        for (size_t i = 0; i < n; i++) {
+            json_t *e = json_array_get(arrays[a], i);
+            size_t key = SIZE_MAX;   /* a sequence not in the input (resume refuses another input): last */
+            if (a == 0) {
+                const id_place *pl = find_place(places, p->n, json_string_value(json_object_get(e, "id")));
+                if (pl) key = pl->index;
+            } else {
+                const int k = shard_number(json_string_value(json_object_get(e, "file")));
+                if (k >= 0) key = (size_t)k;
+            }
+            v[i] = (placed){key, json_incref(e)};
+        }
+        /* equal keys keep their order: qsort is not stable, so the index breaks ties */
+        for (size_t i = 0; i < n; i++)
+            if (v[i].key == SIZE_MAX) v[i].key = SIZE_MAX - n + i;
+        qsort(v, n, sizeof *v, cmp_placed);
+        json_array_clear(arrays[a]);
+        for (size_t i = 0; i < n; i++) json_array_append_new(arrays[a], v[i].entry);
+        free(v);
+    }
+    free(places);
+}
+
 int mf_run_writer_close(mf_run_writer *w, mf_error *err) {
     int rc = flush_shard(w, err);
-    if (rc) return rc;
+    if (rc || w->part) return rc;
+    sort_manifest(w);
     bool complete = true;
     for (size_t i = 0; i < w->info.prompts->n && complete; i++) complete = mf_run_writer_has(w, w->info.prompts->seq[i].id);
     json_object_set_new(w->manifest, "complete", json_boolean(complete));
@@ -576,6 +776,8 @@ void mf_run_writer_free(mf_run_writer *w) {
     free(w->done);
     json_decref(w->manifest);
     json_decref(w->pending_seqs);
+    json_decref(w->report_shards);
+    json_decref(w->report_seqs);
     mf_st_writer_free(w->pending);
     free(w->dir);
     free(w);

@@ -129,6 +129,13 @@ void mf_gpu_close(mf_gpu *g);
 int mf_device_check(const char *device, mf_error *err);
 /* Whether a device string names a GPU (anything but "cpu"). */
 bool mf_device_is_gpu(const char *device);
+/* How many GPUs the backend of device ("cuda", "hip:1", ...) sees, loading its module; MF_EIO naming why when
+ * there are none. */
+int mf_gpu_count(const char *device, int *count, mf_error *err);
+/* The device of one rank of a job (trace under mpirun or srun): "cuda" or "hip" without an index becomes the
+ * rank-th of the node's count GPUs, round robin ("cuda:<rank % count>"; rank is the node-local rank); "cpu" and
+ * a GPU named with its index are taken as given. out gets the device string (cap bytes). */
+int mf_device_for_rank(const char *device, int rank, int count, char *out, size_t cap, mf_error *err);
 
 /* RoPE tables [T, rot_dim] (cos, sin), as the policy computes them (exposed for tests). */
 void mf_rope_tables(const mf_config *cfg, const mf_precision *prec, int T, double *cos_t, double *sin_t);

@@ -30,7 +30,13 @@ typedef struct mf_trace_opts {
 
 /* Parses and checks the precision and numerics of a trace. */
 int mf_trace_check(const mf_trace_opts *o, mf_precision *prec, mf_numerics *num, mf_error *err);
+/* In a job of several ranks (mf_dist.h) every rank calls it with the same options: the ranks share the sequences
+ * (mf_trace_assign), rank 0 writes the manifest, and every rank returns the same status. */
 int mf_trace(const mf_trace_opts *o, mf_error *err);
+/* Which rank traces each sequence: the ones not done (done NULL: none is), the most costly first (positions: the
+ * prompt, up to generate new tokens, every choice after the prompt), each to the rank with the least work so far
+ * (the lowest of equals); owner[i] gets the rank, -1 for a sequence done. The same on every rank. */
+void mf_trace_assign(const mf_prompts *p, const bool *done, int generate, int ranks, int *owner);
 
 /* Scores every choice of p (its multiple-choice item): one forward pass of the prompt and the choice on the CPU
  * (model, ro) or a GPU, or on the CPU a key-value-cache session rewound between choices where that reads the

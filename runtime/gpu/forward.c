@@ -478,6 +478,12 @@ void GPU_FN(gpu_close)(void *impl) {
 
 const char *GPU_FN(gpu_describe)(const void *impl) { return ((const gpu *)impl)->desc; }
 
+int GPU_FN(gpu_count)(int *count, mf_error *err) {
+    char msg[256];
+    if (GPU_FN(device_count)(count, msg, sizeof msg)) return mf_fail(err, MF_EIO, "%s", msg);
+    return MF_OK;
+}
+
 static int run_tokens(gpu *G, const int32_t *tokens, int T, int pos, bool cached, unsigned capture, mf_seq_result *r,
                       mf_error *err);
 static int upload_rope(gpu *G, int n, int from, double *dst_cos, double *dst_sin);

@@ -86,6 +86,9 @@ typedef struct gk_gemm {
 
 /* Context: one device, one stream. Returns 0, or nonzero with a message. */
 int GPU_FN(ctx_open)(gk_ctx **out, int device, char *desc, size_t desc_n, char *msg, size_t msg_n);
+/* How many GPUs of this backend the process sees (CUDA_VISIBLE_DEVICES, HIP_VISIBLE_DEVICES, ... applied): 0 with
+ * msg naming why when the runtime finds none. */
+int GPU_FN(device_count)(int *count, char *msg, size_t msg_n);
 void GPU_FN(ctx_close)(gk_ctx *c);
 /* Device memory (NULL when it cannot be had). */
 void *GPU_FN(alloc)(gk_ctx *c, size_t bytes);

@@ -36,6 +36,17 @@ static void ctx_release(gk_ctx *c) {
     free(c);
 }
 
+extern "C" int GPU_FN(device_count)(int *count, char *msg, size_t msg_n) {
+    *count = 0;
+    const gpuError_t e = gpuGetDeviceCount(count);
+    if (e != gpuSuccess || *count == 0) {
+        *count = 0;
+        snprintf(msg, msg_n, "no %s GPU on this machine (%s)", GPU_NAME, e != gpuSuccess ? gpuGetErrorString(e) : "none found");
+        return 1;
+    }
+    return 0;
+}
+
 extern "C" int GPU_FN(ctx_open)(gk_ctx **out, int device, char *desc, size_t desc_n, char *msg, size_t msg_n) {
     *out = NULL;
     int count = 0;

@@ -21,6 +21,7 @@ typedef struct backend_api {
     const void *(*host_logits)(const void *impl, mf_dtype *dtype);
     const char *(*describe)(const void *impl);
     void (*close)(void *impl);
+    int (*count)(int *count, mf_error *err);
 } backend_api;
 
 struct mf_gpu {
@@ -37,15 +38,16 @@ static int load_backend(backend b, const backend_api **out, mf_error *err) {
         *out = &apis[b];
         return MF_OK;
     }
-    enum { N_ENTRIES = 8 };
+    enum { N_ENTRIES = 9 };
     char file[64], names[N_ENTRIES][64];
     snprintf(file, sizeof file, "libmoeflip_%s.so", backend_names[b]);
     backend_api *a = &apis[b];
     static const char *const entry[N_ENTRIES] = {"gpu_open", "gpu_forward", "gpu_session_forward", "gpu_session_rewind",
-                                                 "gpu_set_replay", "gpu_host_logits", "gpu_describe", "gpu_close"};
+                                                 "gpu_set_replay", "gpu_host_logits", "gpu_describe", "gpu_close",
+                                                 "gpu_count"};
     void **slots[N_ENTRIES] = {(void **)&a->open, (void **)&a->forward, (void **)&a->session_forward,
                                (void **)&a->session_rewind, (void **)&a->set_replay, (void **)&a->host_logits,
-                               (void **)&a->describe, (void **)&a->close};
+                               (void **)&a->describe, (void **)&a->close, (void **)&a->count};
     mf_module_fn fns[N_ENTRIES];
     for (int i = 0; i < N_ENTRIES; i++) {
         snprintf(names[i], sizeof names[i], "mf_%s_%s", backend_names[b], entry[i]);
@@ -145,4 +147,31 @@ void mf_gpu_close(mf_gpu *g) {
     if (!g) return;
     g->api->close(g->impl);
     free(g);
+}
+
+int mf_gpu_count(const char *device, int *count, mf_error *err) {
+    *count = 0;
+    backend b = BACKEND_CUDA;
+    int index = 0;
+    const backend_api *api = NULL;
+    int rc = parse_device(device, &b, &index, err);
+    if (!rc) rc = load_backend(b, &api, err);
+    return rc ? rc : api->count(count, err);
+}
+
+int mf_device_for_rank(const char *device, int rank, int count, char *out, size_t cap, mf_error *err) {
+    int rc = mf_device_check(device, err);
+    if (rc) return rc;
+    const char *colon = strchr(device, ':');
+    /* the CPU, and a GPU named with its index, are every rank's own choice */
+    if (!mf_device_is_gpu(device) || colon) {
+        if (strlen(device) >= cap) return mf_fail(err, MF_EINVAL, "device \"%s\": name too long", device);
+        snprintf(out, cap, "%s", device);
+        return MF_OK;
+    }
+    if (count < 1) return mf_fail(err, MF_EIO, "%s: no GPU to give rank %d", device, rank);
+    if (rank < 0) return mf_fail(err, MF_EINVAL, "rank %d: not a rank", rank);
+    if ((size_t)snprintf(out, cap, "%s:%d", device, rank % count) >= cap)
+        return mf_fail(err, MF_EINVAL, "device \"%s\": name too long", device);
+    return MF_OK;
 }
