@@ -39,8 +39,8 @@ static const struct {
      "not validated against a simulator or hardware: MMA-Sim does not run CDNA2's bf16/f16 MFMA"},
     {"cdna3", "CDNA3", "mfma_f32_32x32x8_bf16", "mfma_f32_32x32x8_f16", "mfma_f32_32x32x16_fp8_fp8", NULL, NULL},
     {"cdna4", "CDNA4", "mfma_f32_32x32x16_bf16", "mfma_f32_32x32x16_f16", "mfma_f32_32x32x16_fp8_fp8", NULL,
-     "not validated against a simulator or hardware: CDNA3's arithmetic, which AMD's CDNA4 ISA description does not "
-     "contradict, with CDNA4's instructions and OCP fp8 formats"},
+     "not validated against a simulator or hardware: CDNA3's arithmetic (AMD's CDNA4 descriptions state no other "
+     "accumulation) on CDNA4's instructions, with its OCP fp8 formats"},
 };
 #define ARCH_LIST "volta, ampere, hopper, blackwell, rtxblackwell, cdna2, cdna3, cdna4"
 
