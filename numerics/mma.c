@@ -142,6 +142,7 @@ static uint32_t round_rz_f32(int64_t S, int scale, int frac) {
     int sh = q - scale;
     if (sh > 0) mag = sh >= 64 ? 0 : mag >> sh;
     else mag <<= -sh;
+    if (!mag) return 0;   /* a sum that truncates to zero is +0, whatever its sign (MMA-Sim) */
     float f = (float)ldexp((double)mag, q);
     return mf_f32_bits(neg ? -f : f);
 }

@@ -176,6 +176,22 @@ Test(mma_blackwell, mxf4nvf4_block_sums) {
     cr_assert_eq((uint32_t)mf_mma_dot_scaled(&r, ra, rb, 1, f32b(-1.0f), ras, rbs, 1), f32b(71.0f));
 }
 
+/* A negative sum that truncates to zero gives +0 (MMA-Sim; the H200 vectors never show a -0 either):
+ * -2^-75 * 2^-75 = -2^-150, below fp32's last subnormal. The fast kernels agree. */
+Test(mma, nvidia_sum_truncated_to_zero_is_plus_zero) {
+    mf_mma_instr h = lookup("Blackwell", "tcgen05.mma.m64n8k16.f32.bf16.bf16");
+    uint64_t a[16] = {0x9a00 /* -2^-75 */}, b[16] = {0x1a00 /* 2^-75 */};
+    cr_assert_eq((uint32_t)mf_mma_dot(&h, a, b, 1, 0), 0u);
+    mf_kschedule s = {.instr = h, .acc = 1, .split = 1, .reduce = MF_REDUCE_SEQ};
+    uint64_t A[16 * 2] = {0x9a00, [16] = 0x9a00}, B[16 * 4] = {0x1a00, 0x1a00, 0x1a00, 0x1a00}, C[2 * 4];
+    for (int portable = 0; portable < 2; portable++) {
+        mf_emu_force_portable(portable);
+        mf_emu_gemm(&s, 2, 4, 16, A, B, NULL, C, 1);
+        for (int i = 0; i < 8; i++) cr_assert_eq((uint32_t)C[i], 0u, "element %d: %08x", i, (uint32_t)C[i]);
+    }
+    mf_emu_force_portable(false);
+}
+
 Test(mma_blackwell, instruction_names) {
     mf_mma_instr I;
     mf_error err = {0};
@@ -484,6 +500,16 @@ Test(mma_vectors, mmasim_every_architecture) {
     n += check_vectors(fixture("mma/mmasim_Hopper.jsonl.xz"));
     n += check_vectors(fixture("mma/mmasim_CDNA3.jsonl.xz"));
     cr_assert_eq(n, 2560 + 12800 + 125440 + 168960);
+}
+
+/* MMA-Sim's Blackwell models: sm_100 mma and tcgen05.mma (bf16, f16, tf32, f16 accumulation, e4m3/e5m2),
+ * its block-scaled mxf8f6f4 and mxf4nvf4 kinds (ue8m0 block 16/32, ue4m3 block 16), and sm_120's mma with its
+ * block-scaled kinds; every element of every case. */
+Test(mma_vectors, mmasim_blackwell, .timeout = 300) {
+    size_t n = check_vectors(fixture("mma/mmasim_Blackwell.jsonl.xz"));
+    n += check_vectors(fixture("mma/mmasim_Blackwell_blockscale.jsonl.xz"));
+    n += check_vectors(fixture("mma/mmasim_RTXBlackwell.jsonl.xz"));
+    cr_assert_eq(n, 56320 + 51200 + 43520);
 }
 
 Test(mma_vectors, h200_hardware, .timeout = 300) {
