@@ -11,10 +11,12 @@ static const char *help =
     "usage: moeflip mma run --in VECTORS.jsonl --out RESULTS.jsonl\n"
     "\n"
     "Each input line is one case: {\"arch\", \"instr\", \"m\", \"n\", \"k\", \"A\": [hex, m*k row-major],\n"
-    "\"B\": [hex, k*n], \"C\": [hex, m*n], ...}, bit patterns in hex. Each output line is the same object\n"
+    "\"B\": [hex, k*n], \"C\": [hex, m*n], ...}, bit patterns in hex; block-scaled instructions also take\n"
+    "\"SA\": [hex, m*(k/block)] and \"SB\": [hex, (k/block)*n]. Each output line is the same object\n"
     "with \"D\" set to what the instruction computes. arch: Volta, Turing, Ampere, Ada, Hopper, Blackwell,\n"
-    "CDNA1, CDNA2, CDNA3; instr as PTX or AMD spell it (mma.m16n8k16.f32.bf16.bf16.f32,\n"
-    "wgmma.m64n8k16.f32.bf16.bf16, mfma_f32_32x32x8_bf16, ...). Cases whose \"source\" names the H200\n"
+    "RTX Blackwell, CDNA1, CDNA2, CDNA3, CDNA4; instr as PTX or AMD spell it (mma.m16n8k16.f32.bf16.bf16.f32,\n"
+    "wgmma.m64n8k16.f32.bf16.bf16, tcgen05.mma.m128n8k64.block16.f32.e2m1.e2m1.ue4m3, mfma_f32_32x32x8_bf16,\n"
+    "...). Cases whose \"source\" names the H200\n"
     "(or \"hardware\") follow the hardware where it differs from MMA-Sim: NVIDIA products with a zero\n"
     "factor do not count for the largest exponent. VECTORS may be xz-compressed.\n";
 
@@ -62,18 +64,32 @@ static int run_case(json_t *o, int line, mf_error *err) {
                            (long long)json_integer_value(v), instr, dims[d], have[d]);
     }
     const size_t na = (size_t)I.m * I.k, nb = (size_t)I.k * I.n, nc = (size_t)I.m * I.n;
-    uint64_t *A = malloc(na * 8), *B = malloc(nb * 8), *C = malloc(nc * 8), *D = malloc(nc * 8);
+    const size_t nsa = I.scaled ? (size_t)I.m * (I.k / I.block) : 0, nsb = I.scaled ? (size_t)(I.k / I.block) * I.n : 0;
+    uint64_t *A = mf_xmalloc(na * 8), *B = mf_xmalloc(nb * 8), *C = mf_xmalloc(nc * 8), *D = mf_xmalloc(nc * 8);
+    uint64_t *SA = mf_xmalloc((nsa ? nsa : 1) * 8), *SB = mf_xmalloc((nsb ? nsb : 1) * 8);
     int rc = read_hex_array(json_object_get(o, "A"), na, mf_fmt_bytes(I.a_fmt), A, "A", line, err);
     if (!rc) rc = read_hex_array(json_object_get(o, "B"), nb, mf_fmt_bytes(I.b_fmt), B, "B", line, err);
     if (!rc) rc = read_hex_array(json_object_get(o, "C"), nc, mf_fmt_bytes(I.c_fmt), C, "C", line, err);
+    for (size_t i = 0; !rc && I.a_fmt == MF_FMT_E2M1 && i < na; i++)
+        if (A[i] > 0xf) rc = mf_fail(err, MF_EINVAL, "line %d: A[%zu] is not an fp4 (e2m1) value: one hex digit", line, i);
+    for (size_t i = 0; !rc && I.b_fmt == MF_FMT_E2M1 && i < nb; i++)
+        if (B[i] > 0xf) rc = mf_fail(err, MF_EINVAL, "line %d: B[%zu] is not an fp4 (e2m1) value: one hex digit", line, i);
+    if (!rc && I.scaled) rc = read_hex_array(json_object_get(o, "SA"), nsa, 1, SA, "SA", line, err);
+    if (!rc && I.scaled) rc = read_hex_array(json_object_get(o, "SB"), nsb, 1, SB, "SB", line, err);
+    json_t *blk = json_object_get(o, "block");
+    if (!rc && I.scaled && blk && (!json_is_integer(blk) || json_integer_value(blk) != I.block))
+        rc = mf_fail(err, MF_EINVAL, "line %d: block = %lld, but %s has block %d", line, (long long)json_integer_value(blk),
+                     instr, I.block);
     if (!rc) {
-        mf_mma_tile(&I, A, B, C, D);
+        mf_mma_tile_scaled(&I, A, B, C, I.scaled ? SA : NULL, I.scaled ? SB : NULL, D);
         json_object_set_new(o, "D", hex_array(D, nc, mf_fmt_bytes(I.c_fmt)));
     }
     free(A);
     free(B);
     free(C);
     free(D);
+    free(SA);
+    free(SB);
     return rc;
 }
 

@@ -293,7 +293,8 @@ int mf_sweep(const mf_sweep_opts *o, mf_error *err) {
     for (int i = 0; i < nt && !(nv && amd); i++)
         for (int j = 0; j < nt; j++) {
             if (!tg[i].ok || !tg[j].ok || strcmp(tg[i].precision, tg[j].precision)) continue;
-            bool inv = strstr(tg[i].numerics, "hopper") || strstr(tg[i].numerics, "ampere") || strstr(tg[i].numerics, "volta");
+            bool inv = strstr(tg[i].numerics, "hopper") || strstr(tg[i].numerics, "ampere") || strstr(tg[i].numerics, "volta") ||
+                       strstr(tg[i].numerics, "blackwell");
             bool jam = strstr(tg[j].numerics, "cdna");
             if (inv && jam) {
                 nv = &tg[i];

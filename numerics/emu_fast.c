@@ -77,7 +77,7 @@ static inline double nv_chunk_scalar(int n, const double *av, const int32_t *ae,
     frexp(S, &es);
     int ev = es - 1 + E - F;
     int q = (ev < -126 ? -126 : ev) - 23;
-    double v = ldexp(trunc(ldexp(S, E - F - q)), q);
+    double v = ldexp(trunc(ldexp(S, E - F - q)), q) + 0.0;   /* + 0.0: a sum truncated to zero is +0 */
     return v;   /* |v| >= 2^128 is caught by the caller */
 }
 
@@ -184,7 +184,7 @@ __attribute__((target("avx2,fma"), always_inline)) static inline void nv_cols_bo
             __m128i q = _mm_sub_epi32(_mm_max_epi32(_mm_add_epi32(exp_pd(S), EF), _mm_set1_epi32(-126)), _mm_set1_epi32(23));
             /* S * 2^(E - F - q), truncated, times 2^q: both factors exact powers of two */
             __m256d r = _mm256_round_pd(_mm256_mul_pd(S, pow2_pd(_mm_sub_epi32(EF, q))), _MM_FROUND_TO_ZERO | _MM_FROUND_NO_EXC);
-            acc[p] = _mm256_mul_pd(r, pow2_pd(q));
+            acc[p] = _mm256_add_pd(_mm256_mul_pd(r, pow2_pd(q)), _mm256_setzero_pd());   /* -0 -> +0 */
         }
     }
     panels_store(acc, big, cp, up_);
@@ -342,7 +342,7 @@ T512 void nv_cols_body512(int kc, int nchunks, int F, const double *av, const in
             __m256i q = _mm256_sub_epi32(_mm256_max_epi32(_mm256_add_epi32(exp_512(S), EF), _mm256_set1_epi32(-126)),
                                          _mm256_set1_epi32(23));
             __m512d r = _mm512_roundscale_pd(_mm512_mul_pd(S, pow2_512(_mm256_sub_epi32(EF, q))), RZ);
-            acc[p] = _mm512_mul_pd(r, pow2_512(q));
+            acc[p] = _mm512_add_pd(_mm512_mul_pd(r, pow2_512(q)), _mm512_setzero_pd());   /* -0 -> +0 */
         }
     }
     panels_store512(acc, big, cp, up_);

@@ -86,6 +86,55 @@ void mf_emu_gemm_reference(const mf_kschedule *s, int M, int N, int K, const uin
     }
 }
 
+int mf_emu_gemm_scaled(const mf_kschedule *s, int M, int N, int K, const uint64_t *A, const uint64_t *B,
+                       const uint64_t *SA, const uint64_t *SB, const uint64_t *C0, uint64_t *C, int threads, mf_error *err) {
+    const mf_mma_instr *I = &s->instr;
+    if (!I->scaled) {
+        mf_emu_gemm(s, M, N, K, A, B, C0, C, threads);
+        return MF_OK;
+    }
+    if (K < 0 || K % I->k)
+        return mf_fail(err, MF_EINVAL, "%s: K = %d is not a multiple of the instruction's k (%d): a block-scaled "
+                       "product is not padded", I->name, K, I->k);
+    const int k = I->k, steps = K / k, nacc = s->acc, per = k / I->block;   /* scales per step */
+    const size_t ns = (size_t)(K / I->block);
+    (void)threads;
+#pragma omp parallel num_threads(threads) if (threads > 1 && (double)M * N * K > 65536)
+    {
+        uint64_t *b = malloc(sizeof(uint64_t) * (size_t)(K > 0 ? K : 1)), *sb = malloc(sizeof(uint64_t) * (ns ? ns : 1));
+        float *accs = malloc(sizeof(float) * (size_t)nacc), *ranges = malloc(sizeof(float) * (size_t)s->split);
+#pragma omp for schedule(static)
+        for (int i = 0; i < M; i++) {
+            const uint64_t *a = A + (size_t)i * K, *sa = SA + (size_t)i * ns;
+            for (int j = 0; j < N; j++) {
+                for (int kk = 0; kk < K; kk++) b[kk] = B[(size_t)kk * N + j];
+                for (size_t q = 0; q < ns; q++) sb[q] = SB[q * N + j];
+                uint64_t c0 = C0 ? C0[(size_t)i * N + j] : 0;
+                for (int r = 0; r < s->split; r++) {
+                    uint64_t acc[nacc];
+                    for (int q = 0; q < nacc; q++) acc[q] = (r == 0 && q == 0) ? c0 : 0;
+                    int first, end;
+                    range_steps(s, steps, r, &first, &end);
+                    for (int t = 0; t < end - first; t++) {
+                        const int step = first + t;
+                        uint64_t *dst = &acc[t % nacc];
+                        *dst = mf_mma_dot_scaled(I, a + (size_t)step * k, b + (size_t)step * k, 1, *dst,
+                                                 sa + (size_t)step * per, sb + (size_t)step * per, 1);
+                    }
+                    for (int q = 0; q < nacc; q++) accs[q] = mf_bits_f32((uint32_t)acc[q]);
+                    ranges[r] = reduce(accs, nacc, s->reduce);
+                }
+                C[(size_t)i * N + j] = mf_f32_bits(reduce(ranges, s->split, s->reduce));
+            }
+        }
+        free(b);
+        free(sb);
+        free(accs);
+        free(ranges);
+    }
+    return MF_OK;
+}
+
 /* CDNA1/CDNA2 f16/bf16 (pairwise fp32 trees, CDNA2 flushing subnormals): plain
  * fp32 arithmetic, so a loop over the columns that the compiler vectorises.
  * Same operations in the same order as mma.c's pairwise(); a plain chain.

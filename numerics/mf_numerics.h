@@ -61,14 +61,19 @@ void mf_gemm_force_portable(bool on);
 
 /* Operand formats of matrix instructions. TF32 (and AMD's xf32) operands are
  * fp32 bit patterns whose low 13 fraction bits the unit ignores; FNUZ are
- * AMD's fp8 variants (no -0, NaN = 0x80, other biases). */
+ * AMD CDNA3's fp8 variants (no -0, NaN = 0x80, other biases). E2M1 is fp4
+ * (one value in the low 4 bits of each element); UE8M0 and UE4M3 are the
+ * block-scale formats: 2^(bits - 127) with 0xff NaN, and e4m3 whose sign
+ * bit the unit ignores. */
 typedef enum mf_fmt {
     MF_FMT_BF16, MF_FMT_F16, MF_FMT_F32, MF_FMT_TF32, MF_FMT_F64,
-    MF_FMT_E4M3, MF_FMT_E5M2, MF_FMT_E4M3FNUZ, MF_FMT_E5M2FNUZ, MF_FMT_COUNT
+    MF_FMT_E4M3, MF_FMT_E5M2, MF_FMT_E4M3FNUZ, MF_FMT_E5M2FNUZ,
+    MF_FMT_E2M1, MF_FMT_UE8M0, MF_FMT_UE4M3, MF_FMT_COUNT
 } mf_fmt;
 
 typedef enum mf_mma_kind {
-    MF_MMA_NV_FUSED,      /* NVIDIA: one fused dot-add (two halves on Ampere/Ada) */
+    MF_MMA_NV_FUSED,      /* NVIDIA: one fused dot-add (two halves on Ampere/Ada); mxf8f6f4 with its scales */
+    MF_MMA_NV_BLOCK_SUM,  /* NVIDIA Blackwell mxf4nvf4: exact sums of 16 fp4 products, scaled, then fused */
     MF_MMA_AMD_GROUPED,   /* AMD CDNA3 f16/bf16/fp8/xf32: grouped two-stage, rounding down */
     MF_MMA_AMD_PAIRWISE,  /* AMD CDNA1/2 f16/bf16: pairwise fp32 fma tree per group */
     MF_MMA_FMA_CHAIN,     /* fp32 / fp64 forms: sequential fma */
@@ -79,7 +84,7 @@ typedef struct mf_mma_instr {
     int m, n, k;
     mf_fmt a_fmt, b_fmt, c_fmt;   /* c_fmt is also D's format */
     mf_mma_kind kind;
-    int frac_bits;   /* NVIDIA: F (23 Volta, 24 Turing..Ada, 25 Hopper+, 13 fp8); AMD: 24 */
+    int frac_bits;   /* NVIDIA: F (23 Volta, 24 Turing..Ada, 25 Hopper+, 13 fp8 on Hopper/Ada, 35 mxf4nvf4); AMD: 24 */
     int out_frac;    /* NVIDIA fp32 result fraction bits (23, or 13 for fp8 on Hopper/Ada) */
     int halves;      /* NVIDIA: 2 when k is split (Ampere/Ada m16n8k16 etc.) */
     int group;       /* AMD: products per group */
@@ -89,12 +94,19 @@ typedef struct mf_mma_instr {
      * exponent (measured on an H200; MMA-Sim instead gives a zero the
      * exponent -126). Off by default: the MMA-Sim model. */
     bool zero_products_excluded;
+    /* Block-scaled kinds (Blackwell mxf8f6f4, mxf4nvf4): every `block` consecutive k elements of a row of A
+     * share one scale of format s_fmt, and so do those of a column of B. */
+    bool scaled;
+    int block;
+    mf_fmt s_fmt;
 } mf_mma_instr;
 
 /* Instruction names as PTX and AMD spell them: "mma.m16n8k16.f32.bf16.bf16.f32",
- * "wgmma.m64n8k16.f32.bf16.bf16", "mfma_f32_32x32x8_bf16", "mfma_f32_16x16x16bf16_1k",
- * "mfma_f32_16x16x32_fp8_fp8"; arch: Volta, Turing, Ampere, Ada, Hopper, Blackwell,
- * CDNA1, CDNA2, CDNA3. */
+ * "wgmma.m64n8k16.f32.bf16.bf16", "tcgen05.mma.m64n8k16.f32.bf16.bf16", block-scaled
+ * "tcgen05.mma.m128n8k64.block16.f32.e2m1.e2m1.ue4m3" and "mma.m16n8k32.block32.f32.e4m3.e4m3.f32.ue8m0"
+ * (shape, K elements per scale, D, A, B, [C,] scale format), "mfma_f32_32x32x8_bf16",
+ * "mfma_f32_16x16x16bf16_1k", "mfma_f32_16x16x32_fp8_fp8"; arch: Volta, Turing, Ampere, Ada, Hopper,
+ * Blackwell (sm_100), RTX Blackwell (sm_120), CDNA1, CDNA2, CDNA3, CDNA4. */
 int mf_mma_lookup(mf_mma_instr *I, const char *arch, const char *name, mf_error *err);
 int mf_fmt_bytes(mf_fmt f);
 const char *mf_fmt_name(mf_fmt f);
@@ -103,6 +115,13 @@ const char *mf_fmt_name(mf_fmt f);
 uint64_t mf_mma_dot(const mf_mma_instr *I, const uint64_t *a, const uint64_t *b, size_t b_stride, uint64_t c);
 /* A whole tile: A [m, k], B [k, n], C and D [m, n], row-major bit patterns. */
 void mf_mma_tile(const mf_mma_instr *I, const uint64_t *A, const uint64_t *B, const uint64_t *C, uint64_t *D);
+/* Block-scaled kinds: sa holds row i's k / block scales, sb column j's, element q at sb[q * sb_stride]
+ * (mf_mma_dot runs a scaled instruction with unit scales). Unscaled instructions ignore the scales. */
+uint64_t mf_mma_dot_scaled(const mf_mma_instr *I, const uint64_t *a, const uint64_t *b, size_t b_stride, uint64_t c,
+                           const uint64_t *sa, const uint64_t *sb, size_t sb_stride);
+/* SA [m, k / block], SB [k / block, n], row-major. */
+void mf_mma_tile_scaled(const mf_mma_instr *I, const uint64_t *A, const uint64_t *B, const uint64_t *C,
+                        const uint64_t *SA, const uint64_t *SB, uint64_t *D);
 
 /* ---- emulated GEMM under a K-schedule ---------------------------------- */
 
@@ -121,6 +140,13 @@ int mf_kschedule_check(const mf_kschedule *s, int K, mf_error *err);
  * instruction's formats, row-major; fp32 result bits. */
 void mf_emu_gemm(const mf_kschedule *s, int M, int N, int K, const uint64_t *A, const uint64_t *B, const uint64_t *C0,
                  uint64_t *C, int threads);
+
+/* Block-scaled instructions: C = sum over k of A[i][k] B[k][j] SA[i][k / block] SB[k / block][j] (+ C0),
+ * SA [M, K / block] and SB [K / block, N] in the instruction's scale format, K a multiple of the instruction's
+ * k; chained over K under the schedule like mf_emu_gemm (which, for these, runs with unit scales). The
+ * exact model only. */
+int mf_emu_gemm_scaled(const mf_kschedule *s, int M, int N, int K, const uint64_t *A, const uint64_t *B,
+                       const uint64_t *SA, const uint64_t *SB, const uint64_t *C0, uint64_t *C, int threads, mf_error *err);
 
 /* The fast path (AVX2 or portable) for bf16/f16 inputs with fp32
  * accumulation on NVIDIA fused and AMD CDNA3 grouped instructions; a plain
@@ -168,9 +194,16 @@ typedef enum mf_numerics_kind { MF_NUMERICS_NATIVE, MF_NUMERICS_FP64, MF_NUMERIC
 typedef struct mf_numerics {
     char name[160];        /* canonical spelling, recorded in the manifest */
     mf_numerics_kind kind;
-    char arch[16];         /* emu: volta, ampere, hopper, cdna2, cdna3 */
+    char arch[16];         /* emu: volta, ampere, hopper, blackwell, rtxblackwell, cdna2, cdna3, cdna4 */
     bool has[2];           /* an instruction for bf16 [0] and f16 [1] operands */
     mf_kschedule bf16, f16;
+    /* The architecture's instruction for fp8 (e4m3) operands and for MXFP4 (e2m1, ue8m0 scales per 32)
+     * operands, under the same schedule; has_* false where it has none (or the schedule does not fit it). */
+    bool has_fp8, has_mxf4;
+    mf_kschedule fp8, mxf4;
+    /* NULL when the profile's models were checked against MMA-Sim or hardware; else why they were not
+     * (the manifest records it). */
+    const char *validation;
 } mf_numerics;
 
 /* "fp64", "native", "fixed", "emu:ARCH[:INSTR][:acc=N][:split=N][:reduce=seq|tree]". */
@@ -178,6 +211,9 @@ int mf_numerics_parse(mf_numerics *n, const char *spec, mf_error *err);
 /* The schedule for products of operands of this dtype, or NULL when the
  * product runs as an fp32 (or fp64) fma chain. */
 const mf_kschedule *mf_numerics_schedule(const mf_numerics *n, mf_dtype operands);
+/* The schedule for fp8 (MF_FMT_E4M3, MF_FMT_E5M2) or MXFP4 (MF_FMT_E2M1) products, or NULL where the
+ * profile has no such instruction. */
+const mf_kschedule *mf_numerics_schedule_fmt(const mf_numerics *n, mf_fmt operands);
 
 /* ---- linear layers and matrix products under a precision ------------ */
 

@@ -7,8 +7,11 @@
  *  - NVIDIA (Volta..Blackwell): one fused dot-add per instruction (Ampere and
  *    Ada split k in two halves): terms truncated to F fraction bits relative
  *    to the largest exponent, added exactly, rounded toward zero to fp32
- *    (round to nearest even for an f16 result);
- *  - AMD CDNA3: groups of products truncated to 24 bits relative to their
+ *    (round to nearest even for an f16 result); Blackwell's mxf8f6f4 scales
+ *    each product by its row's and column's ue8m0 scales inside that sum;
+ *  - NVIDIA Blackwell mxf4nvf4: exact sums of 16 fp4 products, scaled, fused
+ *    with C at 35 fraction bits;
+ *  - AMD CDNA3 (and CDNA4, modelled as CDNA3): groups of products truncated to 24 bits relative to their
  *    largest exponent, then the group sum rounded down to 31 bits and the
  *    accumulator down to 24 bits relative to the larger of the two, added,
  *    rounded to nearest fp32; fp8 groups of 16 reduced as even and odd halves;
@@ -26,7 +29,7 @@
 typedef struct fmt_info {
     const char *name;
     int exp_bits, frac_bits, bias, min_exp, bytes;
-    enum { NAN_IEEE, NAN_FN, NAN_FNUZ } nan;
+    enum { NAN_IEEE, NAN_FN, NAN_FNUZ, NAN_NONE } nan;
 } fmt_info;
 
 static const fmt_info fmts[MF_FMT_COUNT] = {
@@ -39,6 +42,9 @@ static const fmt_info fmts[MF_FMT_COUNT] = {
     [MF_FMT_E5M2] = {"e5m2", 5, 2, 15, -14, 1, NAN_IEEE},
     [MF_FMT_E4M3FNUZ] = {"fp8", 4, 3, 8, -7, 1, NAN_FNUZ},
     [MF_FMT_E5M2FNUZ] = {"bf8", 5, 2, 16, -15, 1, NAN_FNUZ},
+    [MF_FMT_E2M1] = {"e2m1", 2, 1, 1, 0, 1, NAN_NONE},
+    [MF_FMT_UE8M0] = {"ue8m0", 8, 0, 127, -127, 1, NAN_NONE},   /* decoded apart: no zero, 0xff NaN */
+    [MF_FMT_UE4M3] = {"ue4m3", 4, 3, 7, -6, 1, NAN_FN},         /* e4m3 read without its sign bit */
 };
 
 int mf_fmt_bytes(mf_fmt f) { return fmts[f].bytes; }
@@ -59,6 +65,15 @@ static num decode(mf_fmt f, uint64_t bits) {
     const fmt_info *fi = &fmts[f];
     num x = {0};
     if (f == MF_FMT_TF32) bits &= ~(uint64_t)0x1fff;   /* tf32: fp32 with the low 13 fraction bits cleared */
+    if (f == MF_FMT_UE4M3) bits &= 0x7f;               /* unsigned: the unit takes |s| (MMA-Sim) */
+    if (f == MF_FMT_E2M1) bits &= 0xf;
+    if (f == MF_FMT_UE8M0) {   /* 2^(bits - 127): significand 1, exponent bits - 127 (2^-127 for 0) */
+        bits &= 0xff;
+        x.cls = bits == 0xff ? CLS_NAN : CLS_FINITE;
+        x.mant = 1;
+        x.e = (int)bits - 127;
+        return x;
+    }
     const int total = fi->exp_bits + fi->frac_bits;
     x.neg = (bits >> total) & 1;
     const uint64_t E = (bits >> fi->frac_bits) & ((1u << fi->exp_bits) - 1);
@@ -127,6 +142,7 @@ static uint32_t round_rz_f32(int64_t S, int scale, int frac) {
     int sh = q - scale;
     if (sh > 0) mag = sh >= 64 ? 0 : mag >> sh;
     else mag <<= -sh;
+    if (!mag) return 0;   /* a sum that truncates to zero is +0, whatever its sign (MMA-Sim) */
     float f = (float)ldexp((double)mag, q);
     return mf_f32_bits(neg ? -f : f);
 }
@@ -169,8 +185,9 @@ static bool special_sum(const num *pa, const num *pb, int k, num c, bool *nan, b
 }
 
 /* One fused dot-add over k products and c (decoded), F fraction bits;
- * returns D bits in the output format. */
-static uint64_t nv_fused(const mf_mma_instr *I, const num *pa, const num *pb, int k, num c) {
+ * returns D bits in the output format. scale_e: the exponent every product
+ * is scaled by (mxf8f6f4's two ue8m0 scales; 0 without scales). */
+static uint64_t nv_fused(const mf_mma_instr *I, const num *pa, const num *pb, int k, num c, int scale_e) {
     bool nan, inf_neg;
     const bool f16_out = I->c_fmt == MF_FMT_F16;
     if (special_sum(pa, pb, k, c, &nan, &inf_neg)) {
@@ -181,14 +198,14 @@ static uint64_t nv_fused(const mf_mma_instr *I, const num *pa, const num *pb, in
     int E = c.e;
     for (int i = 0; i < k; i++) {
         if (I->zero_products_excluded && (pa[i].cls == CLS_ZERO || pb[i].cls == CLS_ZERO)) continue;
-        int e = pa[i].e + pb[i].e;
+        int e = pa[i].e + pb[i].e + scale_e;
         E = e > E ? e : E;
     }
     int64_t S = 0;
     for (int i = 0; i < k; i++) {
         uint64_t m = pa[i].mant * pb[i].mant;
         if (!m) continue;
-        int64_t t = shift_trunc((int64_t)m, F + pa[i].e + pb[i].e - E - pa[i].fb - pb[i].fb);
+        int64_t t = shift_trunc((int64_t)m, F + pa[i].e + pb[i].e + scale_e - E - pa[i].fb - pb[i].fb);
         S += pa[i].neg != pb[i].neg ? -t : t;
     }
     if (c.mant) {
@@ -197,6 +214,48 @@ static uint64_t nv_fused(const mf_mma_instr *I, const num *pa, const num *pb, in
     }
     if (f16_out) return round_rne_f16(S, E - F);
     return round_rz_f32(S, E - F, I->out_frac);
+}
+
+/* Blackwell mxf4nvf4 (MMA-Sim's model): each run of 16 fp4 products is summed
+ * exactly, multiplied by its two scales (their significands included: ue4m3
+ * has 3 fraction bits) and given their exponents as its own; these terms and C
+ * are then truncated to F = 35 bits relative to the largest exponent among
+ * them (a zero sum still counts with its scales' exponents), added exactly and
+ * rounded toward zero to fp32. A NaN scale or C gives NaN. An infinite C is
+ * not in MMA-Sim's model (it fails there); here it passes through. */
+static uint32_t nv_block_sum(const mf_mma_instr *I, const num *pa, const num *pb, int k, num c, const num *sa,
+                             const num *sb) {
+    const int nscale = k / I->block, chunks = k / 16;
+    bool nan = c.cls == CLS_NAN;
+    for (int q = 0; q < nscale; q++) nan |= sa[q].cls == CLS_NAN || sb[q].cls == CLS_NAN;
+    if (nan) return 0x7fffffffu;
+    if (c.cls == CLS_INF) return c.neg ? 0xff800000u : 0x7f800000u;
+    const int F = I->frac_bits;
+    int64_t sum4[chunks];   /* each chunk's exact sum, times 4: fp4 values are multiples of 1/2 */
+    int E = c.e;
+    for (int q = 0; q < chunks; q++) {
+        int64_t s4 = 0;
+        for (int i = q * 16; i < q * 16 + 16; i++) {
+            int64_t m = (int64_t)(pa[i].mant * pb[i].mant);
+            if (!m) continue;
+            m <<= pa[i].e + pb[i].e + 2 - pa[i].fb - pb[i].fb;   /* fp4: e - fb >= -1 */
+            s4 += pa[i].neg != pb[i].neg ? -m : m;
+        }
+        sum4[q] = s4;
+        const num *x = &sa[q * 16 / I->block], *y = &sb[q * 16 / I->block];
+        E = x->e + y->e > E ? x->e + y->e : E;
+    }
+    int64_t S = 0;
+    for (int q = 0; q < chunks; q++) {
+        const num *x = &sa[q * 16 / I->block], *y = &sb[q * 16 / I->block];
+        int64_t v = sum4[q] * (int64_t)(x->mant * y->mant);   /* |v| < 2^20 */
+        S += shift_trunc(v, F + x->e + y->e - E - 2 - x->fb - y->fb);
+    }
+    if (c.mant) {
+        int64_t t = shift_trunc((int64_t)c.mant, F + c.e - E - c.fb);
+        S += c.neg ? -t : t;
+    }
+    return round_rz_f32(S, E - F, 23);
 }
 
 /* ---- AMD CDNA3: two-stage, rounding down -------------------------------- */
@@ -305,7 +364,8 @@ static float pairwise(const float *a, const float *b, int n, bool flush) {
 static bool parse_nv_type(const char *s, mf_fmt *f) {
     static const struct { const char *n; mf_fmt f; } t[] = {
         {"bf16", MF_FMT_BF16}, {"f16", MF_FMT_F16}, {"f32", MF_FMT_F32}, {"tf32", MF_FMT_TF32},
-        {"f64", MF_FMT_F64},   {"e4m3", MF_FMT_E4M3}, {"e5m2", MF_FMT_E5M2},
+        {"f64", MF_FMT_F64},   {"e4m3", MF_FMT_E4M3}, {"e5m2", MF_FMT_E5M2}, {"e2m1", MF_FMT_E2M1},
+        {"ue8m0", MF_FMT_UE8M0}, {"ue4m3", MF_FMT_UE4M3},
     };
     for (size_t i = 0; i < sizeof t / sizeof t[0]; i++)
         if (!strcmp(s, t[i].n)) {
@@ -342,25 +402,62 @@ int mf_mma_lookup(mf_mma_instr *I, const char *arch, const char *name, mf_error 
     snprintf(I->name, sizeof I->name, "%s", name);
     char buf[128];
     snprintf(buf, sizeof buf, "%s", name);
-    if (!strncmp(name, "mma.", 4) || !strncmp(name, "wgmma.", 6)) {
-        const bool wg = name[0] == 'w';
+    if (!strncmp(name, "mma.", 4) || !strncmp(name, "wgmma.", 6) || !strncmp(name, "tcgen05.mma.", 12)) {
+        const bool wg = name[0] == 'w', tc = name[0] == 't';
         int frac = nv_arch_frac(arch);
         if (frac < 0) return mf_fail(err, MF_EUNSUPPORTED, "%s: unknown NVIDIA architecture \"%s\"", name, arch);
-        char *tok[8];
+        if (tc && strcmp(arch, "Blackwell"))
+            return mf_fail(err, MF_EUNSUPPORTED, "%s: tcgen05.mma is sm_100's (arch Blackwell), not %s's", name, arch);
+        char *tok[10];
         int nt = 0;
         char *save = NULL;
-        for (char *p = strtok_r(buf, ".", &save); p && nt < 8; p = strtok_r(NULL, ".", &save)) tok[nt++] = p;
-        /* mma.mMnNkK.D.A.B.C   wgmma.mMnNkK.D.A.B */
-        if (nt != (wg ? 5 : 6) || sscanf(tok[1], "m%dn%dk%d", &I->m, &I->n, &I->k) != 3)
+        for (char *p = strtok_r(buf + (tc ? 12 : wg ? 6 : 4), ".", &save); p && nt < 10; p = strtok_r(NULL, ".", &save))
+            tok[nt++] = p;
+        /* mma: mMnNkK.D.A.B.C or mMnNkK.blockS.D.A.B.C.SF; wgmma: mMnNkK.D.A.B;
+         * tcgen05.mma: mMnNkK.D.A.B or mMnNkK.blockS.D.A.B.SF */
+        const int plain = wg || tc ? 4 : 5;
+        const bool scaled = !wg && nt == plain + 2 && !strncmp(tok[1], "block", 5);
+        if ((nt != plain && !scaled) || sscanf(tok[0], "m%dn%dk%d", &I->m, &I->n, &I->k) != 3 || I->m < 1 || I->n < 1 ||
+            I->k < 1 || I->k > 256)
             return mf_fail(err, MF_EINVAL, "%s: not an instruction name of the form %s", name,
-                           wg ? "wgmma.mMnNkK.D.A.B" : "mma.mMnNkK.D.A.B.C");
+                           wg   ? "wgmma.mMnNkK.D.A.B"
+                           : tc ? "tcgen05.mma.mMnNkK[.blockS].D.A.B[.SF]"
+                                : "mma.mMnNkK[.blockS].D.A.B.C[.SF]");
+        char **t = tok + (scaled ? 2 : 1);   /* D, A, B[, C][, SF] */
         mf_fmt d;
-        if (!parse_nv_type(tok[2], &d) || !parse_nv_type(tok[3], &I->a_fmt) || !parse_nv_type(tok[4], &I->b_fmt) ||
-            (!wg && !parse_nv_type(tok[5], &I->c_fmt)))
+        if (!parse_nv_type(t[0], &d) || !parse_nv_type(t[1], &I->a_fmt) || !parse_nv_type(t[2], &I->b_fmt) ||
+            (plain == 5 && !parse_nv_type(t[3], &I->c_fmt)) || (scaled && !parse_nv_type(t[plain - 1], &I->s_fmt)))
             return mf_fail(err, MF_EINVAL, "%s: unknown operand type", name);
-        if (wg) I->c_fmt = d;
+        if (plain == 4) I->c_fmt = d;
         if (d != I->c_fmt) return mf_fail(err, MF_EUNSUPPORTED, "%s: C and D types differ", name);
-        I->c_fmt = d;
+        const mf_fmt at = I->a_fmt, bt = I->b_fmt;
+        const bool scale_fmt = at == MF_FMT_UE8M0 || at == MF_FMT_UE4M3 || bt == MF_FMT_UE8M0 || bt == MF_FMT_UE4M3 ||
+                               d == MF_FMT_UE8M0 || d == MF_FMT_UE4M3 || d == MF_FMT_E2M1;
+        const bool f8f6f4 = (at == MF_FMT_E4M3 || at == MF_FMT_E5M2 || at == MF_FMT_E2M1) &&
+                            (bt == MF_FMT_E4M3 || bt == MF_FMT_E5M2 || bt == MF_FMT_E2M1);
+        if (scale_fmt || ((at == MF_FMT_E2M1 || bt == MF_FMT_E2M1) && !f8f6f4) ||
+            ((at == MF_FMT_E2M1 || bt == MF_FMT_E2M1) && !tc && strcmp(arch, "RTX Blackwell")))
+            return mf_fail(err, MF_EINVAL, "%s: ue8m0/ue4m3 are scale formats and e2m1 a Blackwell f8f6f4 operand", name);
+        if (scaled) {
+            char *end;
+            I->block = (int)strtol(tok[1] + 5, &end, 10);
+            if (!tc && strcmp(arch, "RTX Blackwell"))
+                return mf_fail(err, MF_EUNSUPPORTED, "%s: block-scaled mma is sm_120's (arch RTX Blackwell)", name);
+            const bool mx8 = I->k == 32 && f8f6f4 && I->block == 32 && I->s_fmt == MF_FMT_UE8M0;
+            const bool mx4 = I->k == 64 && at == MF_FMT_E2M1 && bt == MF_FMT_E2M1 && (I->block == 16 || I->block == 32) &&
+                             (I->s_fmt == MF_FMT_UE8M0 || (I->s_fmt == MF_FMT_UE4M3 && (!tc || I->block == 16)));
+            if (*end || d != MF_FMT_F32 || !(mx8 || mx4))
+                return mf_fail(err, MF_EUNSUPPORTED,
+                               "%s: block-scaled kinds are k32 block32 e4m3/e5m2/e2m1 with ue8m0 (mxf8f6f4) and k64 e2m1 with "
+                               "ue8m0 block16/32 or ue4m3 block16%s (mxf4nvf4), f32 accumulation", name,
+                               tc ? "" : "/32");
+            I->scaled = true;
+            I->kind = mx4 ? MF_MMA_NV_BLOCK_SUM : MF_MMA_NV_FUSED;
+            I->frac_bits = mx4 ? 35 : 25;
+            I->out_frac = 23;
+            I->halves = 1;
+            return MF_OK;
+        }
         if (I->a_fmt == MF_FMT_F64) {
             I->kind = MF_MMA_FMA_CHAIN;
             return MF_OK;
@@ -368,22 +465,26 @@ int mf_mma_lookup(mf_mma_instr *I, const char *arch, const char *name, mf_error 
         I->kind = MF_MMA_NV_FUSED;
         I->frac_bits = frac;
         I->out_frac = 23;
-        const bool fp8 = I->a_fmt == MF_FMT_E4M3 || I->a_fmt == MF_FMT_E5M2;
+        const bool fp8 = at == MF_FMT_E4M3 || at == MF_FMT_E5M2;
         const bool ada = !strcmp(arch, "Ada") || !strcmp(arch, "Ada Lovelace");
         if (fp8 && (wg || ada)) {   /* fp8 keeps 13 fraction bits, and so does the fp32 result */
             I->frac_bits = 13;
             if (d == MF_FMT_F32) I->out_frac = 13;
         }
         I->halves = 1;
-        if (!wg && (!strcmp(arch, "Ampere") || ada) &&
-            ((I->k == 8 && I->a_fmt == MF_FMT_TF32) || (I->k == 16 && (I->a_fmt == MF_FMT_F16 || I->a_fmt == MF_FMT_BF16)) ||
+        if (!wg && !tc && (!strcmp(arch, "Ampere") || ada) &&
+            ((I->k == 8 && at == MF_FMT_TF32) || (I->k == 16 && (at == MF_FMT_F16 || at == MF_FMT_BF16)) ||
              (I->k == 32 && fp8)))
             I->halves = 2;
         return MF_OK;
     }
     if (!strncmp(name, "mfma_", 5)) {
-        if (strcmp(arch, "CDNA1") && strcmp(arch, "CDNA2") && strcmp(arch, "CDNA3"))
+        if (strcmp(arch, "CDNA1") && strcmp(arch, "CDNA2") && strcmp(arch, "CDNA3") && strcmp(arch, "CDNA4"))
             return mf_fail(err, MF_EUNSUPPORTED, "%s: unknown AMD architecture \"%s\"", name, arch);
+        const bool cdna4 = !strcmp(arch, "CDNA4");
+        if (strstr(name, "f8f6f4") || !strncmp(name, "mfma_scale", 10))
+            return mf_fail(err, MF_EUNSUPPORTED, "%s: CDNA4's f8f6f4 and block-scaled MFMA are not modelled (fp8 forms such "
+                           "as mfma_f32_32x32x16_fp8_fp8 are)", name);
         char *tok[8];
         int nt = 0;
         char *save = NULL;
@@ -419,17 +520,25 @@ int mf_mma_lookup(mf_mma_instr *I, const char *arch, const char *name, mf_error 
             sscanf(shape, "%dx%dx%d", &I->m, &I->n, &I->k) != 3)
             return mf_fail(err, MF_EINVAL, "%s: unknown operand type or shape", name);
         I->c_fmt = d;
+        if (cdna4) {
+            /* CDNA4 reads fp8/bf8 as the OCP formats (E4M3FN, E5M2), CDNA3 as the FNUZ ones, and has no xf32 */
+            if (I->a_fmt == MF_FMT_TF32) return mf_fail(err, MF_EUNSUPPORTED, "%s: CDNA4 has no xf32 MFMA", name);
+            if (I->a_fmt == MF_FMT_E4M3FNUZ) I->a_fmt = MF_FMT_E4M3;
+            if (I->a_fmt == MF_FMT_E5M2FNUZ) I->a_fmt = MF_FMT_E5M2;
+            if (I->b_fmt == MF_FMT_E4M3FNUZ) I->b_fmt = MF_FMT_E4M3;
+            if (I->b_fmt == MF_FMT_E5M2FNUZ) I->b_fmt = MF_FMT_E5M2;
+        }
         const mf_fmt a = I->a_fmt;
         if (a == MF_FMT_F64 || a == MF_FMT_F32) {
             I->kind = MF_MMA_FMA_CHAIN;
         } else if (a == MF_FMT_TF32) {
             I->kind = MF_MMA_AMD_GROUPED;
             I->group = 4;
-        } else if (a == MF_FMT_E4M3FNUZ || a == MF_FMT_E5M2FNUZ) {
+        } else if (a == MF_FMT_E4M3FNUZ || a == MF_FMT_E5M2FNUZ || a == MF_FMT_E4M3 || a == MF_FMT_E5M2) {
             I->kind = MF_MMA_AMD_GROUPED;
             I->group = 16;
             I->interleave = true;
-        } else if (!strcmp(arch, "CDNA3")) {
+        } else if (!strcmp(arch, "CDNA3") || cdna4) {   /* CDNA4: CDNA3's arithmetic (docs/numerics.md) */
             I->kind = MF_MMA_AMD_GROUPED;
             I->group = I->k < 8 ? I->k : 8;
         } else {
@@ -440,7 +549,7 @@ int mf_mma_lookup(mf_mma_instr *I, const char *arch, const char *name, mf_error 
         I->frac_bits = 24;
         return MF_OK;
     }
-    return mf_fail(err, MF_EUNSUPPORTED, "%s: unknown instruction (mma.*, wgmma.*, mfma_*)", name);
+    return mf_fail(err, MF_EUNSUPPORTED, "%s: unknown instruction (mma.*, wgmma.*, tcgen05.mma.*, mfma_*)", name);
 }
 
 const char *mf_fmt_name(mf_fmt f) { return fmts[f].name; }
@@ -457,6 +566,14 @@ static num flush_in(num x) {
 static double fma_chain_value(num x) { return num_value(x); }
 
 uint64_t mf_mma_dot(const mf_mma_instr *I, const uint64_t *a, const uint64_t *b, size_t b_stride, uint64_t c) {
+    if (!I->scaled) return mf_mma_dot_scaled(I, a, b, b_stride, c, NULL, NULL, 0);
+    uint64_t one[8];   /* at most k / 16 scales; 1.0 in either scale format */
+    for (int q = 0; q < 8; q++) one[q] = I->s_fmt == MF_FMT_UE8M0 ? 127 : 0x38;
+    return mf_mma_dot_scaled(I, a, b, b_stride, c, one, one, 1);
+}
+
+uint64_t mf_mma_dot_scaled(const mf_mma_instr *I, const uint64_t *a, const uint64_t *b, size_t b_stride, uint64_t c,
+                           const uint64_t *sa, const uint64_t *sb, size_t sb_stride) {
     const int k = I->k;
     num pa[k], pb[k];
     for (int i = 0; i < k; i++) {
@@ -464,12 +581,23 @@ uint64_t mf_mma_dot(const mf_mma_instr *I, const uint64_t *a, const uint64_t *b,
         pb[i] = decode(I->b_fmt, b[(size_t)i * b_stride]);
     }
     num cn = decode(I->c_fmt, c);
+    const int nscale = I->scaled ? k / I->block : 1;
+    num xa[nscale], xb[nscale];
+    for (int q = 0; q < nscale; q++) {
+        xa[q] = I->scaled ? decode(I->s_fmt, sa[q]) : (num){CLS_FINITE, false, 1, 0, 0};
+        xb[q] = I->scaled ? decode(I->s_fmt, sb[(size_t)q * sb_stride]) : xa[q];
+    }
     switch (I->kind) {
     case MF_MMA_NV_FUSED: {
-        if (I->halves == 1) return nv_fused(I, pa, pb, k, cn);
-        uint64_t d = nv_fused(I, pa, pb, k / 2, cn);
-        return nv_fused(I, pa + k / 2, pb + k / 2, k - k / 2, decode(I->c_fmt, d));
+        if (I->scaled) {   /* mxf8f6f4: one ue8m0 scale a row and a column; a NaN scale makes every product NaN */
+            if (xa[0].cls == CLS_NAN || xb[0].cls == CLS_NAN) return 0x7fffffffu;
+            return nv_fused(I, pa, pb, k, cn, xa[0].e + xb[0].e);
+        }
+        if (I->halves == 1) return nv_fused(I, pa, pb, k, cn, 0);
+        uint64_t d = nv_fused(I, pa, pb, k / 2, cn, 0);
+        return nv_fused(I, pa + k / 2, pb + k / 2, k - k / 2, decode(I->c_fmt, d), 0);
     }
+    case MF_MMA_NV_BLOCK_SUM: return nv_block_sum(I, pa, pb, k, cn, xa, xb);
     case MF_MMA_AMD_GROUPED: {
         uint32_t acc = (uint32_t)c;
         for (int g = 0; g < k; g += I->group) {
@@ -515,4 +643,18 @@ void mf_mma_tile(const mf_mma_instr *I, const uint64_t *A, const uint64_t *B, co
     for (int i = 0; i < I->m; i++)
         for (int j = 0; j < I->n; j++)
             D[(size_t)i * I->n + j] = mf_mma_dot(I, A + (size_t)i * I->k, B + j, (size_t)I->n, C[(size_t)i * I->n + j]);
+}
+
+void mf_mma_tile_scaled(const mf_mma_instr *I, const uint64_t *A, const uint64_t *B, const uint64_t *C,
+                        const uint64_t *SA, const uint64_t *SB, uint64_t *D) {
+    if (I->scaled && (!SA || !SB)) {
+        mf_mma_tile(I, A, B, C, D);
+        return;
+    }
+    const size_t ns = I->scaled ? (size_t)(I->k / I->block) : 0;
+    for (int i = 0; i < I->m; i++)
+        for (int j = 0; j < I->n; j++)
+            D[(size_t)i * I->n + j] = mf_mma_dot_scaled(I, A + (size_t)i * I->k, B + j, (size_t)I->n,
+                                                        C[(size_t)i * I->n + j], SA ? SA + (size_t)i * ns : NULL,
+                                                        SB ? SB + j : NULL, (size_t)I->n);
 }

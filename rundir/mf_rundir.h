@@ -134,7 +134,8 @@ typedef struct mf_run_info {
     const mf_model *model;
     const mf_precision *prec;
     const char *device;       /* "cpu", "cuda:0", ... */
-    const char *numerics;     /* "native" | "fp64" */
+    const char *numerics;     /* the profile's canonical name: "native", "fp64", "emu:..." */
+    const char *numerics_validation;   /* NULL, or why the profile's models are not validated (manifest) */
     int threads;
     mf_record record;
     const char *input_path;

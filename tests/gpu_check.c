@@ -355,6 +355,10 @@ static int validate(const char *fixtures, const char *out_path) {
         check(&t, name, src, dir, tok, "bf16", "emu:ampere", "bf16", "emu:ampere", true);
         check(&t, name, src, dir, tok, "fp16", "emu:cdna3", "fp16", "emu:cdna3", true);
         check(&t, name, src, dir, tok, "fp16", "emu:volta", "fp16", "emu:volta", true);
+        /* Blackwell's k16 fused sums (MMA-Sim's zero rule, not the H200's) and CDNA4's k16 MFMA, on the same kernels */
+        check(&t, name, src, dir, tok, "bf16", "emu:blackwell", "bf16", "emu:blackwell", true);
+        check(&t, name, src, dir, tok, "fp16", "emu:rtxblackwell", "fp16", "emu:rtxblackwell", true);
+        check(&t, name, src, dir, tok, "bf16", "emu:cdna4", "bf16", "emu:cdna4", true);
         check_paths(&t, name, src, dir, tok);
     }
     /* 512-token prompts (tiles, launches and the router's grid at a real length) */

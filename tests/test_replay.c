@@ -211,6 +211,39 @@ Test(replay, fp64_self_replay_embedded_model) {
     self_replay(m, input, "logits");
 }
 
+/* Whole-model runs under the 2026 profiles on the embedded model: emu:cdna4's bf16 arithmetic is CDNA3's (its
+ * k16 MFMA is two k8 groups) and its manifest says it is not validated; emu:blackwell's is not flagged, and
+ * its run differs from CDNA's. */
+Test(replay, blackwell_and_cdna4_profiles_embedded_model) {
+    const char *m = embedded(), *d = temp_dir();
+    char input[4300], path[4300];
+    snprintf(input, sizeof input, "%s/sweep-prompts.jsonl", m);
+    const char *c3 = trace(d, "cdna3", m, input, "--numerics emu:cdna3 --threads 2");
+    const char *c4 = trace(d, "cdna4", m, input, "--numerics emu:cdna4 --threads 2");
+    const char *bw = trace(d, "blackwell", m, input, "--numerics emu:blackwell --threads 2");
+    const char *rtx = trace(d, "rtxblackwell", m, input, "--numerics emu:rtxblackwell --threads 2");
+    same_bits(c3, c4, "emu:cdna4 against emu:cdna3");
+    same_bits(bw, rtx, "emu:rtxblackwell against emu:blackwell (the same k16 fused sum)");
+    snprintf(path, sizeof path, "%s/manifest.json", c4);
+    json_t *man = load_json(path);
+    cr_assert(strstr(json_string_value(json_object_get(man, "numerics_validation")), "not validated"));
+    cr_assert_str_eq(json_string_value(json_object_get(man, "numerics")),
+                     "emu:cdna4:mfma_f32_32x32x16_bf16:acc=1:split=1:reduce=seq");
+    json_decref(man);
+    snprintf(path, sizeof path, "%s/manifest.json", bw);
+    man = load_json(path);
+    cr_assert_null(json_object_get(man, "numerics_validation"));
+    cr_assert_str_eq(json_string_value(json_object_get(man, "numerics")),
+                     "emu:blackwell:tcgen05.mma.m64n8k16.f32.bf16.bf16:acc=1:split=1:reduce=seq");
+    json_decref(man);
+    /* NVIDIA's truncation against AMD's rounding down: the logits differ somewhere */
+    mf_run *a = open_run(bw), *b = open_run(c4);
+    const mf_st_tensor *x = tensor(a, 0, "logits"), *y = tensor(b, seq_index(b, a->seqs[0].id), "logits");
+    cr_assert(memcmp(x->data, y->data, (size_t)mf_st_numel(x) * mf_dtype_size(x->dtype)), "emu:blackwell = emu:cdna4?");
+    mf_run_close(a);
+    mf_run_close(b);
+}
+
 /* The decode path: every generated token's step replays the source's experts at its position. */
 Test(replay, fp64_self_replay_decode_path) {
     static const char *cases[] = {"hf/olmoe", "hf/qwen2_moe"};

@@ -12,14 +12,31 @@ Hex: lower-case, no 0x, 2 digits a byte of the storage type; tf32/xf32 inputs ar
 stored as their fp32 bit pattern (the instruction ignores / truncates the low 13
 bits; MMA-Sim truncates them), fp8 as 2 digits.
 
+Blackwell records (arch "Blackwell" = sm_100, "RTX Blackwell" = sm_120) add:
+  fp4 operands: a_type/b_type "float4_e2m1fn", ONE hex digit an element, unpacked,
+    A still m*k row-major and B k*n (the script packs two a byte along k for MMA-Sim,
+    element 2p in the low nibble, where the instruction takes them packed: k = 64);
+  block-scaled kinds: "s_type" ("float8_e8m0fnu": ue8m0, 2^(bits-127), ff = NaN;
+    "float8_ue4m3": e4m3 bits whose sign bit the unit ignores, 7f = NaN), "block"
+    (16 or 32: K elements per scale), "SA": [hex, m*(k/block) row-major: row i's
+    scales in k order], "SB": [hex, (k/block)*n row-major]; 2 hex digits a scale.
+  D = sum over k of A[i][l]*B[l][j]*SA[i][l/block]*SB[l/block][j] + C, as the unit does it.
+
 Instruction names: PTX / AMD ISA spelling = prefix + MMA-Sim's qualifier:
   NVIDIA mma:   "mma."   + qualifier   e.g. mma.m16n8k16.f32.bf16.bf16.f32
+                 block-scaled          e.g. mma.m16n8k64.block16.f32.e2m1.e2m1.f32.ue4m3 (mma_block_scale)
   NVIDIA wgmma: "wgmma." + qualifier   e.g. wgmma.m64n8k16.f32.bf16.bf16
+  NVIDIA tcgen05.mma: "tcgen05.mma." + qualifier  e.g. tcgen05.mma.m64n8k16.f32.bf16.bf16,
+                 tcgen05.mma.m128n8k32.block32.f32.e4m3.e4m3.ue8m0 (tcgen05mma_block_scale)
   AMD MFMA:     "mfma_"  + qualifier   e.g. mfma_f32_16x16x16_bf16
 
 Sub-commands:
   verify FILE.jsonl      recompute D of every case with MMA-Sim, count exact matches
-  generate --out DIR     write mmasim_<arch>.jsonl for every instruction below
+  generate --out DIR     write mmasim_<arch>.jsonl for every instruction below (Blackwell:
+                         mmasim_Blackwell.jsonl, mmasim_Blackwell_blockscale.jsonl,
+                         mmasim_RTXBlackwell.jsonl); --only ARCH,... (RTXBlackwell for
+                         "RTX Blackwell"); --dry-run: the Blackwell cases without D,
+                         without torch or MMA-Sim, to check sizes
   crosscheck FILE...     compare the D of (hardware) tiles with MMA-Sim's, element-wise
   xz FILE...             compress each FILE to FILE.xz (lzma preset 9e), in parallel
 """
@@ -438,6 +455,498 @@ def gen_case(arch, instr, style, idx):
     return rec
 
 
+# ------------------------------------------------------------ Blackwell
+# sm_100 ("Blackwell": mma and tcgen05.mma) and sm_120 ("RTX Blackwell": mma, with the
+# block-scaled kinds). These cases are made without torch (pure Python bit
+# patterns: `generate --dry-run` sizes the files on a machine without torch);
+# only MMA-Sim's call needs torch.
+BW_INSTRS = [
+    # sm_100: the Ampere-style mma it keeps, and tcgen05.mma (cta_group::1, no .ws)
+    ("Blackwell", "mma.m16n8k16.f32.bf16.bf16.f32"),
+    ("Blackwell", "mma.m16n8k16.f32.f16.f16.f32"),
+    ("Blackwell", "tcgen05.mma.m64n8k16.f32.bf16.bf16"),      # kind::f16
+    ("Blackwell", "tcgen05.mma.m64n8k16.f32.f16.f16"),
+    ("Blackwell", "tcgen05.mma.m64n8k16.f16.f16.f16"),        # f16 accumulation
+    ("Blackwell", "tcgen05.mma.m64n8k8.f32.tf32.tf32"),       # kind::tf32
+    ("Blackwell", "tcgen05.mma.m64n8k32.f32.e4m3.e4m3"),      # kind::f8f6f4
+    ("Blackwell", "tcgen05.mma.m64n8k32.f32.e5m2.e5m2"),
+    ("Blackwell", "tcgen05.mma.m64n8k32.f32.e4m3.e5m2"),
+    ("Blackwell", "tcgen05.mma.m64n8k32.f16.e4m3.e4m3"),
+    ("Blackwell", "tcgen05.mma.m128n8k32.block32.f32.e4m3.e4m3.ue8m0"),   # kind::mxf8f6f4
+    ("Blackwell", "tcgen05.mma.m128n8k32.block32.f32.e5m2.e4m3.ue8m0"),
+    ("Blackwell", "tcgen05.mma.m128n8k64.block32.f32.e2m1.e2m1.ue8m0"),   # kind::mxf4 (mxf4nvf4)
+    ("Blackwell", "tcgen05.mma.m128n8k64.block16.f32.e2m1.e2m1.ue8m0"),
+    ("Blackwell", "tcgen05.mma.m128n8k64.block16.f32.e2m1.e2m1.ue4m3"),   # kind::mxf4nvf4 with ue4m3: NVFP4
+    # sm_120
+    ("RTX Blackwell", "mma.m16n8k16.f32.bf16.bf16.f32"),
+    ("RTX Blackwell", "mma.m16n8k16.f32.f16.f16.f32"),
+    ("RTX Blackwell", "mma.m16n8k16.f16.f16.f16.f16"),
+    ("RTX Blackwell", "mma.m16n8k8.f32.tf32.tf32.f32"),
+    ("RTX Blackwell", "mma.m16n8k32.f32.e4m3.e4m3.f32"),
+    ("RTX Blackwell", "mma.m16n8k32.f32.e5m2.e5m2.f32"),
+    ("RTX Blackwell", "mma.m16n8k32.f32.e4m3.e5m2.f32"),
+    ("RTX Blackwell", "mma.m16n8k32.f16.e4m3.e4m3.f16"),
+    ("RTX Blackwell", "mma.m16n8k16.f32.e4m3.e4m3.f32"),
+    ("RTX Blackwell", "mma.m16n8k32.block32.f32.e4m3.e4m3.f32.ue8m0"),    # kind::mxf8f6f4
+    ("RTX Blackwell", "mma.m16n8k32.block32.f32.e5m2.e5m2.f32.ue8m0"),
+    ("RTX Blackwell", "mma.m16n8k64.block32.f32.e2m1.e2m1.f32.ue8m0"),    # kind::mxf4nvf4
+    ("RTX Blackwell", "mma.m16n8k64.block16.f32.e2m1.e2m1.f32.ue8m0"),
+    ("RTX Blackwell", "mma.m16n8k64.block16.f32.e2m1.e2m1.f32.ue4m3"),
+    ("RTX Blackwell", "mma.m16n8k64.block32.f32.e2m1.e2m1.f32.ue4m3"),
+]
+# e2m1 operands of the f8f6f4 kinds (one fp4 per byte): MMA-Sim lists them, but its
+# fused dot-add has no exponent rule for them (uint8 tensors); tried, kept if it runs them
+BW_OPTIONAL = [
+    ("Blackwell", "tcgen05.mma.m64n8k32.f32.e2m1.e2m1"),
+    ("Blackwell", "tcgen05.mma.m128n8k32.block32.f32.e4m3.e2m1.ue8m0"),
+    ("RTX Blackwell", "mma.m16n8k32.f32.e2m1.e2m1.f32"),
+    ("RTX Blackwell", "mma.m16n8k32.block32.f32.e2m1.e4m3.f32.ue8m0"),
+]
+
+NV_TYPE_NAMES = {
+    "bf16": "bfloat16", "f16": "float16", "f32": "float32", "tf32": "tfloat32",
+    "e4m3": "float8_e4m3fn", "e5m2": "float8_e5m2", "e2m1": "float4_e2m1fn",
+    "ue8m0": "float8_e8m0fnu", "ue4m3": "float8_ue4m3",
+}
+# type name -> (storage bits, exponent bits, mantissa bits, bias, has_inf, nan bits or None, max finite)
+BW_TYPES = {
+    "float4_e2m1fn": (4, 2, 1, 1, False, None, 6.0),
+    "float8_e8m0fnu": (8, 8, 0, 127, False, 0xFF, 2.0 ** 127),
+    "float8_ue4m3": (8, 4, 3, 7, False, 0x7F, 448.0),
+}
+FP4_VALUES = [0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0]
+
+
+def tinfo(tname):
+    return TYPES[tname] if tname in TYPES else BW_TYPES[tname]
+
+
+def tbits(tname):
+    return tinfo(tname)[0]
+
+
+def hexs_t(bits, tname):
+    w = max(1, tbits(tname) // 4)
+    return [format(v, "0%dx" % w) for v in bits]
+
+
+def bw_parse(instr):
+    """(family, m, n, k, a, b, c, block, s) from the name, without MMA-Sim.
+    family: "mma", "mma_bs", "tc", "tc_bs"; a, b, c, s: our type names."""
+    if instr.startswith("tcgen05.mma."):
+        q = instr[len("tcgen05.mma."):].split(".")
+        if len(q) == 4:
+            shape, d, a, b = q
+            fam, block, s = "tc", None, None
+        elif len(q) == 6:
+            shape, block, d, a, b, s = q
+            fam = "tc_bs"
+        else:
+            raise ValueError(instr)
+        c = d
+    elif instr.startswith("mma."):
+        q = instr[4:].split(".")
+        if len(q) == 5:
+            shape, d, a, b, c = q
+            fam, block, s = "mma", None, None
+        elif len(q) == 7:
+            shape, block, d, a, b, c, s = q
+            fam = "mma_bs"
+        else:
+            raise ValueError(instr)
+    else:
+        raise ValueError(instr)
+    mnk = shape[1:].replace("n", " ").replace("k", " ").split()
+    m, n, k = (int(x) for x in mnk)
+    blk = int(block[len("block"):]) if block else None
+    T = NV_TYPE_NAMES
+    return fam, m, n, k, T[a], T[b], T[c], blk, (T[s] if s else None)
+
+
+def bw_file(arch, instr):
+    """sm_100's block-scaled tcgen05 tiles (m128) get a file of their own, to keep each file under 1 MB."""
+    fam = bw_parse(instr)[0]
+    return "mmasim_%s%s.jsonl" % (arch.replace(" ", ""), "_blockscale" if fam == "tc_bs" else "")
+
+
+# ---- pure-Python conversions (round to nearest even, as PyTorch converts)
+def enc1(x, tname):
+    nb, eb, mb, bias, has_inf, qnan, mx = tinfo(tname)
+    if tname == "tfloat32":
+        tname = "float32"
+    sign = 1 if math.copysign(1.0, x) < 0 else 0
+    if x != x:
+        return qnan if qnan is not None else 0
+    a = abs(x)
+    maxcode = None
+    if a == 0.0:
+        return sign << (nb - 1)
+    if a != math.inf:
+        emin = 1 - bias
+        e = math.frexp(a)[1] - 1
+        q = max(e, emin) - mb
+        mi = round(a * 2.0 ** -q)          # Python rounds halves to even
+        if e < emin:
+            bits = mi
+        else:
+            bits = ((max(e, emin) + bias) << mb) + mi - (1 << mb)
+        maxcode = enc1_max(tname)
+        if bits <= maxcode:
+            return (sign << (nb - 1)) | bits
+    if has_inf:
+        return (sign << (nb - 1)) | (((1 << eb) - 1) << mb)
+    return qnan if qnan is not None else (sign << (nb - 1)) | enc1_max(tname)
+
+
+_MAXCODE = {}
+
+
+def enc1_max(tname):
+    if tname not in _MAXCODE:
+        nb, eb, mb, bias, has_inf, qnan, mx = tinfo(tname)
+        e = math.frexp(mx)[1] - 1
+        _MAXCODE[tname] = ((e + bias) << mb) + round(mx * 2.0 ** (mb - e)) - (1 << mb)
+    return _MAXCODE[tname]
+
+
+def enc_py(vals, tname):
+    return [enc1(v, tname) for v in vals]
+
+
+def dec1(bits, tname):
+    if tname == "float4_e2m1fn":
+        v = FP4_VALUES[bits & 7]
+        return -v if bits & 8 else v
+    if tname == "float8_e8m0fnu":
+        return math.nan if bits == 0xFF else 2.0 ** (bits - 127)
+    if tname == "float8_ue4m3":
+        bits &= 0x7F   # MMA-Sim takes |scale|
+        tname = "float8_e4m3fn"
+    nb, eb, mb, bias, has_inf, qnan, mx = tinfo(tname)
+    if tname == "tfloat32":
+        bits &= ~0x1FFF
+    sign = -1.0 if (bits >> (nb - 1)) & 1 else 1.0
+    E = (bits >> mb) & ((1 << eb) - 1)
+    M = bits & ((1 << mb) - 1)
+    if tname == "float8_e4m3fn" and E == 15 and M == 7:
+        return math.nan
+    if has_inf and E == (1 << eb) - 1:
+        return math.nan if M else sign * math.inf
+    if E == 0:
+        return sign * M * 2.0 ** (1 - bias - mb)
+    return sign * (M + (1 << mb)) * 2.0 ** (E - bias - mb)
+
+
+def dec_py(bits, tname):
+    return [dec1(b, tname) for b in bits]
+
+
+def bw_values(rng, style, tname, count, allow_inf, narrow=False):
+    """Element bit patterns for normal / wide (the cancel and special styles start from normal ones)."""
+    if tname == "float4_e2m1fn":
+        if style == "wide":   # every code, -0 included: the spread comes from the scales
+            return [rng.randrange(16) for _ in range(count)]
+        return enc_py([rng.gauss(0.0, 2.0) for _ in range(count)], tname)
+    if style != "wide":
+        return enc_py([clampf(rng.gauss(0.0, 1.0), tname) for _ in range(count)], tname)
+    lo, hi = WIDE_E[tname]
+    if narrow:
+        lo, hi = lo // 2, hi // 2
+    mx = tinfo(tname)[6]
+    vals = []
+    for _ in range(count):
+        x = rng.choice((-1.0, 1.0)) * (1.0 + rng.random()) * 2.0 ** rng.randint(lo, hi)
+        if allow_inf and tname in ("float16", "float8_e5m2") and rng.random() < 0.004:
+            x = rng.choice((-1.0, 1.0)) * mx * 4.0
+        else:
+            x = clampf(x, tname)
+        vals.append(x)
+    return enc_py(vals, tname)
+
+
+def bw_tiny(rng, tname, count):
+    if tname == "float4_e2m1fn":   # 0.5 is fp4's one subnormal
+        return [rng.choice((0, 8, 1, 9, 1, 9, 2, 10, 3, 11)) for _ in range(count)]
+    return tiny_values(rng, tname, count)
+
+
+def bw_scales(rng, style, stype, count, fp4):
+    """Scale bit patterns (ue8m0: 2^(bits-127), 0xff NaN; ue4m3: e4m3 without its sign, 0x7f NaN)."""
+    out = []
+    for _ in range(count):
+        if stype == "float8_e8m0fnu":
+            if style == "normal":
+                b = 127 + rng.randint(-3, 3)
+            elif style == "wide":
+                b = 127 + rng.randint(-40, 40)
+            elif style == "cancel":
+                b = 127 + rng.randint(-2, 2)
+            elif style == "tiny":   # products of the two scales near the fp32 subnormals
+                b = rng.randint(55, 85) if not fp4 else rng.randint(50, 75)
+            else:
+                b = 127 + rng.randint(-4, 4)
+        else:
+            if style in ("normal", "special"):
+                b = enc1(abs(rng.gauss(0.0, 1.5)) + 0.02, "float8_e4m3fn")
+            elif style == "wide":
+                b = rng.randint(1, 0x7E)
+            elif style == "cancel":
+                b = enc1(1.0 + rng.random(), "float8_e4m3fn")
+            else:   # subnormal ue4m3 (zero included) and the smallest normals
+                b = rng.randint(0, 7) if rng.random() < 0.6 else rng.randint(8, 0x17)
+        out.append(b)
+    return out
+
+
+def gen_case_bw(arch, instr, style, idx):
+    """One case as a record without D (pure Python)."""
+    fam, m, n, k, at, bt, ct, blk, st = bw_parse(instr)
+    seed = zlib.crc32(("%d|%s|%s|%s|%d" % (BASE_SEED, arch, instr, style, idx)).encode())
+    rng = random.Random(seed)
+    afp4, bfp4 = at == "float4_e2m1fn", bt == "float4_e2m1fn"
+    fp4 = afp4 or bfp4
+    packed_fp4 = st is not None and k == 64   # mxf4nvf4: MMA-Sim's block-sum path
+    scaled = st is not None
+    cmx = tinfo(ct)[6]
+    narrow = ct == "float16"
+    if style in ("normal", "wide", "cancel", "special"):
+        sty = "wide" if style == "wide" else "normal"
+        A = bw_values(rng, sty, at, m * k, True, narrow)
+        B = bw_values(rng, sty, bt, k * n, True, narrow)
+        if style == "wide":
+            if ct == "float16":
+                lo, hi = -20, 15
+            elif at in ("bfloat16", "float32", "tfloat32") or scaled:
+                lo, hi = -60, 60
+            else:
+                lo, hi = -30, 30
+            C = enc_py([rng.choice((-1.0, 1.0)) * (1.0 + rng.random()) * 2.0 ** rng.randint(lo, hi)
+                        for _ in range(m * n)], ct)
+        else:
+            C = enc_py([rng.gauss(0.0, 1.0) for _ in range(m * n)], ct)
+    elif style == "tiny":
+        A = bw_tiny(rng, at, m * k)
+        if rng.random() < 0.5 or bfp4:
+            B = bw_tiny(rng, bt, k * n)
+        else:
+            e_lo, e_hi = (-8, 8) if tinfo(bt)[1] == 8 else (-2, 2)
+            B = enc_py([rng.choice((-1.0, 1.0)) * (1.0 + rng.random()) * 2.0 ** rng.randint(e_lo, e_hi)
+                        for _ in range(k * n)], bt)
+        C = []
+        cmin = 1 - tinfo(ct)[3]
+        for _ in range(m * n):
+            r = rng.random()
+            if r < 0.45:
+                C.append(subnormal_bits(rng, ct))
+            elif r < 0.55:
+                C.append(zero_bits(rng, ct))
+            else:
+                if st == "float8_e8m0fnu" or (not scaled and (tinfo(at)[1] == 8 or ct == "float16")):
+                    e = rng.randint(cmin, cmin + 8)   # near the products the tiny scales make
+                elif st == "float8_ue4m3":
+                    e = rng.randint(-30, -14)
+                else:
+                    e = rng.randint(-50, -20)
+                C.append(enc1(rng.choice((-1.0, 1.0)) * (1.0 + rng.random()) * 2.0 ** e, ct))
+    else:
+        raise ValueError(style)
+    nblk = k // blk if scaled else 0
+    SA = bw_scales(rng, style, st, m * nblk, fp4) if scaled else None
+    SB = bw_scales(rng, style, st, nblk * n, fp4) if scaled else None
+
+    if style == "cancel":
+        mba, mbb = tinfo(at)[2], tinfo(bt)[2]
+        av, bv = dec_py(A, at), dec_py(B, bt)
+        for i in range(m):
+            for p in range(0, k - 1, 2):
+                if afp4:
+                    A[i * k + p + 1] = A[i * k + p] ^ 8 if rng.random() < 0.8 else rng.randrange(16)
+                    continue
+                d = 0.0 if rng.random() < 0.2 else rng.choice((-1, 1)) * 2.0 ** -rng.randint(max(1, mba - 2), mba + 1)
+                av[i * k + p + 1] = clampf(-av[i * k + p] * (1.0 + d), at)
+        for p in range(0, k - 1, 2):
+            for j in range(n):
+                if bfp4:
+                    B[(p + 1) * n + j] = B[p * n + j] if rng.random() < 0.8 else rng.randrange(16)
+                    continue
+                d = 0.0 if rng.random() < 0.2 else rng.choice((-1, 1)) * 2.0 ** -rng.randint(max(1, mbb - 2), mbb + 1)
+                bv[(p + 1) * n + j] = clampf(bv[p * n + j] * (1.0 + d), bt)
+        if not afp4:
+            A = enc_py(av, at)
+        if not bfp4:
+            B = enc_py(bv, bt)
+        av, bv = dec_py(A, at), dec_py(B, bt)
+        sa = dec_py(SA, st) if scaled else None
+        sb = dec_py(SB, st) if scaled else None
+        cvals = []
+        for i in range(m):
+            for j in range(n):
+                if scaled:
+                    s = math.fsum(av[i * k + l] * bv[l * n + j] * sa[i * nblk + l // blk] * sb[(l // blk) * n + j]
+                                  for l in range(k))
+                else:
+                    s = math.fsum(av[i * k + l] * bv[l * n + j] for l in range(k))
+                r = rng.randint(0, 3)
+                c = -s
+                if r == 1:
+                    c = -s * (1.0 + rng.choice((-1, 1)) * 2.0 ** -rng.randint(8, 24))
+                elif r == 2:
+                    c = -s + rng.gauss(0.0, 1.0) * 2.0 ** -rng.randint(8, 28)
+                cvals.append(max(-cmx, min(cmx, c)))
+        C = enc_py(cvals, ct)
+
+    if style == "special":
+        # a zero row of A, a zero column of B, signed-zero C along them
+        rz, jz = rng.randrange(m), rng.randrange(n)
+        allneg = rng.random() < 0.5
+        for l in range(k):
+            A[rz * k + l] = (8 if allneg else rng.choice((0, 8))) if afp4 else zero_bits(rng, at, True if allneg else None)
+            B[l * n + jz] = 0 if bfp4 else zero_bits(rng, bt, False)
+        for j in range(n):
+            C[rz * n + j] = zero_bits(rng, ct)
+        for i in range(m):
+            C[i * n + jz] = zero_bits(rng, ct)
+        ro = (rz + 1) % m
+        # NaN / Inf elements (the formats that have them; fp4 has none)
+        if not afp4:
+            for _ in range(max(2, m * k // 32)):
+                r, pos = rng.randrange(5), rng.randrange(m * k)
+                if r < 2 or not tinfo(at)[4]:
+                    A[pos] = rng.choice(nan_choices(at)) if r < 4 else zero_bits(rng, at, True)
+                elif r < 4:
+                    A[pos] = inf_bits(at, rng.getrandbits(1))
+                else:
+                    A[pos] = zero_bits(rng, at, True)
+        if not bfp4:
+            for _ in range(2):
+                r, pos = rng.randrange(5), rng.randrange(k * n)
+                if r < 2 or (r < 4 and not tinfo(bt)[4]):
+                    B[pos] = rng.choice(nan_choices(bt))
+                elif r < 4:
+                    B[pos] = inf_bits(bt, rng.getrandbits(1))
+                else:
+                    B[pos] = zero_bits(rng, bt, True)
+        # NaN / Inf C; MMA-Sim's mxf4nvf4 path takes no infinite C (math.trunc(inf) raises), so NaN only there
+        for _ in range(max(2, m * n // 16)):
+            r, pos = rng.randrange(5), rng.randrange(m * n)
+            if r < 2:
+                C[pos] = rng.choice(nan_choices(ct))
+            elif r < 4 and not packed_fp4:
+                C[pos] = inf_bits(ct, r == 3)
+            else:
+                C[pos] = zero_bits(rng, ct, True)
+        if m > 2:
+            # large values: overflow past fp32 (elements at the format's top, or the largest scales)
+            if scaled:
+                for b in range(nblk):
+                    SA[ro * nblk + b] = 0xFE if st == "float8_e8m0fnu" else 0x7E
+                ro2 = (ro + 1) % m
+                if ro2 != rz and st == "float8_e8m0fnu":
+                    for b in range(nblk):
+                        SA[ro2 * nblk + b] = 0   # 2^-127: every product far below C
+            else:
+                amx = tinfo(at)[6]
+                big = enc_py([min(amx, 1.5 * 2.0 ** (100 if l % 2 else 125)) for l in range(k)], at)
+                for l in range(k):
+                    A[ro * k + l] = big[l]
+            cbig = enc_py([cmx if j % 2 else rng.choice((-1.0, 1.0)) * 2.0 ** (127 if ct != "float16" else 15)
+                           for j in range(n)], ct)
+            for j in range(n):
+                C[ro * n + j] = cbig[j]
+        if scaled:
+            # NaN scales: one of A's rows (in one block), one of B's columns
+            rn = (rz + 3) % m
+            if rn not in (rz, ro):
+                SA[rn * nblk + rng.randrange(nblk)] = 0xFF if st == "float8_e8m0fnu" else 0x7F
+            jn = (jz + 1) % n
+            SB[rng.randrange(nblk) * n + jn] = 0xFF if st == "float8_e8m0fnu" else 0x7F
+            if st == "float8_ue4m3":   # scales with the sign bit set (the unit takes |s|) and zero scales
+                for _ in range(4):
+                    p = rng.randrange(m * nblk)
+                    if SA[p] != 0x7F:
+                        SA[p] |= 0x80
+                SB[rng.randrange(nblk * n)] = 0
+    rec = {"arch": arch, "instr": instr, "m": m, "n": n, "k": k, "a_type": at}
+    if bt != at:
+        rec["b_type"] = bt
+    rec.update({"c_type": ct, "style": style, "source": "mma-sim"})
+    if scaled:
+        rec.update({"s_type": st, "block": blk})
+    rec.update({"A": hexs_t(A, at), "B": hexs_t(B, bt), "C": hexs_t(C, ct)})
+    if scaled:
+        rec.update({"SA": hexs_t(SA, st), "SB": hexs_t(SB, st)})
+    return rec
+
+
+def bw_n_cases(arch, instr, style):
+    fam, m, n, k, at, bt, ct, blk, st = bw_parse(instr)
+    if fam == "tc_bs":
+        return 2
+    if at in ("bfloat16", "float16") and ct == "float32":
+        # sm_100's mma is Hopper's (MMA-Sim's same model): fewer cases than sm_120's
+        return 4 if fam == "tc" or arch == "Blackwell" else 8
+    return 2 if fam == "tc" else 4
+
+
+def bw_sim(arch, instr):
+    key = (arch, instr)
+    if key not in _SIM_CACHE:
+        fam = bw_parse(instr)[0]
+        q = instr[len("tcgen05.mma."):] if fam.startswith("tc") else instr[4:]
+        ctor = {"mma": nv_sim.mma, "mma_bs": nv_sim.mma_block_scale, "tc": nv_sim.tcgen05mma,
+                "tc_bs": nv_sim.tcgen05mma_block_scale}[fam]
+        _SIM_CACHE[key] = ctor(arch, q)
+    return _SIM_CACHE[key]
+
+
+def bw_tensor(bits, tname, shape):
+    """A torch tensor of MMA-Sim's dtype for our bit patterns (unpacked fp4: uint8, one a byte)."""
+    if tname == "float4_e2m1fn":
+        return torch.tensor(bits, dtype=torch.uint8).reshape(shape)
+    if tname == "float8_ue4m3":
+        return torch.tensor(bits, dtype=torch.uint8).view(torch.float8_e4m3fn).reshape(shape)
+    if tname == "float8_e8m0fnu":
+        return torch.tensor(bits, dtype=torch.uint8).view(torch.float8_e8m0fnu).reshape(shape)
+    return to_tensor(bits, tname, shape)
+
+
+def bw_inputs(rec):
+    fam, m, n, k, at, bt, ct, blk, st = bw_parse(rec["instr"])
+    assert (rec["m"], rec["n"], rec["k"]) == (m, n, k), "dimensions do not match the name"
+    A, B, C = unhex(rec["A"]), unhex(rec["B"]), unhex(rec["C"])
+    packed = fam.endswith("_bs") and k == 64
+    if packed:   # A [m, k/2]: byte p of row i holds elements 2p (low nibble) and 2p+1; B [k/2, n] along k
+        At = torch.tensor([A[i * k + 2 * p] | (A[i * k + 2 * p + 1] << 4) for i in range(m) for p in range(k // 2)],
+                          dtype=torch.uint8).reshape(m, k // 2)
+        Bt = torch.tensor([B[(2 * p) * n + j] | (B[(2 * p + 1) * n + j] << 4) for p in range(k // 2) for j in range(n)],
+                          dtype=torch.uint8).reshape(k // 2, n)
+    else:
+        At = bw_tensor(A, at, (m, k))
+        Bt = bw_tensor(B, bt, (k, n))
+    Ct = bw_tensor(C, ct, (m, n))
+    if st is None:
+        return (At, Bt, Ct), ct
+    SA = bw_tensor(unhex(rec["SA"]), st, (m, k // blk))
+    SB = bw_tensor(unhex(rec["SB"]), st, (k // blk, n))
+    return (At, Bt, Ct, SA, SB), ct
+
+
+def bw_compute_d(rec):
+    sim = bw_sim(rec["arch"], rec["instr"])
+    args, ct = bw_inputs(rec)
+    return hexs(from_tensor(sim(*args), ct), ct)
+
+
+def gen_case_bw_d(arch, instr, style, idx):
+    rec = gen_case_bw(arch, instr, style, idx)
+    rec["D"] = bw_compute_d(rec)
+    return rec
+
+
+def is_bw(arch):
+    return arch in ("Blackwell", "RTX Blackwell")
+
+
 def n_cases(arch, instr, style):
     sim = sim_for(arch, instr)
     at, _, ct = type_names(arch, instr, sim)
@@ -452,43 +961,77 @@ def _init_worker():
 
 
 def _gen_task(task):
-    arch, instr, style, idx = task
+    arch, instr, style, idx, dry = task
     try:
-        return ("ok", task, json.dumps(gen_case(arch, instr, style, idx)))
+        if is_bw(arch):
+            rec = gen_case_bw(arch, instr, style, idx) if dry else gen_case_bw_d(arch, instr, style, idx)
+        else:
+            rec = gen_case(arch, instr, style, idx)
+        return ("ok", task, json.dumps(rec))
     except Exception:
         return ("err", task, traceback.format_exc())
 
 
+def _arch_selected(arch, only):
+    if not only:
+        return True
+    wanted = only.split(",")
+    return arch in wanted or arch.replace(" ", "") in wanted
+
+
+def _probe(arch, instr):
+    """Runs one case through MMA-Sim; None when it works, else why not (one line)."""
+    try:
+        if is_bw(arch):
+            gen_case_bw_d(arch, instr, "normal", 0)
+        else:
+            gen_case(arch, instr, "normal", 0)
+        return None
+    except Exception as e:
+        tb = traceback.format_exc().strip().splitlines()
+        return "%s: %s; at %s" % (type(e).__name__, e, tb[-3].strip() if len(tb) >= 3 else "")
+
+
 def cmd_generate(args):
     os.makedirs(args.out, exist_ok=True)
-    instrs = list(INSTRS)
+    dry = args.dry_run
+    if dry and not all(is_bw(a) for a, _ in INSTRS + OPTIONAL + BW_INSTRS if _arch_selected(a, args.only)):
+        print("--dry-run makes only the Blackwell cases (the others need torch): add --only Blackwell,RTXBlackwell")
+        return 2
+    instrs = [(a, i) for a, i in INSTRS + BW_INSTRS if _arch_selected(a, args.only)]
     # optional instructions: keep only what MMA-Sim can run
-    for arch, instr in OPTIONAL:
-        try:
-            gen_case(arch, instr, "normal", 0)
+    for arch, instr in OPTIONAL + BW_OPTIONAL:
+        if not _arch_selected(arch, args.only) or dry:
+            continue
+        why = _probe(arch, instr)
+        if why is None:
             instrs.append((arch, instr))
             print("optional %s %s: MMA-Sim runs it, included" % (arch, instr))
-        except Exception as e:
-            tb = traceback.format_exc().strip().splitlines()
-            print("optional %s %s: MMA-Sim fails (%s: %s; at %s), skipped"
-                  % (arch, instr, type(e).__name__, e, tb[-3].strip() if len(tb) >= 3 else ""))
+        else:
+            print("optional %s %s: MMA-Sim fails (%s), skipped" % (arch, instr, why))
     tasks = []
     for arch, instr in instrs:
-        if args.only and arch not in args.only.split(","):
-            continue
-        try:
-            sim_for(arch, instr)
-        except Exception as e:
-            print("MMA-Sim lacks %s %s: %s" % (arch, instr, e))
-            continue
+        if not dry:
+            # an instruction MMA-Sim cannot construct or run is reported once and left out
+            try:
+                bw_sim(arch, instr) if is_bw(arch) else sim_for(arch, instr)
+            except Exception as e:
+                print("MMA-Sim lacks %s %s: %s" % (arch, instr, e))
+                continue
+            if is_bw(arch):
+                why = _probe(arch, instr)
+                if why is not None:
+                    print("ERROR: MMA-Sim fails on %s %s (%s), left out" % (arch, instr, why))
+                    continue
         for style in STYLES:
-            for idx in range(n_cases(arch, instr, style)):
-                tasks.append((arch, instr, style, idx))
-    print("generating %d cases with %d processes" % (len(tasks), args.jobs))
+            count = bw_n_cases(arch, instr, style) if is_bw(arch) else n_cases(arch, instr, style)
+            for idx in range(count):
+                tasks.append((arch, instr, style, idx, dry))
+    print("generating %d cases with %d processes%s" % (len(tasks), args.jobs, " (dry run: no D)" if dry else ""))
     t0 = time.time()
     results = {}
     errors = 0
-    with mp.Pool(args.jobs, initializer=_init_worker) as pool:
+    with mp.Pool(args.jobs, initializer=None if dry else _init_worker) as pool:
         for status, task, payload in pool.imap_unordered(_gen_task, tasks, chunksize=1):
             if status == "ok":
                 results[task] = payload
@@ -497,18 +1040,25 @@ def cmd_generate(args):
                 if errors <= 10:
                     print("ERROR in %s:\n%s" % (task, payload))
     print("generated %d cases (%d errors) in %.1f s" % (len(results), errors, time.time() - t0))
-    by_arch = {}
+    by_file = {}
     for task in tasks:
         if task in results:
-            by_arch.setdefault(task[0], []).append(task)
-    for arch, lst in by_arch.items():
-        path = os.path.join(args.out, "mmasim_%s.jsonl" % arch)
+            name = bw_file(task[0], task[1]) if is_bw(task[0]) else "mmasim_%s.jsonl" % task[0]
+            by_file.setdefault(name, []).append(task)
+    for name, lst in by_file.items():
+        path = os.path.join(args.out, name + (".dryrun" if dry else ""))
         counts = {}
         with open(path, "w") as f:
             for task in lst:
                 f.write(results[task] + "\n")
                 counts[(task[1], task[2])] = counts.get((task[1], task[2]), 0) + 1
-        print("wrote %s: %d cases" % (path, len(lst)))
+        extra = ""
+        if dry:
+            import lzma
+
+            raw = open(path, "rb").read()
+            extra = " (%d bytes, %d compressed)" % (len(raw), len(lzma.compress(raw, preset=9 | lzma.PRESET_EXTREME)))
+        print("wrote %s: %d cases%s" % (path, len(lst), extra))
         last = None
         for (instr, style), c in counts.items():
             if instr != last:
@@ -524,6 +1074,10 @@ def cmd_generate(args):
 # ---------------------------------------------------------------- checking
 def compute_d(rec, arch=None, transpose_b=False):
     arch = arch or rec["arch"]
+    if is_bw(arch):
+        if transpose_b:
+            raise ValueError("B read as n x k: not for Blackwell records")
+        return bw_compute_d(dict(rec, arch=arch))
     sim = sim_for(arch, rec["instr"])
     m, n, k = rec["m"], rec["n"], rec["k"]
     at = rec["a_type"]
@@ -656,14 +1210,16 @@ def main():
     p.add_argument("file")
     p = sub.add_parser("generate")
     p.add_argument("--out", required=True)
-    p.add_argument("--only", help="comma-separated archs")
+    p.add_argument("--only", help="comma-separated archs (MMA-Sim's names; RTXBlackwell for \"RTX Blackwell\")")
+    p.add_argument("--dry-run", action="store_true",
+                   help="Blackwell cases without MMA-Sim or torch: A, B, C (and scales) only, to size the files")
     p = sub.add_parser("crosscheck")
     p.add_argument("--arch", help="MMA-Sim arch to use (default: each line's arch)")
     p.add_argument("files", nargs="+")
     p = sub.add_parser("xz")
     p.add_argument("files", nargs="+")
     args = ap.parse_args()
-    if args.cmd != "xz":
+    if args.cmd != "xz" and not (args.cmd == "generate" and args.dry_run):
         if not args.mmasim:
             ap.error("--mmasim is required")
         load_mmasim(args.mmasim)

@@ -283,7 +283,8 @@ int mf_trace(const mf_trace_opts *o, mf_error *err) {
     /* ---- the run: rank 0 creates or resumes it and says which sequences it holds and where shard numbers
      * start; the other ranks write shards into it */
     mf_run_info info = {.model_dir = o->model_dir, .model = model, .prec = &prec, .device = device,
-                        .numerics = numerics.name, .threads = threads, .record = record, .input_path = o->input,
+                        .numerics = numerics.name, .numerics_validation = numerics.validation, .threads = threads,
+                        .record = record, .input_path = o->input,
                         .prompts = &prompts, .shard_seqs = o->shard_seqs, .device_name = gpu ? mf_gpu_describe(gpu) : NULL,
                         .generation = o->generate > 0 || (forced && gen.max_new_tokens > 0) ? &gen : NULL,
                         .replay_json = replay ? mf_replay_manifest(replay) : NULL, .ranks = size};

@@ -135,7 +135,7 @@ __device__ static double nv_chunk(int n, const double *av, const int *ae, const 
     frexp(S, &es);
     int ev = es - 1 + E - F;
     int q = (ev < -126 ? -126 : ev) - 23;
-    return ldexp(trunc(ldexp(S, E - F - q)), q);
+    return ldexp(trunc(ldexp(S, E - F - q)), q) + 0.0;   /* a sum truncated to zero is +0 */
 }
 
 /* AMD CDNA3 grouped dot: products aligned to their largest exponent at 24
@@ -337,7 +337,7 @@ template <int CHUNK> __global__ static void __launch_bounds__(256) k_emu_tiled(g
                 for (int j = 0; j < EM_T; j++) {
                     if (nv) {
                         bad |= E[i][j] > 125;
-                        acc[i][j] = __double2float_rz(S[i][j]);
+                        acc[i][j] = __double2float_rz(S[i][j]) + 0.0f;   /* truncated to zero: +0 */
                     } else {
                         const int ec = acc[i][j] == 0.0f ? -126 : f32_exp(acc[i][j]);
                         const int EE = E[i][j] > ec ? E[i][j] : ec;
