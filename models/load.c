@@ -57,6 +57,23 @@ static int need(loader *ld, const mf_st_tensor **out, const char *name, int ndim
     return MF_OK;
 }
 
+/* A vector [n] whose dtype may differ from the weights' (DeepSeek's e_score_correction_bias is stored fp32 in a bf16
+ * checkpoint, and transformers keeps it fp32): its values as stored, unrounded. */
+static int vector_as_stored(loader *ld, double **dst, const char *name, int n) {
+    const mf_st_tensor *t = mf_checkpoint_find(ld->m->ckpt, name);
+    if (!t) return mf_fail(ld->err, MF_EFORMAT, "%s: missing tensor %s", ld->dir, name);
+    if (t->ndim != 1 || t->shape[0] != n)
+        return mf_fail(ld->err, MF_EFORMAT, "%s: tensor %s must have shape [%d]", ld->dir, name, n);
+    if (!mf_dtype_is_float(t->dtype))
+        return mf_fail(ld->err, MF_EFORMAT, "%s: tensor %s has dtype %s, expected a float dtype", ld->dir, name,
+                       mf_dtype_name(t->dtype));
+    if (ld->validate_only) return MF_OK;
+    *dst = mf_xmalloc((size_t)n * sizeof(double));
+    for (int i = 0; i < n; i++) (*dst)[i] = mf_load_as_f64(t->data, t->dtype, (size_t)i);
+    ld->m->n_params += (size_t)n;
+    return MF_OK;
+}
+
 mf_dtype mf_weight_storage(mf_dtype stored, mf_dtype policy) {
     switch (policy) {
     case MF_F64: return stored;
@@ -182,15 +199,42 @@ static int load_experts(loader *ld, mf_layer *L, int l) {
     return MF_OK;
 }
 
-static int load_layer(loader *ld, mf_layer *L, int l) {
+/* DeepSeek's latent attention: q_a_proj [q_lora, H] + q_a_layernorm + q_b_proj [heads x qk, q_lora] (or q_proj
+ * [heads x qk, H] without q_lora_rank), kv_a_proj_with_mqa [kv_lora + rope, H] + kv_a_layernorm [kv_lora],
+ * kv_b_proj [heads x (nope + v), kv_lora], o_proj [H, heads x v]; attention_bias on q_a, kv_a and o. */
+static int load_mla(loader *ld, mf_layer *L, int l) {
     const mf_config *c = &ld->m->cfg;
-    const mf_arch_desc *d = &mf_arch_table[c->arch];
+    const int H = c->hidden, nh = c->n_heads, qk = c->qk_nope_dim + c->qk_rope_dim;
+    const bool b = c->attn_bias_lora;
+    char nm[256], nm2[256];
+    int rc;
+#define TRY(x) if ((rc = (x))) return rc
+    if (c->q_lora_rank > 0) {
+        TRY(linear(ld, &L->q_a, NAME("model.layers.%d.self_attn.q_a_proj.weight", l), c->q_lora_rank, H,
+                   b ? NAME2("model.layers.%d.self_attn.q_a_proj.bias", l) : NULL));
+        TRY(vector(ld, &L->q_a_norm, NAME("model.layers.%d.self_attn.q_a_layernorm.weight", l), c->q_lora_rank));
+        TRY(linear(ld, &L->q_b, NAME("model.layers.%d.self_attn.q_b_proj.weight", l), nh * qk, c->q_lora_rank, NULL));
+    } else {
+        TRY(linear(ld, &L->q, NAME("model.layers.%d.self_attn.q_proj.weight", l), nh * qk, H, NULL));
+    }
+    TRY(linear(ld, &L->kv_a, NAME("model.layers.%d.self_attn.kv_a_proj_with_mqa.weight", l),
+               c->kv_lora_rank + c->qk_rope_dim, H, b ? NAME2("model.layers.%d.self_attn.kv_a_proj_with_mqa.bias", l) : NULL));
+    TRY(vector(ld, &L->kv_a_norm, NAME("model.layers.%d.self_attn.kv_a_layernorm.weight", l), c->kv_lora_rank));
+    TRY(linear(ld, &L->kv_b, NAME("model.layers.%d.self_attn.kv_b_proj.weight", l), nh * (c->qk_nope_dim + c->v_head_dim),
+               c->kv_lora_rank, NULL));
+    TRY(linear(ld, &L->o, NAME("model.layers.%d.self_attn.o_proj.weight", l), H, nh * c->v_head_dim,
+               b ? NAME2("model.layers.%d.self_attn.o_proj.bias", l) : NULL));
+#undef TRY
+    return MF_OK;
+}
+
+/* q/k/v/o projections (with the biases the config asks for) and the q/k norms. */
+static int load_gqa(loader *ld, mf_layer *L, int l) {
+    const mf_config *c = &ld->m->cfg;
     const int H = c->hidden, hd = c->head_dim, nq = c->n_heads * hd, nkv = c->n_kv_heads * hd;
     char nm[256], nm2[256];
     int rc;
 #define TRY(x) if ((rc = (x))) return rc
-    TRY(vector(ld, &L->attn_norm, NAME("model.layers.%d.input_layernorm.weight", l), H));
-    TRY(vector(ld, &L->ffn_norm, NAME("model.layers.%d.post_attention_layernorm.weight", l), H));
     const char *qkvb = c->attn_bias_qkv ? "" : NULL;
     TRY(linear(ld, &L->q, NAME("model.layers.%d.self_attn.q_proj.weight", l), nq, H,
                qkvb ? NAME2("model.layers.%d.self_attn.q_proj.bias", l) : NULL));
@@ -207,6 +251,20 @@ static int load_layer(loader *ld, mf_layer *L, int l) {
         TRY(vector(ld, &L->q_norm, NAME("model.layers.%d.self_attn.q_norm.weight", l), hd));
         TRY(vector(ld, &L->k_norm, NAME("model.layers.%d.self_attn.k_norm.weight", l), hd));
     }
+#undef TRY
+    return MF_OK;
+}
+
+static int load_layer(loader *ld, mf_layer *L, int l) {
+    const mf_config *c = &ld->m->cfg;
+    const mf_arch_desc *d = &mf_arch_table[c->arch];
+    const int H = c->hidden;
+    char nm[256], nm2[256];
+    int rc;
+#define TRY(x) if ((rc = (x))) return rc
+    TRY(vector(ld, &L->attn_norm, NAME("model.layers.%d.input_layernorm.weight", l), H));
+    TRY(vector(ld, &L->ffn_norm, NAME("model.layers.%d.post_attention_layernorm.weight", l), H));
+    TRY(c->attn == MF_ATTN_MLA ? load_mla(ld, L, l) : load_gqa(ld, L, l));
     L->is_moe = d->is_moe && c->layer_is_moe[l];
     if (!L->is_moe) {
         const int I = c->intermediate;
@@ -223,6 +281,18 @@ static int load_layer(loader *ld, mf_layer *L, int l) {
     if (d->mixtral_names && !mf_checkpoint_find(ld->m->ckpt, NAME(router, l))) router = "model.layers.%d.block_sparse_moe.gate.weight";
     TRY(linear(ld, &L->router, NAME(router, l), c->n_experts, H, NULL));
     TRY(load_experts(ld, L, l));
+    if (c->route_rule == MF_ROUTE_SIGMOID_GROUP)
+        TRY(vector_as_stored(ld, &L->e_bias, NAME("model.layers.%d.mlp.gate.e_score_correction_bias", l), c->n_experts));
+    if (c->n_shared_experts > 0) {   /* DeepSeek's shared experts: one MLP of n_shared x moe_intermediate, no gate */
+        const int S = c->shared_intermediate;
+        const bool b = c->mlp_bias;
+        TRY(linear(ld, &L->sh_gate, NAME("model.layers.%d.mlp.shared_experts.gate_proj.weight", l), S, H,
+                   b ? NAME2("model.layers.%d.mlp.shared_experts.gate_proj.bias", l) : NULL));
+        TRY(linear(ld, &L->sh_up, NAME("model.layers.%d.mlp.shared_experts.up_proj.weight", l), S, H,
+                   b ? NAME2("model.layers.%d.mlp.shared_experts.up_proj.bias", l) : NULL));
+        TRY(linear(ld, &L->sh_down, NAME("model.layers.%d.mlp.shared_experts.down_proj.weight", l), H, S,
+                   b ? NAME2("model.layers.%d.mlp.shared_experts.down_proj.bias", l) : NULL));
+    }
     if (c->has_shared_expert) {
         const int S = c->shared_intermediate;
         TRY(linear(ld, &L->sh_gate, NAME("model.layers.%d.mlp.shared_expert.gate_proj.weight", l), S, H, NULL));
@@ -356,6 +426,10 @@ void mf_model_free(mf_model *m) {
             }
         free(L->exp_gate); free(L->exp_up); free(L->exp_down);
         mf_linear_free(&L->sh_gate); mf_linear_free(&L->sh_up); mf_linear_free(&L->sh_down); mf_linear_free(&L->sh_router);
+        mf_linear_free(&L->q_a); mf_linear_free(&L->q_b); mf_linear_free(&L->kv_a); mf_linear_free(&L->kv_b);
+        free(L->q_a_norm);
+        free(L->kv_a_norm);
+        free(L->e_bias);
     }
     free(m->layers);
     free(m->final_norm);

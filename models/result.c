@@ -9,6 +9,7 @@ void mf_seq_result_free(mf_seq_result *r) {
     free(r->topk_w);
     free(r->router);
     free(r->shared_gate);
+    free(r->select);
     free(r->router_in);
     free(r->logits);
     memset(r, 0, sizeof *r);

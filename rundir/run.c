@@ -147,10 +147,21 @@ static json_t *build_manifest(const mf_run_info *in) {
     json_object_set_new(man, "precision", prec);
 
     json_t *router = json_object();
-    json_object_set_new(router, "rule", json_string(c->route_rule == MF_ROUTE_SOFTMAX_TOPK_RENORM
-                                                        ? "softmax_topk_renorm"
-                                                        : "softmax_topk"));
+    static const char *const rules[] = {[MF_ROUTE_SOFTMAX_TOPK] = "softmax_topk",
+                                        [MF_ROUTE_SOFTMAX_TOPK_RENORM] = "softmax_topk_renorm",
+                                        [MF_ROUTE_SIGMOID_GROUP] = "sigmoid_bias_group_topk",
+                                        [MF_ROUTE_SOFTMAX_GREEDY] = "softmax_greedy"};
+    json_object_set_new(router, "rule", json_string(rules[c->route_rule]));
     json_object_set_new(router, "norm_topk_prob", json_boolean(c->norm_topk_prob));
+    if (c->route_rule == MF_ROUTE_SIGMOID_GROUP || c->route_rule == MF_ROUTE_SOFTMAX_GREEDY) {
+        /* the grouped routers: which groups an expert belongs to (e / (n_experts / n_group)), how many stay */
+        json_object_set_new(router, "n_group", json_integer(c->group_limited || c->route_rule == MF_ROUTE_SIGMOID_GROUP
+                                                                ? c->n_group : 1));
+        json_object_set_new(router, "topk_group", json_integer(c->group_limited || c->route_rule == MF_ROUTE_SIGMOID_GROUP
+                                                                   ? c->topk_group : 1));
+        json_object_set_new(router, "routed_scaling_factor", json_real(c->routed_scaling));
+        json_object_set_new(router, "n_shared_experts", json_integer(c->n_shared_experts));
+    }
     json_object_set_new(router, "tie_break", json_string("larger score first; equal scores: lower expert index"));
     json_object_set_new(router, "experts", json_string(in->experts_recorded ? "as the engine recorded them (ids only)"
                                                        : in->imported_from ? "derived from the recorded router logits"

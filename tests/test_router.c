@@ -24,8 +24,8 @@ Test(router, softmax_topk_weights_and_margins) {
     /* logits 0, ln 3, ln 2, ln 4 -> probabilities 1/10, 3/10, 2/10, 4/10 */
     double lg[4] = {0, log(3.0), log(2.0), log(4.0)}, p[4], w[2];
     uint16_t ids[2];
-    mf_route_spec spec = {MF_ROUTE_KIND_SOFTMAX_TOPK, 4, 2, false, MF_F64, MF_F64};
-    mf_route_out out = {ids, w, 0, 0, false};
+    mf_route_spec spec = {.kind = MF_ROUTE_KIND_SOFTMAX_TOPK, .n_experts = 4, .top_k = 2, .norm_topk = false, .opmath = MF_F64, .weight_out = MF_F64};
+    mf_route_out out = {.ids = ids, .weights = w};
     mf_route(&spec, lg, p, &out);
     cr_assert(ids[0] == 3 && ids[1] == 1);
     cr_assert_float_eq(w[0], 0.4, 1e-15);
@@ -47,8 +47,8 @@ Test(router, softmax_topk_weights_and_margins) {
 Test(router, exact_tie_flag) {
     double lg[3] = {1, 1, 0}, p[3], w[1];
     uint16_t ids[1];
-    mf_route_spec spec = {MF_ROUTE_KIND_SOFTMAX_TOPK, 3, 1, false, MF_F32, MF_F32};
-    mf_route_out out = {ids, w, 0, 0, false};
+    mf_route_spec spec = {.kind = MF_ROUTE_KIND_SOFTMAX_TOPK, .n_experts = 3, .top_k = 1, .norm_topk = false, .opmath = MF_F32, .weight_out = MF_F32};
+    mf_route_out out = {.ids = ids, .weights = w};
     mf_route(&spec, lg, p, &out);
     cr_assert_eq(ids[0], 0);
     cr_assert(out.tie);

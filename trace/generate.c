@@ -103,6 +103,7 @@ static void grown_init(grown *g, const mf_seq_result *first, int cap) {
     r->topk_w = mf_xmalloc(L * C * (size_t)r->k * sizeof *r->topk_w + 1);
     r->router = mf_xmalloc(L * C * (size_t)r->E * sizeof *r->router + 1);
     if (first->shared_gate) r->shared_gate = mf_xmalloc(L * C * sizeof *r->shared_gate + 1);
+    if (first->select) r->select = mf_xmalloc(L * C * (size_t)r->E * sizeof *r->select + 1);
     if (first->router_in) r->router_in = mf_xmalloc(L * C * (size_t)r->H * sizeof *r->router_in + 1);
     r->logits = mf_xmalloc(C * (size_t)r->V * sizeof *r->logits);
 }
@@ -119,6 +120,7 @@ static void grown_append(grown *g, const mf_seq_result *s) {
     APPEND_ROWS(r->topk_w, s->topk_w, (size_t)r->k);
     APPEND_ROWS(r->router, s->router, (size_t)r->E);
     if (r->shared_gate) APPEND_ROWS(r->shared_gate, s->shared_gate, (size_t)1);
+    if (r->select) APPEND_ROWS(r->select, s->select, (size_t)r->E);
     if (r->router_in) APPEND_ROWS(r->router_in, s->router_in, (size_t)r->H);
     memcpy(r->logits + at * (size_t)r->V, s->logits, n * (size_t)r->V * sizeof *r->logits);
     r->T += s->T;
@@ -136,6 +138,7 @@ static void grown_finish(grown *g, mf_seq_result *out) {
         COMPACT(r->topk_w, (size_t)r->k);
         COMPACT(r->router, (size_t)r->E);
         if (r->shared_gate) COMPACT(r->shared_gate, (size_t)1);
+        if (r->select) COMPACT(r->select, (size_t)r->E);
         if (r->router_in) COMPACT(r->router_in, (size_t)r->H);
     }
     *out = *r;
