@@ -352,6 +352,28 @@ int mf_config_parse(mf_config *cfg, const char *text, size_t len, const char *or
         goto done;
     }
 
+    json_t *qc = json_object_get(root, "quantization_config");
+    if (qc && !json_is_null(qc)) {
+        json_t *qm = json_object_get(qc, "quant_method"), *fmt = json_object_get(qc, "fmt");
+        json_t *wbs = json_object_get(qc, "weight_block_size");
+        const char *method = json_is_string(qm) ? json_string_value(qm) : "(none)";
+        if (strcmp(method, "fp8") != 0) {
+            rc = mf_fail(err, MF_EUNSUPPORTED, "%s: quantization_config quant_method \"%s\" is not supported (fp8, "
+                         "DeepSeek-V3's block-scaled e4m3)", origin, method);
+            goto done;
+        }
+        if ((fmt && !(json_is_string(fmt) && !strcmp(json_string_value(fmt), "e4m3"))) || !json_is_array(wbs) ||
+            json_array_size(wbs) != 2 || !json_is_integer(json_array_get(wbs, 0)) ||
+            !json_is_integer(json_array_get(wbs, 1)) || json_integer_value(json_array_get(wbs, 0)) <= 0 ||
+            json_integer_value(json_array_get(wbs, 1)) <= 0 || json_integer_value(json_array_get(wbs, 0)) > 1 << 20 ||
+            json_integer_value(json_array_get(wbs, 1)) > 1 << 20) {
+            rc = mf_fail(err, MF_EUNSUPPORTED, "%s: an fp8 quantization_config needs fmt e4m3 and a weight_block_size "
+                         "of two positive integers (per-tensor or per-channel FP8 is not supported)", origin);
+            goto done;
+        }
+        cfg->fp8_block[0] = (int)json_integer_value(json_array_get(wbs, 0));
+        cfg->fp8_block[1] = (int)json_integer_value(json_array_get(wbs, 1));
+    }
     cfg->attn = MF_ATTN_GQA;
     cfg->rope_style = MF_ROPE_HALF;
     cfg->attn_scale = pow((double)cfg->head_dim, -0.5);   /* head_dim ** -0.5, a Python float */

@@ -27,6 +27,31 @@ typedef struct loader {
     mf_error *err;
 } loader;
 
+/* The weight_scale_inv of an FP8 weight t [out, in]: "<name>_scale_inv" (DeepSeek-V3's spelling), or NULL. */
+static const mf_st_tensor *fp8_scales(const loader *ld, const mf_st_tensor *t) {
+    char nm[512];
+    snprintf(nm, sizeof nm, "%s_scale_inv", t->name);
+    return mf_checkpoint_find(ld->m->ckpt, nm);
+}
+
+/* An F8_E4M3 weight is taken only from a checkpoint whose quantization_config says fp8, with its float
+ * weight_scale_inv [ceil(out / block0), ceil(in / block1)] beside it. */
+static int fp8_scales_ok(loader *ld, const mf_st_tensor *t) {
+    const int *b = ld->m->cfg.fp8_block;
+    if (b[0] <= 0)
+        return mf_fail(ld->err, MF_EFORMAT, "%s: tensor %s is F8_E4M3, but config.json has no fp8 quantization_config",
+                       ld->dir, t->name);
+    if (ld->no_convert)
+        return mf_fail(ld->err, MF_EUNSUPPORTED, "%s: FP8 weights (%s) are dequantised on the CPU only", ld->dir,
+                       t->name);
+    const mf_st_tensor *s = fp8_scales(ld, t);
+    const int64_t ro = (t->shape[0] + b[0] - 1) / b[0], co = (t->shape[1] + b[1] - 1) / b[1];
+    if (!s || s->ndim != 2 || s->shape[0] != ro || s->shape[1] != co || !mf_dtype_is_float(s->dtype))
+        return mf_fail(ld->err, MF_EFORMAT, "%s: FP8 weight %s needs %s_scale_inv, a float tensor [%lld, %lld] (one "
+                       "scale per %dx%d block)", ld->dir, t->name, t->name, (long long)ro, (long long)co, b[0], b[1]);
+    return MF_OK;
+}
+
 /* Finds `name` and checks it has exactly the shape given (ndim dims). */
 static int need(loader *ld, const mf_st_tensor **out, const char *name, int ndim, ...) {
     const mf_st_tensor *t = mf_checkpoint_find(ld->m->ckpt, name);
@@ -48,6 +73,7 @@ static int need(loader *ld, const mf_st_tensor **out, const char *name, int ndim
         return mf_fail(ld->err, MF_EFORMAT, "%s: tensor %s has shape [%s], but the config implies [%s]", ld->dir, name,
                        have, exp);
     }
+    if (t->dtype == MF_F8E4M3 && ndim == 2) return fp8_scales_ok(ld, t);
     if (!mf_dtype_is_float(t->dtype))
         return mf_fail(ld->err, MF_EFORMAT, "%s: tensor %s has dtype %s, expected a float dtype (%s)", ld->dir, name,
                        mf_dtype_name(t->dtype), mf_dtype_name(ld->ckpt_dtype));
@@ -90,10 +116,41 @@ static void release_pages(const void *p, size_t n) {
     if (b > a) madvise((void *)a, b - a, MADV_DONTNEED);
 }
 
+/* An FP8 weight dequantised once, as transformers' Fp8Dequantize does: each value fp32(q x scale_inv of its
+ * block), then held in the policy's weight dtype (fp32 under fp32 and fp64, where the fp32 products are exact;
+ * rounded on to bf16 or fp16 under those, as loading into a bf16 model casts them). The FP8 bytes' pages are given
+ * back. Not yet the checkpoint's own format in memory: the kernels have no FP8 operand. */
+static const void *fp8_dequantized(loader *ld, const mf_st_tensor *t, mf_dtype *dt) {
+    mf_model *m = ld->m;
+    *dt = mf_weight_storage(MF_F32, m->weight_round);
+    for (size_t i = 0; i < m->n_owned; i++)
+        if (m->owned[i].src == t) return m->owned[i].data;
+    const mf_st_tensor *s = fp8_scales(ld, t);
+    const int R = (int)t->shape[0], C = (int)t->shape[1], b0 = m->cfg.fp8_block[0], b1 = m->cfg.fp8_block[1];
+    const int sc = (int)s->shape[1];
+    const size_t n = (size_t)R * C;
+    void *copy = mf_xmalloc(n * mf_dtype_size(*dt));
+#pragma omp parallel for if (n >= (1u << 20))
+    for (int r = 0; r < R; r++)
+        for (int c = 0; c < C; c++) {
+            const size_t i = (size_t)r * C + c;
+            const float scale = (float)mf_load_as_f64(s->data, s->dtype, (size_t)(r / b0) * sc + (size_t)(c / b1));
+            mf_store_from_f64(copy, *dt, i, (float)((float)mf_f8e4m3_to_f64(t->data[i]) * scale));
+        }
+    release_pages(t->data, t->nbytes);
+    m->owned = mf_xrealloc(m->owned, (m->n_owned + 1) * sizeof *m->owned);
+    m->owned[m->n_owned].src = t;
+    m->owned[m->n_owned].data = copy;
+    m->owned[m->n_owned].bytes = n * mf_dtype_size(*dt);
+    m->n_owned++;
+    return copy;
+}
+
 /* The base of tensor t in the dtype the model keeps it in: the mapping, or
  * the tensor's one converted copy (made on first use). */
 static const void *tensor_data(loader *ld, const mf_st_tensor *t, mf_dtype *dt) {
     mf_model *m = ld->m;
+    if (t->dtype == MF_F8E4M3) return fp8_dequantized(ld, t, dt);
     *dt = mf_weight_storage(t->dtype, m->weight_round);
     if (*dt == t->dtype || ld->no_convert) {
         *dt = t->dtype;
@@ -338,8 +395,9 @@ int mf_model_measure(const char *dir, mf_dtype weights, unsigned flags, mf_model
         out->files += sf->map.size;
         for (size_t i = 0; i < sf->count; i++) {
             const mf_st_tensor *t = &sf->tensors[i];
-            const mf_dtype kept = mf_weight_storage(t->dtype, weights);
-            if (!mf_dtype_is_float(t->dtype) || kept == t->dtype || (flags & MF_LOAD_NO_CONVERT)) out->in_place += t->nbytes;
+            const mf_dtype kept = mf_weight_storage(t->dtype == MF_F8E4M3 ? MF_F32 : t->dtype, weights);
+            if (t->dtype == MF_F8E4M3) out->converted += (uint64_t)mf_st_numel(t) * mf_dtype_size(kept);
+            else if (!mf_dtype_is_float(t->dtype) || kept == t->dtype || (flags & MF_LOAD_NO_CONVERT)) out->in_place += t->nbytes;
             else out->converted += (uint64_t)mf_st_numel(t) * mf_dtype_size(kept);
         }
     }

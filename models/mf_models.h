@@ -196,6 +196,9 @@ typedef struct mf_config {
     int n_moe_layers;
     int sliding_window;              /* 0: none */
     bool layer_sliding[MF_MAX_LAYERS];
+    /* quantization_config: DeepSeek-V3's fine-grained FP8 (quant_method fp8, fmt e4m3): linear weights stored
+     * F8_E4M3 with an F32 weight_scale_inv per fp8_block[0] x fp8_block[1] block; 0 0 when not quantized */
+    int fp8_block[2];
     char digest[33];                 /* of config.json's bytes */
 } mf_config;
 
