@@ -169,14 +169,14 @@ static int parse_deepseek_family(ctx *c, mf_config *cfg, const mf_arch_desc *d) 
                            "and value per head)", origin, cfg->n_kv_heads, cfg->n_heads);
         if (cfg->rope.partial_rotary_factor != 1.0)
             return mf_fail(err, MF_EFORMAT, "%s: partial_rotary_factor does not apply to latent attention", origin);
-        bool ab;
+        bool ab = false;
         if ((rc = get_bool(c, root, "attention_bias", false, &ab))) return rc;
         cfg->attn_bias_lora = ab;
         cfg->attn_bias_qkv = cfg->attn_bias_o = false;
         const int qk = cfg->qk_nope_dim + cfg->qk_rope_dim;
         cfg->attn_scale = pow((double)qk, -0.5);
         if (cfg->arch == MF_ARCH_DEEPSEEK_V3) {
-            bool interleave;
+            bool interleave = true;
             if ((rc = get_bool(c, root, "rope_interleave", true, &interleave))) return rc;
             cfg->rope_style = interleave ? MF_ROPE_DEINTERLEAVE : MF_ROPE_HALF;
             /* DeepseekV3Attention: a scaled rope with mscale_all_dim folds mscale(factor, mscale_all_dim)^2 into
@@ -190,7 +190,7 @@ static int parse_deepseek_family(ctx *c, mf_config *cfg, const mf_arch_desc *d) 
         }
         if (cfg->arch == MF_ARCH_DEEPSEEK_V2 && (rc = get_bool(c, root, "mlp_bias", false, &cfg->mlp_bias))) return rc;
     } else {   /* GLM-4.5: GQA, q/k/v biases (attention_bias), none on o_proj, optional per-head q/k norms */
-        bool qkn;
+        bool qkn = false;
         if ((rc = get_bool(c, root, "use_qk_norm", false, &qkn))) return rc;
         cfg->qk_norm = qkn ? MF_QK_NORM_PER_HEAD : MF_QK_NORM_NONE;
         if (cfg->rope_dim <= 0 || cfg->rope_dim % 2)
@@ -199,7 +199,7 @@ static int parse_deepseek_family(ctx *c, mf_config *cfg, const mf_arch_desc *d) 
     }
 
     /* the routed and shared experts */
-    int ne_a, ne_b;
+    int ne_a = -1, ne_b = -1;
     FINT("n_routed_experts", -1, &ne_a);
     FINT("num_local_experts", -1, &ne_b);   /* attribute_map alias */
     cfg->n_experts = ne_a >= 0 ? ne_a : ne_b >= 0 ? ne_b : d->n_experts;
@@ -207,7 +207,7 @@ static int parse_deepseek_family(ctx *c, mf_config *cfg, const mf_arch_desc *d) 
     FINT("moe_intermediate_size", d->moe_intermediate, &cfg->moe_intermediate);
     if ((rc = get_int_nullable(c, root, "n_shared_experts", d->n_shared, &cfg->n_shared_experts))) return rc;
     if ((rc = get_num(c, root, "routed_scaling_factor", d->routed_scaling, &cfg->routed_scaling))) return rc;
-    int fkd;
+    int fkd = 0;
     FINT("first_k_dense_replace", d->first_k_dense, &fkd);
     if (cfg->n_experts <= 0 || cfg->top_k <= 0 || cfg->top_k > cfg->n_experts || cfg->moe_intermediate <= 0)
         return mf_fail(err, MF_EFORMAT, "%s: %d routed experts, top-%d (num_experts_per_tok), expert width %d: need "
