@@ -283,7 +283,8 @@ static inline __attribute__((always_inline)) void ref_margins_k(const double *ro
             kth = row[A[i]] < kth ? row[A[i]] : kth;
             unchosen[A[i]] = -INFINITY;
         }
-        margin[t] = kth - max_unchosen(unchosen, E);
+        const double mu = max_unchosen(unchosen, E);
+        margin[t] = kth == mu ? 0 : kth - mu;   /* two masked (-inf) scores tie too */
         kth_out[t] = kth;
     }
     for (int t = 0; t < n; t++) bin[t] = margin_bin(margin[t]);

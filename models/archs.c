@@ -50,9 +50,9 @@ const mf_arch_desc mf_arch_table[MF_ARCH_COUNT] = {
         .q_lora_rank = 1536, .kv_lora_rank = 512, .qk_rope_dim = 64, .qk_nope_dim = 128, .v_head_dim = 128,
         .n_shared = 1, .n_group = 8, .topk_group = 4, .first_k_dense = 3, .routed_scaling = 2.5,
     },
-    /* DeepseekV2Config (a LlamaConfig: DeepSeek-V2-Lite-like MoE keys on Llama's sizes) */
+    /* DeepseekV2Config (DeepSeek-V2-Lite's MoE keys on Llama's sizes, DeepSeek's vocabulary) */
     [MF_ARCH_DEEPSEEK_V2] = {
-        .model_type = "deepseek_v2", .vocab = 32000, .hidden = 4096, .intermediate = 11008, .layers = 32,
+        .model_type = "deepseek_v2", .vocab = 102400, .hidden = 4096, .intermediate = 11008, .layers = 32,
         .heads = 32, .kv_heads = 0, .max_pos = 2048, .rms_eps = 1e-6, .rope_theta = 10000.0, .is_moe = true,
         .n_experts = 64, .top_k = 0, .moe_intermediate = 1407, .norm_topk_prob = false,
         .route = MF_ROUTE_SOFTMAX_GREEDY, .qk_norm = MF_QK_NORM_NONE, .deepseek_family = true, .attn = MF_ATTN_MLA,

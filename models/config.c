@@ -157,11 +157,8 @@ static int parse_deepseek_family(ctx *c, mf_config *cfg, const mf_arch_desc *d) 
             return mf_fail(err, MF_EFORMAT,
                            "%s: multi-head latent attention needs kv_lora_rank > 0, an even qk_rope_head_dim > 0, "
                            "qk_nope_head_dim >= 0, v_head_dim > 0 and q_lora_rank >= 0 or null", origin);
-        /* transformers sets head_dim to qk_rope_head_dim: the rotary tables are that wide */
-        json_t *hd = json_object_get(root, "head_dim");
-        if (hd && !json_is_null(hd) && (!json_is_integer(hd) || json_integer_value(hd) != cfg->qk_rope_dim))
-            return mf_fail(err, MF_EFORMAT, "%s: \"head_dim\" must equal qk_rope_head_dim (%d) in %s", origin,
-                           cfg->qk_rope_dim, cfg->model_type);
+        /* transformers sets head_dim to qk_rope_head_dim after reading the file (__post_init__), whatever
+         * config.json says: the rotary tables are that wide */
         cfg->head_dim = cfg->rope_dim = cfg->qk_rope_dim;
         if (cfg->n_kv_heads != cfg->n_heads)
             return mf_fail(err, MF_EUNSUPPORTED,
@@ -179,14 +176,14 @@ static int parse_deepseek_family(ctx *c, mf_config *cfg, const mf_arch_desc *d) 
             bool interleave = true;
             if ((rc = get_bool(c, root, "rope_interleave", true, &interleave))) return rc;
             cfg->rope_style = interleave ? MF_ROPE_DEINTERLEAVE : MF_ROPE_HALF;
-            /* DeepseekV3Attention: a scaled rope with mscale_all_dim folds mscale(factor, mscale_all_dim)^2 into
-             * the softmax scale, with the config's factor */
-            if (cfg->rope.type != MF_ROPE_DEFAULT && cfg->rope.mscale_all_dim != 0) {
-                const double ms = yarn_get_mscale(cfg->rope.factor, cfg->rope.mscale_all_dim);
-                cfg->attn_scale = cfg->attn_scale * ms * ms;
-            }
         } else {
-            cfg->rope_style = MF_ROPE_COMPLEX;   /* DeepseekV2Attention: qk_head_dim ** -0.5 alone */
+            cfg->rope_style = MF_ROPE_COMPLEX;
+        }
+        /* yarn_apply_mscale (DeepseekV3Attention and, in 5.17, DeepseekV2Attention): a scaled rope with
+         * mscale_all_dim folds mscale(factor, mscale_all_dim)^2 into the softmax scale, with the config's factor */
+        if (cfg->rope.type != MF_ROPE_DEFAULT && cfg->rope.mscale_all_dim != 0) {
+            const double ms = yarn_get_mscale(cfg->rope.factor, cfg->rope.mscale_all_dim);
+            cfg->attn_scale = cfg->attn_scale * ms * ms;
         }
         if (cfg->arch == MF_ARCH_DEEPSEEK_V2 && (rc = get_bool(c, root, "mlp_bias", false, &cfg->mlp_bias))) return rc;
     } else {   /* GLM-4.5: GQA, q/k/v biases (attention_bias), none on o_proj, optional per-head q/k norms */

@@ -287,7 +287,7 @@ typedef struct mf_seq_result {
     double *router;         /* [n_moe, T, E], raw router logits as computed */
     double *shared_gate;    /* [n_moe, T], sigmoid gate of the shared expert, or NULL */
     double *select;         /* [n_moe, T, E], the scores the router's final top-k ranked where that is not the
-                             * softmax of the logits (DeepSeek, GLM: biased, group-masked), or NULL */
+                             * softmax of the logits (DeepSeek, GLM: biased, -inf outside the chosen groups), or NULL */
     double *router_in;      /* [n_moe, T, H] or NULL */
     double *logits;         /* [T, V] */
     /* or, where logits is NULL, the logits [T, V] as the device handed them

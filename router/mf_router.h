@@ -11,8 +11,8 @@
 typedef enum mf_route_kind {
     MF_ROUTE_KIND_SOFTMAX_TOPK,   /* p = softmax(logits); top-k of p; renormalise iff norm_topk */
     /* DeepSeek-V3 / GLM-4.5: s = sigmoid(logits); c = s + bias ranks, s weighs. A group's score is the sum of its two
-     * largest c; the topk_group best groups stay, every other expert's c becomes 0 (transformers' masked_fill, not
-     * -inf); top-k of that. Weights s of the k, renormalised iff norm_topk (over their sum + 1e-20), times scale. */
+     * largest c; the topk_group best groups stay, every other expert's c becomes -inf (transformers 5.17's
+     * masked_fill); top-k of that (a masked expert only when fewer than k remain, then the lowest index). Weights s of the k, renormalised iff norm_topk (over their sum + 1e-20), times scale. */
     MF_ROUTE_KIND_SIGMOID_GROUP,
     /* DeepSeek-V2: p = softmax(logits); top-k of p, within the topk_group groups of largest max(p) when
      * group_limited (the others' p masked to 0); weights p of the k times scale, never renormalised. */
@@ -39,7 +39,7 @@ typedef struct mf_route_out {
     double margin_prob;  /* the same in probability units; the grouped kinds: of the select row */
     bool tie;            /* k-th and (k+1)-th probabilities (select-row scores) are equal */
     double *select;      /* [E] or NULL: receives the scores the final top-k ranked (the grouped kinds: biased and
-                          * group-masked; softmax top-k: the probabilities) */
+                          * group-masked, -inf or 0 outside the groups; softmax top-k: the probabilities) */
 } mf_route_out;
 
 /* Indices of the k largest values in canonical order. */

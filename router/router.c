@@ -56,7 +56,7 @@ void mf_route_scores(const mf_route_spec *spec, const double *logits, double *pr
 /* The grouped kinds: the row the final top-k ranks, from the scores (sigmoid or softmax) of one token. A group's
  * score: SIGMOID_GROUP the sum of its two best biased scores (in that order, as torch sums topk(2)), SOFTMAX_GREEDY
  * its best probability; the topk_group best groups (canonical order) keep their experts' values, every other
- * expert's becomes 0. */
+ * expert's becomes -inf (SIGMOID_GROUP: transformers 5.17's masked_fill(-inf)) or 0 (SOFTMAX_GREEDY's 0.0). */
 static void grouped_select(const mf_route_spec *spec, const double *scores, double *sel) {
     const int E = spec->n_experts, G = spec->n_group, per = E / G;
     for (int e = 0; e < E; e++)
@@ -82,8 +82,9 @@ static void grouped_select(const mf_route_spec *spec, const double *scores, doub
     bool kept[G];
     for (int g = 0; g < G; g++) kept[g] = false;
     for (int i = 0; i < spec->topk_group; i++) kept[keep[i]] = true;
+    const double masked = spec->kind == MF_ROUTE_KIND_SIGMOID_GROUP ? -INFINITY : 0.0;
     for (int e = 0; e < E; e++)
-        if (!kept[e / per]) sel[e] = 0.0;
+        if (!kept[e / per]) sel[e] = masked;
 }
 
 void mf_route(const mf_route_spec *spec, const double *logits, double *probs, mf_route_out *out) {

@@ -159,13 +159,13 @@ Test(config, deepseek_v3_defaults_and_mscale) {
     cr_assert_eq(m.n_experts, 64);
 }
 
-/* DeepseekV2Config: a LlamaConfig's sizes, softmax routing, topk_method greedy, no default top-k; norm_topk_prob
+/* DeepseekV2Config: Llama's sizes with DeepSeek's vocabulary (102400), softmax routing, topk_method greedy, no default top-k; norm_topk_prob
  * is read by nothing in DeepseekV2Moe; RoPE is the complex form; the softmax scale has no mscale. */
 Test(config, deepseek_v2_defaults_and_methods) {
     mf_config c = parse_ok("{\"model_type\": \"deepseek_v2\", \"num_experts_per_tok\": 6, \"norm_topk_prob\": true,"
                            " \"rope_scaling\": {\"type\": \"yarn\", \"factor\": 40, \"mscale\": 0.707,"
                            " \"mscale_all_dim\": 0.707, \"original_max_position_embeddings\": 4096}}");
-    cr_assert(c.vocab == 32000 && c.hidden == 4096 && c.n_layers == 32 && c.n_heads == 32 && c.n_kv_heads == 32);
+    cr_assert(c.vocab == 102400 && c.hidden == 4096 && c.n_layers == 32 && c.n_heads == 32 && c.n_kv_heads == 32);
     cr_assert(c.n_experts == 64 && c.top_k == 6 && c.moe_intermediate == 1407 && c.n_shared_experts == 2);
     cr_assert(!c.norm_topk_prob && !c.group_limited && c.n_group == 1);
     cr_assert_eq(c.route_rule, MF_ROUTE_SOFTMAX_GREEDY);
@@ -213,8 +213,9 @@ Test(config, deepseek_family_errors) {
     const char *grp = "{\"model_type\": \"deepseek_v3\", \"n_routed_experts\": 10, \"n_group\": 4}";
     cr_assert_eq(mf_config_parse(&c, grp, strlen(grp), "x.json", &err), MF_EFORMAT);
     cr_assert(strstr(err.msg, "n_group"), "%s", err.msg);
-    const char *hd = "{\"model_type\": \"deepseek_v3\", \"head_dim\": 128}";
-    cr_assert_eq(mf_config_parse(&c, hd, strlen(hd), "x.json", &err), MF_EFORMAT);
+    /* head_dim in config.json is overwritten by qk_rope_head_dim (DeepseekV3Config.__post_init__) */
+    mf_config h = parse_ok("{\"model_type\": \"deepseek_v3\", \"head_dim\": 128}");
+    cr_assert_eq(h.head_dim, 64);
     const char *one = "{\"model_type\": \"glm4_moe\", \"head_dim\": 128, \"n_routed_experts\": 8, \"n_group\": 8}";
     cr_assert_eq(mf_config_parse(&c, one, strlen(one), "x.json", &err), MF_EFORMAT);
     cr_assert(strstr(err.msg, "two best"), "%s", err.msg);

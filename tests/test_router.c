@@ -73,16 +73,18 @@ Test(router, sigmoid_group_topk_deepseek_v3) {
     cr_assert_float_eq(p[6], 0.75, 1e-15, "probs hold the sigmoid scores, before the bias");
     cr_assert_float_eq(w[0], 1.5, 1e-14);
     cr_assert_float_eq(w[1], 1.0, 1e-14);
-    /* the row the top-k ranked: the dropped groups' experts are 0 (masked_fill 0.0), the others biased scores */
-    const double want[8] = {0, 0, 0.8, 0.5, 0, 0, 0.95, 0.65};
-    for (int e = 0; e < 8; e++) cr_assert_float_eq(sel[e], want[e], 1e-15, "expert %d", e);
+    /* the row the top-k ranked: the dropped groups' experts at -inf (transformers 5.17's masked_fill), the others
+     * their biased scores */
+    const double want[8] = {-INFINITY, -INFINITY, 0.8, 0.5, -INFINITY, -INFINITY, 0.95, 0.65};
+    for (int e = 0; e < 8; e++)
+        cr_assert(isinf(want[e]) ? sel[e] == want[e] : fabs(sel[e] - want[e]) < 1e-15, "expert %d: %g", e, sel[e]);
     cr_assert_float_eq(out.margin_logit, 0.8 - 0.65, 1e-15, "margin: k-th minus (k+1)-th of the ranked row");
     cr_assert(!out.tie);
     spec.norm_topk = false;   /* scores times the scale */
     mf_route(&spec, lg, p, &out);
     cr_assert_float_eq(w[0], 1.875, 1e-14);
     cr_assert_float_eq(w[1], 1.25, 1e-14);
-    /* one group of two, top-3: the third is a masked expert at 0, the lowest index (expert 0), weighed by its
+    /* one group of two, top-3: the third is a masked expert (-inf), the lowest index (expert 0), weighed by its
      * unbiased score as transformers' gather does */
     spec.topk_group = 1;
     spec.top_k = 3;
@@ -90,7 +92,7 @@ Test(router, sigmoid_group_topk_deepseek_v3) {
     mf_route(&spec, lg, p, &out);
     cr_assert(ids[0] == 6 && ids[1] == 7 && ids[2] == 0, "chose %d, %d, %d", ids[0], ids[1], ids[2]);
     cr_assert_float_eq(w[2], 2.5 * 0.5 / 1.75, 1e-14);
-    cr_assert(out.tie, "the third chosen and the first left out are both masked to 0: a tie");
+    cr_assert(out.tie, "the third chosen and the first left out are both masked to -inf: a tie");
     /* replay: the weights of given experts from the scores alone */
     uint16_t given[3] = {1, 6, 4};
     double gw[3];

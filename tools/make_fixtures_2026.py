@@ -261,7 +261,7 @@ def route_tensors(family, model, mlp, x, idx, w):
         gi = torch.topk(gs, k=cfg.topk_group, dim=-1, sorted=False)[1]
         gmask = torch.zeros_like(gs).scatter_(1, gi, 1)
         smask = gmask.unsqueeze(-1).expand(-1, G, E // G).reshape(-1, E)
-        masked = choice.masked_fill(~smask.bool(), 0.0)
+        masked = choice.masked_fill(~smask.bool(), float("-inf"))   # as DeepseekV3TopkRouter in 5.17
         sel = torch.topk(masked, k=k, dim=-1, sorted=False)[1]
         out.update(scores=scores, choice=choice, groupscore=gs, groups=torch.sort(gi, dim=-1).values)
         # what the bias and the groups change, for the statistics

@@ -414,9 +414,11 @@ static int FN(step)(mf_cpu_session *sn, const int32_t *tokens, int T, mf_seq_res
     double *cs64 = mf_xmalloc(TD * sizeof(double)), *sn64 = mf_xmalloc(TD * sizeof(double));
     mf_rope_tables(c, P, Tc, cs64, sn64);
     ACT *cos_t = mf_xmalloc((size_t)T * rdim * sizeof(ACT)), *sin_t = mf_xmalloc((size_t)T * rdim * sizeof(ACT));
+    /* DeepSeek-V2's rotary module hands over complex64 freqs_cis: its tables stay in fp32 (opmath) */
+    const mf_dtype TD_ = c->rope_style == MF_ROPE_COMPLEX ? f.O : f.R;
     for (size_t i = 0; i < (size_t)T * rdim; i++) {
-        cos_t[i] = (ACT)rd(f.R, cs64[(size_t)sn->pos * rdim + i]);
-        sin_t[i] = (ACT)rd(f.R, sn64[(size_t)sn->pos * rdim + i]);
+        cos_t[i] = (ACT)rd(TD_, cs64[(size_t)sn->pos * rdim + i]);
+        sin_t[i] = (ACT)rd(TD_, sn64[(size_t)sn->pos * rdim + i]);
     }
     free(cs64);
     free(sn64);
