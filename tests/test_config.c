@@ -159,8 +159,9 @@ Test(config, deepseek_v3_defaults_and_mscale) {
     cr_assert_eq(m.n_experts, 64);
 }
 
-/* DeepseekV2Config: Llama's sizes with DeepSeek's vocabulary (102400), softmax routing, topk_method greedy, no default top-k; norm_topk_prob
- * is read by nothing in DeepseekV2Moe; RoPE is the complex form; the softmax scale has no mscale. */
+/* DeepseekV2Config: Llama's sizes with DeepSeek's vocabulary (102400), softmax routing, topk_method greedy, no
+ * default top-k; norm_topk_prob is read by nothing in DeepseekV2Moe; RoPE is the complex form; the softmax scale
+ * takes mscale(factor, mscale_all_dim)^2 as DeepSeek-V3's does (5.17's DeepseekV2Attention: yarn_apply_mscale). */
 Test(config, deepseek_v2_defaults_and_methods) {
     mf_config c = parse_ok("{\"model_type\": \"deepseek_v2\", \"num_experts_per_tok\": 6, \"norm_topk_prob\": true,"
                            " \"rope_scaling\": {\"type\": \"yarn\", \"factor\": 40, \"mscale\": 0.707,"
@@ -170,7 +171,8 @@ Test(config, deepseek_v2_defaults_and_methods) {
     cr_assert(!c.norm_topk_prob && !c.group_limited && c.n_group == 1);
     cr_assert_eq(c.route_rule, MF_ROUTE_SOFTMAX_GREEDY);
     cr_assert_eq(c.rope_style, MF_ROPE_COMPLEX);
-    cr_assert_float_eq(c.attn_scale, 1.0 / sqrt(192.0), 1e-16);
+    const double ms = 1 + 0.1 * 0.707 * log(40.0);
+    cr_assert_float_eq(c.attn_scale, 1.0 / sqrt(192.0) * ms * ms, 1e-16);
     cr_assert_eq(c.n_moe_layers, 32, "first_k_dense_replace 0");
     mf_config g = parse_ok("{\"model_type\": \"deepseek_v2\", \"num_experts_per_tok\": 6, \"topk_method\":"
                            " \"group_limited_greedy\", \"n_group\": 8, \"topk_group\": 3}");
