@@ -3,7 +3,7 @@
 
 Usage (on the GPU machine, with torch, transformers and safetensors; CUDA optional):
 
-    python3 tools/make_fixtures_2026.py --out DIR [--cases a,b,...] [--new 16] [--no-hfsrc]
+    python3 tools/make_fixtures_2026.py --out DIR [--cases a,b,...] [--new 16] [--no-hfsrc] [--compact]
 
 Families: deepseek_v3 (with and without q_lora_rank, YaRN with mscale/mscale_all_dim, rope_interleave on and
 off, FP8 e4m3 weights with weight_scale_inv block scales), deepseek_v2 (greedy and group_limited_greedy),
@@ -82,9 +82,16 @@ SUMMARY = {}
 # cases
 # --------------------------------------------------------------------------------------------
 
-def case_defs():
+def case_defs(compact=False):
+    """compact: vocabulary 128, expert width 16 and dense width 64 in the DeepSeek-family cases (about half the
+    bytes: the repository's fixtures share a size budget), gpt-oss unchanged (MXFP4 needs widths of 32)."""
     C = {}
-    v3 = dict(BASE, num_key_value_heads=4, intermediate_size=96, moe_intermediate_size=32, n_routed_experts=16,
+    if compact:
+        global BASE
+        BASE = dict(BASE, vocab_size=128)
+    wide = dict(intermediate_size=64, moe_intermediate_size=16) if compact else dict(intermediate_size=96,
+                                                                                      moe_intermediate_size=32)
+    v3 = dict(BASE, num_key_value_heads=4, **wide, n_routed_experts=16,
               num_experts_per_tok=4, n_group=4, topk_group=2, kv_lora_rank=32, qk_rope_head_dim=16,
               qk_nope_head_dim=24, v_head_dim=20, first_k_dense_replace=1, max_position_embeddings=256)
     C["deepseek_v3"] = dict(
@@ -121,7 +128,7 @@ def case_defs():
              "routed and shared experts) stored F8_E4M3 with an F32 weight_scale_inv per 16x16 block "
              "(quantization_config as DeepSeek-V3's, weight_block_size [16, 16]); router, norms, embeddings, "
              "lm_head and e_score_correction_bias as in the bf16 cases.")
-    v2 = dict(BASE, num_key_value_heads=4, intermediate_size=96, moe_intermediate_size=32, n_routed_experts=16,
+    v2 = dict(BASE, num_key_value_heads=4, **wide, n_routed_experts=16,
               num_experts_per_tok=4, kv_lora_rank=32, qk_rope_head_dim=16, qk_nope_head_dim=24, v_head_dim=20,
               first_k_dense_replace=1, max_position_embeddings=256, n_shared_experts=2,
               rope_parameters={"rope_type": "default", "rope_theta": 10000.0})
@@ -140,7 +147,7 @@ def case_defs():
     C["glm4_moe"] = dict(
         cls="Glm4MoeForCausalLM", cfg="Glm4MoeConfig", family="glm4_moe",
         kw=dict(BASE, num_key_value_heads=2, head_dim=32, partial_rotary_factor=0.5, use_qk_norm=True,
-                attention_bias=True, intermediate_size=96, moe_intermediate_size=32, n_routed_experts=16,
+                attention_bias=True, **wide, n_routed_experts=16,
                 num_experts_per_tok=4, n_group=4, topk_group=2, n_shared_experts=1, first_k_dense_replace=1,
                 norm_topk_prob=True, routed_scaling_factor=2.5, max_position_embeddings=256,
                 rope_parameters={"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.5}),
@@ -148,7 +155,7 @@ def case_defs():
              "use_qk_norm True (per head), q/k/v biases, 16 routed experts top-4 in 4 groups (topk_group 2) with "
              "sigmoid + non-zero e_score_correction_bias, norm_topk_prob True, routed_scaling_factor 2.5, "
              "1 shared expert, first_k_dense_replace 1.")
-    oss = dict(BASE, num_key_value_heads=2, head_dim=16, intermediate_size=64, num_local_experts=8,
+    oss = dict(BASE, vocab_size=384, num_key_value_heads=2, head_dim=16, intermediate_size=64, num_local_experts=8,
                num_experts_per_tok=4, sliding_window=8, max_position_embeddings=64, attention_bias=True,
                layer_types=["sliding_attention", "full_attention", "sliding_attention"], swiglu_limit=0.6,
                rms_norm_eps=1e-5,
@@ -167,6 +174,11 @@ def case_defs():
         desc="gpt_oss with its experts in the released MXFP4 format: gate_up_proj_blocks [E,2I,H/32,16] and "
              "down_proj_blocks [E,H,I/32,16] (uint8, two e2m1 values a byte, low nibble first), *_scales "
              "(uint8 exponents, bias 127), biases bf16, quantization_config as gpt-oss's.")
+    if compact:
+        for name, c in C.items():
+            if c["family"] != "gpt_oss":
+                c["desc"] = (c["desc"].replace("dense MLP of 96", "dense MLP of 64") +
+                             " Compact: vocabulary 128, expert width 16, dense width 64.")
     return C
 
 
@@ -946,6 +958,7 @@ def main():
     ap.add_argument("--cases", default="")
     ap.add_argument("--new", type=int, default=16)
     ap.add_argument("--no-hfsrc", action="store_true")
+    ap.add_argument("--compact", action="store_true", help="smaller DeepSeek-family cases (see case_defs)")
     a = ap.parse_args()
     t0 = time.time()
     torch.set_num_threads(max(1, os.cpu_count() or 1))
@@ -957,7 +970,7 @@ def main():
             copy_hfsrc(os.path.join(a.out, "_hfsrc"))
         except Exception as e:  # noqa
             log("hfsrc copy failed:", repr(e))
-    defs = case_defs()
+    defs = case_defs(a.compact)
     names = [c for c in a.cases.split(",") if c] or list(defs)
     tmproot = tempfile.mkdtemp(prefix="mkfx26_")
     printed = set()
