@@ -25,9 +25,19 @@ bool mf_dtype_is_float(mf_dtype t) { return t == MF_BF16 || t == MF_F16 || t == 
 
 uint16_t mf_f32_to_f16(float f) { return mf_f64_to_f16((double)f); }   /* f32 -> f64 is exact */
 
+/* OCP FP8 E4M3 (torch.float8_e4m3fn): 1 sign, 4 exponent (bias 7), 3 mantissa bits; no infinities, S.1111.111
+ * is NaN; exponent 0 is subnormal (m/8 x 2^-6). */
+double mf_f8e4m3_to_f64(uint8_t b) {
+    const int sign = b >> 7, e = (b >> 3) & 15, m = b & 7;
+    if (e == 15 && m == 7) return NAN;
+    const double v = e ? ldexp(1.0 + m / 8.0, e - 7) : ldexp(m / 8.0, -6);
+    return sign ? -v : v;
+}
+
 double mf_load_as_f64(const void *buf, mf_dtype t, size_t i) {
     const uint8_t *p = buf;
     switch (t) {
+    case MF_F8E4M3: return mf_f8e4m3_to_f64(p[i]);
     case MF_BF16: { uint16_t h; memcpy(&h, p + 2 * i, 2); return mf_bf16_to_f32(h); }
     case MF_F16: { uint16_t h; memcpy(&h, p + 2 * i, 2); return mf_f16_to_f32(h); }
     case MF_F32: { float f; memcpy(&f, p + 4 * i, 4); return f; }

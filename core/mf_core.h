@@ -193,6 +193,8 @@ static inline float mf_roundf_to(mf_dtype t, float x) {
 
 /* Reads element i of a raw buffer of float dtype t as double (exact). */
 double mf_load_as_f64(const void *buf, mf_dtype t, size_t i);
+/* One FP8 E4M3 (e4m3fn) byte's value. */
+double mf_f8e4m3_to_f64(uint8_t b);
 /* Stores x into element i of a buffer of float dtype t (RNE). */
 void mf_store_from_f64(void *buf, mf_dtype t, size_t i, double x);
 

@@ -20,6 +20,8 @@ void mf_diff_acc_init(mf_diff_acc *a, const mf_run *ref) {
     a->primary = mf_xcalloc((size_t)L + 1, sizeof(int64_t));
     a->inherited = mf_xcalloc((size_t)L + 1, sizeof(int64_t));
     a->ties = mf_xcalloc((size_t)L + 1, sizeof(int64_t));
+    a->n_group = ref->n_group > 1 ? ref->n_group : 1;
+    a->cross_group = mf_xcalloc((size_t)L + 1, sizeof(int64_t));
     a->margin_slots = mf_xcalloc((size_t)L * MF_MARGIN_BINS + 1, sizeof(int64_t));
     a->margin_flips = mf_xcalloc((size_t)L * MF_MARGIN_BINS + 1, sizeof(int64_t));
     a->dropped = mf_xcalloc((size_t)L * E + 1, sizeof(int64_t));
@@ -43,6 +45,7 @@ void mf_diff_acc_free(mf_diff_acc *a) {
     free(a->primary);
     free(a->inherited);
     free(a->ties);
+    free(a->cross_group);
     free(a->margin_slots);
     free(a->margin_flips);
     free(a->dropped);
@@ -280,7 +283,8 @@ static inline __attribute__((always_inline)) void ref_margins_k(const double *ro
             kth = row[A[i]] < kth ? row[A[i]] : kth;
             unchosen[A[i]] = -INFINITY;
         }
-        margin[t] = kth - max_unchosen(unchosen, E);
+        const double mu = max_unchosen(unchosen, E);
+        margin[t] = kth == mu ? 0 : kth - mu;   /* two masked (-inf) scores tie too */
         kth_out[t] = kth;
     }
     for (int t = 0; t < n; t++) bin[t] = margin_bin(margin[t]);
@@ -304,6 +308,7 @@ static uint16_t get_u16(const mf_st_tensor *t, size_t i) {
 
 typedef struct seq_view {
     const mf_st_tensor *tokens, *ids, *w, *router, *shared, *logits;
+    const mf_st_tensor *select;   /* the scores the router's top-k ranked, where that is not the logits' order */
     size_t len;   /* the sequence's positions in its run: the stride of a layer's rows */
 } seq_view;
 
@@ -312,7 +317,8 @@ static int view(mf_run *r, size_t s, seq_view *v, mf_error *err) {
     memset(v, 0, sizeof *v);
     if ((rc = mf_run_tensor(r, s, "tokens", &v->tokens, err)) || (rc = mf_run_tensor(r, s, "topk_ids", &v->ids, err)) ||
         (rc = mf_run_tensor(r, s, "topk_w", &v->w, err)) || (rc = mf_run_tensor(r, s, "router", &v->router, err)) ||
-        (rc = mf_run_tensor(r, s, "shared_gate", &v->shared, err)) || (rc = mf_run_tensor(r, s, "logits", &v->logits, err)))
+        (rc = mf_run_tensor(r, s, "shared_gate", &v->shared, err)) || (rc = mf_run_tensor(r, s, "logits", &v->logits, err)) ||
+        (rc = mf_run_tensor(r, s, "select", &v->select, err)))
         return rc;
     v->len = (size_t)r->seqs[s].length;
     return MF_OK;
@@ -393,6 +399,7 @@ static void logit_stats(const mf_st_tensor *A, const mf_st_tensor *B, size_t off
 /* One sequence's rows of one MoE layer at a time, converted to double in one pass per tensor. */
 typedef struct layer_rows {
     double *router_ref, *router_tgt;   /* [n][E] router scores */
+    double *select_ref;                /* [n][E] the reference's selection scores (its `select`), when it has them */
     double *gate_ref, *gate_tgt;       /* [n][K] applied gate weights, when both runs have them */
     double *shared_ref, *shared_tgt;   /* [n] shared-expert gates, when both runs have them */
     double *router_sq;                 /* [n] each slot's squared router error, summed over the experts */
@@ -404,6 +411,7 @@ typedef struct layer_rows {
 static void layer_rows_alloc(layer_rows *w, int n, int E, int K) {
     w->router_ref = mf_xmalloc(sizeof(double) * ((size_t)n * E + 1));
     w->router_tgt = mf_xmalloc(sizeof(double) * ((size_t)n * E + 1));
+    w->select_ref = mf_xmalloc(sizeof(double) * ((size_t)n * E + 1));
     w->gate_ref = mf_xmalloc(sizeof(double) * ((size_t)n * K + 1));
     w->gate_tgt = mf_xmalloc(sizeof(double) * ((size_t)n * K + 1));
     w->shared_ref = mf_xmalloc(sizeof(double) * ((size_t)n + 1));
@@ -418,6 +426,7 @@ static void layer_rows_alloc(layer_rows *w, int n, int E, int K) {
 static void layer_rows_free(layer_rows *w) {
     free(w->router_ref);
     free(w->router_tgt);
+    free(w->select_ref);
     free(w->gate_ref);
     free(w->gate_tgt);
     free(w->shared_ref);
@@ -474,7 +483,12 @@ static void load_layer(layer_rows *w, const seq_view *R, const seq_view *T, int 
         load_row(T->shared, (size_t)l * T->len, n, w->shared_tgt);
     }
     if (R->router && T->router) router_sq_errors(w->router_ref, w->router_tgt, n, E, w->router_sq);
-    if (R->router)
+    /* margins in the scores the router ranked: a grouped or biased router's `select`, else the logits (whose
+     * order is the softmax's) */
+    if (R->select) {
+        load_row(R->select, (size_t)l * R->len * E, n * E, w->select_ref);
+        ref_margins(w->select_ref, R->ids->data + 2 * (size_t)l * R->len * K, n, E, K, w->margin, w->kth, w->bin, w->unchosen);
+    } else if (R->router)
         ref_margins(w->router_ref, R->ids->data + 2 * (size_t)l * R->len * K, n, E, K, w->margin, w->kth, w->bin, w->unchosen);
     else
         for (int t = 0; t < n; t++) {
@@ -614,6 +628,24 @@ static void record_flip(mf_diff_acc *a, mf_case *c, seq_flips *f, int l, int t, 
         for (int i = 0; i < nd && i < 8; i++) sl->dropped[sl->n_dropped++] = (uint16_t)drop[i];
         for (int i = 0; i < na && i < 8; i++) sl->added[sl->n_added++] = (uint16_t)add[i];
     }
+    if (a->n_group > 1) {
+        /* across a group boundary: an expert added from a group the reference took none from, or one dropped
+         * from a group the target took none from; within: every change stays inside groups both used */
+        const int per = E / a->n_group;
+        bool cross = false;
+        for (int i = 0; i < na && !cross; i++) {
+            bool shared = false;
+            for (int j = 0; j < K; j++) shared |= A[j] / per == add[i] / per;
+            cross = !shared;
+        }
+        for (int i = 0; i < nd && !cross; i++) {
+            bool shared = false;
+            for (int j = 0; j < K; j++) shared |= B[j] / per == drop[i] / per;
+            cross = !shared;
+        }
+        a->cross_group[l] += cross;
+        if (sl) sl->cross_group = cross;
+    }
     for (int i = 0; i < nd; i++) a->dropped[(size_t)l * E + drop[i]]++;
     for (int i = 0; i < na; i++) a->added[(size_t)l * E + add[i]]++;
     /* which expert took which one's place */
@@ -631,7 +663,7 @@ static void add_layer(mf_diff_acc *a, mf_case *c, const seq_view *R, const seq_v
                       bool gates, bool shared, seq_flips *f, slot_sums *sums) {
     const int E = a->E, K = a->K;
     /* without the reference's scores there are no margins (nor ties), without both runs' no router error */
-    const bool margins = R->router != NULL, router_err = R->router && T->router;
+    const bool margins = R->router != NULL || R->select != NULL, router_err = R->router && T->router;
     int earliest_here = n;
     int64_t n_set = 0, n_ord = 0, n_overlap = 0;
     /* the sums in registers across the layer, added to in the same order as one slot at a time */
@@ -670,7 +702,10 @@ static void add_layer(mf_diff_acc *a, mf_case *c, const seq_view *R, const seq_v
             sl->margin_logit = margin;
             sl->shared_sq_err = shared_sq;
             sl->gate_sq_err = gates ? slot_gate_sq : NAN;
-            sl->margin_prob = margins ? margin_in_probability(w->router_ref + (size_t)t * E, E, margin, w->kth[t]) : NAN;
+            /* selection scores are sigmoid scores or probabilities already: their margin is the margin */
+            sl->margin_prob = R->select ? margin
+                              : margins ? margin_in_probability(w->router_ref + (size_t)t * E, E, margin, w->kth[t]) : NAN;
+            sl->cross_group = -1;
         }
         if (set) continue;
         if (t < earliest_here) earliest_here = t;
@@ -870,6 +905,7 @@ int mf_diff_merge(mf_diff_acc *dst, mf_diff_acc *src, mf_error *err) {
         dst->primary[l] += src->primary[l];
         dst->inherited[l] += src->inherited[l];
         dst->ties[l] += src->ties[l];
+        dst->cross_group[l] += src->cross_group[l];
     }
     for (size_t i = 0; i < L * MF_MARGIN_BINS; i++) {
         dst->margin_slots[i] += src->margin_slots[i];

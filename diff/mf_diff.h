@@ -80,6 +80,7 @@ typedef struct mf_slot {
     uint16_t dropped[8], added[8];   /* the first 8 of each (k is at most 8 in these models) */
     int n_dropped, n_added;
     double margin_logit, margin_prob, gate_sq_err, shared_sq_err;
+    int cross_group;                 /* a flip that moved experts between groups: 1, within them: 0; -1 no groups */
 } mf_slot;
 
 typedef struct mf_diff_acc {
@@ -90,7 +91,11 @@ typedef struct mf_diff_acc {
     mf_position *pos;
     size_t n_pos, cap_pos;
     int64_t *flips, *primary, *inherited, *ties;   /* [L] */
-    int64_t *margin_slots, *margin_flips;          /* [L][MF_MARGIN_BINS] by reference margin (logit units) */
+    int n_group;                                   /* the reference's router groups (1: none) */
+    int64_t *cross_group;                          /* [L] flips whose experts changed groups (n_group > 1) */
+    /* [L][MF_MARGIN_BINS] by reference margin: in logit units, or for a router that ranks other scores (the
+     * run's `select`: DeepSeek's biased sigmoid scores within the chosen groups) in those */
+    int64_t *margin_slots, *margin_flips;
     int64_t *dropped, *added;                      /* [L][E] */
     int64_t *transitions;                          /* [E][E]: dropped expert -> added expert, same slot */
     mf_flip *flip_list;

@@ -752,6 +752,8 @@ static json_t *target_json(mf_run *run, const char *label, mf_diff_acc *a, mf_di
         json_object_set_new(o, "flips", json_integer(a->flips[l]));
         json_object_set_new(o, "primary", json_integer(a->primary[l]));
         json_object_set_new(o, "inherited", json_integer(a->inherited[l]));
+        /* a grouped router's flips that moved experts between groups; null without groups */
+        json_object_set_new(o, "flips_cross_group", a->n_group > 1 ? json_integer(a->cross_group[l]) : json_null());
         /* ties are the reference's margins: null where its capture has no scores */
         json_object_set_new(o, "ties", a->ref_lacks & MF_LACKS_ROUTER ? json_null() : json_integer(a->ties[l]));
         const int64_t *ms = a->margin_slots + (size_t)l * MF_MARGIN_BINS, *mfl = a->margin_flips + (size_t)l * MF_MARGIN_BINS;
@@ -1004,7 +1006,7 @@ int mf_diff_write_slots(const char *path, mf_diff_acc **accs, int n_targets, mf_
     int rc = mf_atomic_open(&af, path, err);
     if (rc) return rc;
     fputs("target,seq,layer,pos,set_equal,order_equal,overlap,dropped,added,margin_logit,margin_prob,tie,"
-          "gate_weight_sq_err,shared_gate_sq_err\n", af.fp);
+          "gate_weight_sq_err,shared_gate_sq_err,cross_group\n", af.fp);
     for (int i = 0; i < n_targets; i++) {
         mf_diff_acc *a = accs[i];
         if (a->n_slots) qsort(a->slots, a->n_slots, sizeof *a->slots, cmp_slot);
@@ -1019,6 +1021,8 @@ int mf_diff_write_slots(const char *path, mf_diff_acc **accs, int n_targets, mf_
             if (!isnan(s->gate_sq_err)) fprintf(af.fp, "%.17g", s->gate_sq_err);
             fputc(',', af.fp);
             if (!isnan(s->shared_sq_err)) fprintf(af.fp, "%.17g", s->shared_sq_err);
+            fputc(',', af.fp);
+            if (s->cross_group >= 0) fprintf(af.fp, "%d", s->cross_group);
             fputc('\n', af.fp);
         }
     }

@@ -24,6 +24,13 @@ typedef struct mf_arch_desc {
     bool sliding_layers;                /* Qwen: use_sliding_window + max_window_layers */
     int max_window_layers;
     bool sliding_all;                   /* Mixtral: sliding_window applies to every layer */
+    /* DeepSeek-V3, DeepSeek-V2, GLM-4.5 (the DeepSeek family of routers and shared experts) */
+    bool deepseek_family;
+    mf_attn_kind attn;
+    double partial_rotary;              /* partial_rotary_factor's default (0: 1.0) */
+    int q_lora_rank, kv_lora_rank, qk_rope_dim, qk_nope_dim, v_head_dim;
+    int n_shared, n_group, topk_group, first_k_dense;
+    double routed_scaling;
 } mf_arch_desc;
 
 extern const mf_arch_desc mf_arch_table[MF_ARCH_COUNT];

@@ -53,7 +53,7 @@ static int get_bool(ctx *c, json_t *obj, const char *key, bool def, bool *out) {
     return MF_OK;
 }
 
-static int parse_rope(ctx *c, mf_config *cfg, double default_theta) {
+static int parse_rope(ctx *c, mf_config *cfg, double default_theta, double default_prf) {
     mf_rope *r = &cfg->rope;
     memset(r, 0, sizeof *r);
     r->type = MF_ROPE_DEFAULT;
@@ -61,7 +61,7 @@ static int parse_rope(ctx *c, mf_config *cfg, double default_theta) {
     r->beta_fast = 32.0;
     r->beta_slow = 1.0;
     r->truncate = true;
-    r->partial_rotary_factor = 1.0;
+    r->partial_rotary_factor = default_prf;
     json_t *params = json_object_get(c->root, "rope_parameters");   /* v5 */
     json_t *scaling = json_object_get(c->root, "rope_scaling");     /* v4 */
     if (params && !json_is_null(params) && !json_is_object(params))
@@ -76,7 +76,7 @@ static int parse_rope(ctx *c, mf_config *cfg, double default_theta) {
     if ((rc = get_num(c, c->root, "rope_theta", default_theta, &top_theta))) return rc;
     r->theta = top_theta;
     if (src && (rc = get_num(c, src, "rope_theta", top_theta, &r->theta))) return rc;
-    if ((rc = get_num(c, c->root, "partial_rotary_factor", 1.0, &r->partial_rotary_factor))) return rc;
+    if ((rc = get_num(c, c->root, "partial_rotary_factor", default_prf, &r->partial_rotary_factor))) return rc;
     if (!src) return MF_OK;
     if (src && (rc = get_num(c, src, "partial_rotary_factor", r->partial_rotary_factor, &r->partial_rotary_factor)))
         return rc;
@@ -119,6 +119,135 @@ static int parse_rope(ctx *c, mf_config *cfg, double default_theta) {
         return mf_fail(c->err, MF_EFORMAT,
                        "%s: llama3 rope needs original_max_position_embeddings and distinct low/high_freq_factor",
                        c->origin);
+    return MF_OK;
+}
+
+/* An integer key whose null means "none" (0) while absence means the class default. */
+static int get_int_nullable(ctx *c, json_t *obj, const char *key, int def, int *out) {
+    json_t *v = json_object_get(obj, key);
+    if (v && json_is_null(v)) {
+        *out = 0;
+        return MF_OK;
+    }
+    return get_int(c, obj, key, def, out);
+}
+
+/* transformers' yarn_get_mscale, on Python floats */
+static double yarn_get_mscale(double scale, double mscale) { return scale <= 1 ? 1.0 : 0.1 * mscale * log(scale) + 1.0; }
+
+/* DeepSeek-V3, DeepSeek-V2 and GLM-4.5: multi-head latent attention (the DeepSeeks) or GQA with partial rotary
+ * and optional per-head q/k norms (GLM), routed experts behind a grouped sigmoid (V3, GLM) or softmax (V2) router
+ * with a scaling factor, shared experts added ungated, and the first first_k_dense_replace layers dense. Keys and
+ * defaults as transformers 5.17's DeepseekV3Config, DeepseekV2Config and Glm4MoeConfig read them. */
+static int parse_deepseek_family(ctx *c, mf_config *cfg, const mf_arch_desc *d) {
+    json_t *root = c->root;
+    const char *origin = c->origin;
+    mf_error *err = c->err;
+    int rc;
+#define FINT(key, def, dst) if ((rc = get_int(c, root, key, def, dst))) return rc
+    cfg->attn = d->attn;
+    if (d->attn == MF_ATTN_MLA) {
+        if ((rc = get_int_nullable(c, root, "q_lora_rank", d->q_lora_rank, &cfg->q_lora_rank))) return rc;
+        FINT("kv_lora_rank", d->kv_lora_rank, &cfg->kv_lora_rank);
+        FINT("qk_rope_head_dim", d->qk_rope_dim, &cfg->qk_rope_dim);
+        FINT("qk_nope_head_dim", d->qk_nope_dim, &cfg->qk_nope_dim);
+        FINT("v_head_dim", d->v_head_dim, &cfg->v_head_dim);
+        if (cfg->q_lora_rank < 0 || cfg->kv_lora_rank <= 0 || cfg->qk_rope_dim <= 0 || cfg->qk_rope_dim % 2 ||
+            cfg->qk_nope_dim < 0 || cfg->v_head_dim <= 0)
+            return mf_fail(err, MF_EFORMAT,
+                           "%s: multi-head latent attention needs kv_lora_rank > 0, an even qk_rope_head_dim > 0, "
+                           "qk_nope_head_dim >= 0, v_head_dim > 0 and q_lora_rank >= 0 or null", origin);
+        /* transformers sets head_dim to qk_rope_head_dim after reading the file (__post_init__), whatever
+         * config.json says: the rotary tables are that wide */
+        cfg->head_dim = cfg->rope_dim = cfg->qk_rope_dim;
+        if (cfg->n_kv_heads != cfg->n_heads)
+            return mf_fail(err, MF_EUNSUPPORTED,
+                           "%s: num_key_value_heads %d must equal num_attention_heads %d (latent attention has a key "
+                           "and value per head)", origin, cfg->n_kv_heads, cfg->n_heads);
+        if (cfg->rope.partial_rotary_factor != 1.0)
+            return mf_fail(err, MF_EFORMAT, "%s: partial_rotary_factor does not apply to latent attention", origin);
+        bool ab = false;
+        if ((rc = get_bool(c, root, "attention_bias", false, &ab))) return rc;
+        cfg->attn_bias_lora = ab;
+        cfg->attn_bias_qkv = cfg->attn_bias_o = false;
+        const int qk = cfg->qk_nope_dim + cfg->qk_rope_dim;
+        cfg->attn_scale = pow((double)qk, -0.5);
+        if (cfg->arch == MF_ARCH_DEEPSEEK_V3) {
+            bool interleave = true;
+            if ((rc = get_bool(c, root, "rope_interleave", true, &interleave))) return rc;
+            cfg->rope_style = interleave ? MF_ROPE_DEINTERLEAVE : MF_ROPE_HALF;
+        } else {
+            cfg->rope_style = MF_ROPE_COMPLEX;
+        }
+        /* yarn_apply_mscale (DeepseekV3Attention and, in 5.17, DeepseekV2Attention): a scaled rope with
+         * mscale_all_dim folds mscale(factor, mscale_all_dim)^2 into the softmax scale, with the config's factor */
+        if (cfg->rope.type != MF_ROPE_DEFAULT && cfg->rope.mscale_all_dim != 0) {
+            const double ms = yarn_get_mscale(cfg->rope.factor, cfg->rope.mscale_all_dim);
+            cfg->attn_scale = cfg->attn_scale * ms * ms;
+        }
+        if (cfg->arch == MF_ARCH_DEEPSEEK_V2 && (rc = get_bool(c, root, "mlp_bias", false, &cfg->mlp_bias))) return rc;
+    } else {   /* GLM-4.5: GQA, q/k/v biases (attention_bias), none on o_proj, optional per-head q/k norms */
+        bool qkn = false;
+        if ((rc = get_bool(c, root, "use_qk_norm", false, &qkn))) return rc;
+        cfg->qk_norm = qkn ? MF_QK_NORM_PER_HEAD : MF_QK_NORM_NONE;
+        if (cfg->rope_dim <= 0 || cfg->rope_dim % 2)
+            return mf_fail(err, MF_EFORMAT, "%s: head_dim %d x partial_rotary_factor %g gives %d rotary dims (need an "
+                           "even number above 0)", origin, cfg->head_dim, cfg->rope.partial_rotary_factor, cfg->rope_dim);
+    }
+
+    /* the routed and shared experts */
+    int ne_a = -1, ne_b = -1;
+    FINT("n_routed_experts", -1, &ne_a);
+    FINT("num_local_experts", -1, &ne_b);   /* attribute_map alias */
+    cfg->n_experts = ne_a >= 0 ? ne_a : ne_b >= 0 ? ne_b : d->n_experts;
+    FINT("num_experts_per_tok", d->top_k, &cfg->top_k);
+    FINT("moe_intermediate_size", d->moe_intermediate, &cfg->moe_intermediate);
+    if ((rc = get_int_nullable(c, root, "n_shared_experts", d->n_shared, &cfg->n_shared_experts))) return rc;
+    if ((rc = get_num(c, root, "routed_scaling_factor", d->routed_scaling, &cfg->routed_scaling))) return rc;
+    int fkd = 0;
+    FINT("first_k_dense_replace", d->first_k_dense, &fkd);
+    if (cfg->n_experts <= 0 || cfg->top_k <= 0 || cfg->top_k > cfg->n_experts || cfg->moe_intermediate <= 0)
+        return mf_fail(err, MF_EFORMAT, "%s: %d routed experts, top-%d (num_experts_per_tok), expert width %d: need "
+                       "0 < top-k <= experts", origin, cfg->n_experts, cfg->top_k, cfg->moe_intermediate);
+    if (cfg->n_experts > MF_MAX_EXPERTS || cfg->top_k > MF_MAX_TOP_K)
+        return mf_fail(err, MF_EUNSUPPORTED, "%s: %d experts, top-%d (at most %d experts, top-%d)", origin,
+                       cfg->n_experts, cfg->top_k, MF_MAX_EXPERTS, MF_MAX_TOP_K);
+    if (cfg->n_shared_experts < 0 || fkd < 0 || !isfinite(cfg->routed_scaling))
+        return mf_fail(err, MF_EFORMAT, "%s: n_shared_experts and first_k_dense_replace must be >= 0 and "
+                       "routed_scaling_factor finite", origin);
+    cfg->shared_intermediate = cfg->moe_intermediate * cfg->n_shared_experts;
+    cfg->route_rule = d->route;
+    if (d->route == MF_ROUTE_SIGMOID_GROUP) {
+        if ((rc = get_bool(c, root, "norm_topk_prob", d->norm_topk_prob, &cfg->norm_topk_prob))) return rc;
+        FINT("n_group", d->n_group, &cfg->n_group);
+        FINT("topk_group", d->topk_group, &cfg->topk_group);
+    } else {
+        /* DeepseekV2Moe never renormalises: norm_topk_prob is read by nothing */
+        cfg->norm_topk_prob = false;
+        json_t *tm = json_object_get(root, "topk_method");
+        const char *method = json_is_string(tm) ? json_string_value(tm) : "greedy";
+        if (strcmp(method, "greedy") == 0) {
+            cfg->n_group = cfg->topk_group = 1;
+        } else if (strcmp(method, "group_limited_greedy") == 0) {
+            cfg->group_limited = true;
+            FINT("n_group", 0, &cfg->n_group);
+            FINT("topk_group", 0, &cfg->topk_group);
+        } else {
+            return mf_fail(err, MF_EUNSUPPORTED, "%s: topk_method \"%s\" is not supported (greedy, "
+                           "group_limited_greedy)", origin, method);
+        }
+    }
+    if (cfg->n_group <= 0 || cfg->topk_group <= 0 || cfg->topk_group > cfg->n_group || cfg->n_experts % cfg->n_group)
+        return mf_fail(err, MF_EFORMAT, "%s: n_group %d and topk_group %d must be positive, topk_group <= n_group, and "
+                       "n_group must divide the %d routed experts", origin, cfg->n_group, cfg->topk_group,
+                       cfg->n_experts);
+    if (d->route == MF_ROUTE_SIGMOID_GROUP && cfg->n_experts / cfg->n_group < 2)
+        return mf_fail(err, MF_EFORMAT, "%s: a group's score is the sum of its two best experts: n_group %d leaves "
+                       "fewer than two of %d experts a group", origin, cfg->n_group, cfg->n_experts);
+    for (int l = 0; l < cfg->n_layers; l++) cfg->layer_is_moe[l] = l >= fkd;
+    cfg->n_moe_layers = 0;
+    for (int l = 0; l < cfg->n_layers; l++) cfg->n_moe_layers += cfg->layer_is_moe[l];
+#undef FINT
     return MF_OK;
 }
 
@@ -176,7 +305,7 @@ int mf_config_parse(mf_config *cfg, const char *text, size_t len, const char *or
         goto done;
     }
     if ((rc = get_num(&c, root, "rms_norm_eps", d->rms_eps, &cfg->rms_eps))) goto done;
-    if ((rc = parse_rope(&c, cfg, d->rope_theta))) goto done;
+    if ((rc = parse_rope(&c, cfg, d->rope_theta, d->partial_rotary > 0 ? d->partial_rotary : 1.0))) goto done;
     /* values that can only give NaN or infinities: RMSNorm divides by sqrt(mean + eps), RoPE raises theta to
      * negative powers */
     if (!(cfg->rms_eps > 0 && isfinite(cfg->rms_eps))) {
@@ -220,8 +349,35 @@ int mf_config_parse(mf_config *cfg, const char *text, size_t len, const char *or
         goto done;
     }
 
-    /* MoE */
-    if (d->is_moe) {
+    json_t *qc = json_object_get(root, "quantization_config");
+    if (qc && !json_is_null(qc)) {
+        json_t *qm = json_object_get(qc, "quant_method"), *fmt = json_object_get(qc, "fmt");
+        json_t *wbs = json_object_get(qc, "weight_block_size");
+        const char *method = json_is_string(qm) ? json_string_value(qm) : "(none)";
+        if (strcmp(method, "fp8") != 0) {
+            rc = mf_fail(err, MF_EUNSUPPORTED, "%s: quantization_config quant_method \"%s\" is not supported (fp8, "
+                         "DeepSeek-V3's block-scaled e4m3)", origin, method);
+            goto done;
+        }
+        if ((fmt && !(json_is_string(fmt) && !strcmp(json_string_value(fmt), "e4m3"))) || !json_is_array(wbs) ||
+            json_array_size(wbs) != 2 || !json_is_integer(json_array_get(wbs, 0)) ||
+            !json_is_integer(json_array_get(wbs, 1)) || json_integer_value(json_array_get(wbs, 0)) <= 0 ||
+            json_integer_value(json_array_get(wbs, 1)) <= 0 || json_integer_value(json_array_get(wbs, 0)) > 1 << 20 ||
+            json_integer_value(json_array_get(wbs, 1)) > 1 << 20) {
+            rc = mf_fail(err, MF_EUNSUPPORTED, "%s: an fp8 quantization_config needs fmt e4m3 and a weight_block_size "
+                         "of two positive integers (per-tensor or per-channel FP8 is not supported)", origin);
+            goto done;
+        }
+        cfg->fp8_block[0] = (int)json_integer_value(json_array_get(wbs, 0));
+        cfg->fp8_block[1] = (int)json_integer_value(json_array_get(wbs, 1));
+    }
+    cfg->attn = MF_ATTN_GQA;
+    cfg->rope_style = MF_ROPE_HALF;
+    cfg->attn_scale = pow((double)cfg->head_dim, -0.5);   /* head_dim ** -0.5, a Python float */
+    cfg->rope_dim = (int)(cfg->head_dim * cfg->rope.partial_rotary_factor);
+    if (d->deepseek_family) {
+        if ((rc = parse_deepseek_family(&c, cfg, d))) goto done;
+    } else if (d->is_moe) {
         int ne_a, ne_b = -1;
         INT("num_experts", -1, &ne_a);
         /* attribute_map: num_local_experts is an alias except for Qwen2-MoE, whose class has no such mapping */

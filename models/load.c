@@ -27,6 +27,31 @@ typedef struct loader {
     mf_error *err;
 } loader;
 
+/* The weight_scale_inv of an FP8 weight t [out, in]: "<name>_scale_inv" (DeepSeek-V3's spelling), or NULL. */
+static const mf_st_tensor *fp8_scales(const loader *ld, const mf_st_tensor *t) {
+    char nm[512];
+    snprintf(nm, sizeof nm, "%s_scale_inv", t->name);
+    return mf_checkpoint_find(ld->m->ckpt, nm);
+}
+
+/* An F8_E4M3 weight is taken only from a checkpoint whose quantization_config says fp8, with its float
+ * weight_scale_inv [ceil(out / block0), ceil(in / block1)] beside it. */
+static int fp8_scales_ok(loader *ld, const mf_st_tensor *t) {
+    const int *b = ld->m->cfg.fp8_block;
+    if (b[0] <= 0)
+        return mf_fail(ld->err, MF_EFORMAT, "%s: tensor %s is F8_E4M3, but config.json has no fp8 quantization_config",
+                       ld->dir, t->name);
+    if (ld->no_convert)
+        return mf_fail(ld->err, MF_EUNSUPPORTED, "%s: FP8 weights (%s) are dequantised on the CPU only", ld->dir,
+                       t->name);
+    const mf_st_tensor *s = fp8_scales(ld, t);
+    const int64_t ro = (t->shape[0] + b[0] - 1) / b[0], co = (t->shape[1] + b[1] - 1) / b[1];
+    if (!s || s->ndim != 2 || s->shape[0] != ro || s->shape[1] != co || !mf_dtype_is_float(s->dtype))
+        return mf_fail(ld->err, MF_EFORMAT, "%s: FP8 weight %s needs %s_scale_inv, a float tensor [%lld, %lld] (one "
+                       "scale per %dx%d block)", ld->dir, t->name, t->name, (long long)ro, (long long)co, b[0], b[1]);
+    return MF_OK;
+}
+
 /* Finds `name` and checks it has exactly the shape given (ndim dims). */
 static int need(loader *ld, const mf_st_tensor **out, const char *name, int ndim, ...) {
     const mf_st_tensor *t = mf_checkpoint_find(ld->m->ckpt, name);
@@ -48,12 +73,30 @@ static int need(loader *ld, const mf_st_tensor **out, const char *name, int ndim
         return mf_fail(ld->err, MF_EFORMAT, "%s: tensor %s has shape [%s], but the config implies [%s]", ld->dir, name,
                        have, exp);
     }
+    if (t->dtype == MF_F8E4M3 && ndim == 2) return fp8_scales_ok(ld, t);
     if (!mf_dtype_is_float(t->dtype))
         return mf_fail(ld->err, MF_EFORMAT, "%s: tensor %s has dtype %s, expected a float dtype (%s)", ld->dir, name,
                        mf_dtype_name(t->dtype), mf_dtype_name(ld->ckpt_dtype));
     if (t->dtype != ld->ckpt_dtype)
         return mf_fail(ld->err, MF_EFORMAT, "%s: tensor %s has dtype %s, but the checkpoint's weights are %s", ld->dir,
                        name, mf_dtype_name(t->dtype), mf_dtype_name(ld->ckpt_dtype));
+    return MF_OK;
+}
+
+/* A vector [n] whose dtype may differ from the weights' (DeepSeek's e_score_correction_bias is stored fp32 in a bf16
+ * checkpoint, and transformers keeps it fp32): its values as stored, unrounded. */
+static int vector_as_stored(loader *ld, double **dst, const char *name, int n) {
+    const mf_st_tensor *t = mf_checkpoint_find(ld->m->ckpt, name);
+    if (!t) return mf_fail(ld->err, MF_EFORMAT, "%s: missing tensor %s", ld->dir, name);
+    if (t->ndim != 1 || t->shape[0] != n)
+        return mf_fail(ld->err, MF_EFORMAT, "%s: tensor %s must have shape [%d]", ld->dir, name, n);
+    if (!mf_dtype_is_float(t->dtype))
+        return mf_fail(ld->err, MF_EFORMAT, "%s: tensor %s has dtype %s, expected a float dtype", ld->dir, name,
+                       mf_dtype_name(t->dtype));
+    if (ld->validate_only) return MF_OK;
+    *dst = mf_xmalloc((size_t)n * sizeof(double));
+    for (int i = 0; i < n; i++) (*dst)[i] = mf_load_as_f64(t->data, t->dtype, (size_t)i);
+    ld->m->n_params += (size_t)n;
     return MF_OK;
 }
 
@@ -73,10 +116,41 @@ static void release_pages(const void *p, size_t n) {
     if (b > a) madvise((void *)a, b - a, MADV_DONTNEED);
 }
 
+/* An FP8 weight dequantised once, as transformers' Fp8Dequantize does: each value fp32(q x scale_inv of its
+ * block), then held in the policy's weight dtype (fp32 under fp32 and fp64, where the fp32 products are exact;
+ * rounded on to bf16 or fp16 under those, as loading into a bf16 model casts them). The FP8 bytes' pages are given
+ * back. Not yet the checkpoint's own format in memory: the kernels have no FP8 operand. */
+static const void *fp8_dequantized(loader *ld, const mf_st_tensor *t, mf_dtype *dt) {
+    mf_model *m = ld->m;
+    *dt = mf_weight_storage(MF_F32, m->weight_round);
+    for (size_t i = 0; i < m->n_owned; i++)
+        if (m->owned[i].src == t) return m->owned[i].data;
+    const mf_st_tensor *s = fp8_scales(ld, t);
+    const int R = (int)t->shape[0], C = (int)t->shape[1], b0 = m->cfg.fp8_block[0], b1 = m->cfg.fp8_block[1];
+    const int sc = (int)s->shape[1];
+    const size_t n = (size_t)R * C;
+    void *copy = mf_xmalloc(n * mf_dtype_size(*dt));
+#pragma omp parallel for if (n >= (1u << 20))
+    for (int r = 0; r < R; r++)
+        for (int c = 0; c < C; c++) {
+            const size_t i = (size_t)r * C + c;
+            const float scale = (float)mf_load_as_f64(s->data, s->dtype, (size_t)(r / b0) * sc + (size_t)(c / b1));
+            mf_store_from_f64(copy, *dt, i, (float)((float)mf_f8e4m3_to_f64(t->data[i]) * scale));
+        }
+    release_pages(t->data, t->nbytes);
+    m->owned = mf_xrealloc(m->owned, (m->n_owned + 1) * sizeof *m->owned);
+    m->owned[m->n_owned].src = t;
+    m->owned[m->n_owned].data = copy;
+    m->owned[m->n_owned].bytes = n * mf_dtype_size(*dt);
+    m->n_owned++;
+    return copy;
+}
+
 /* The base of tensor t in the dtype the model keeps it in: the mapping, or
  * the tensor's one converted copy (made on first use). */
 static const void *tensor_data(loader *ld, const mf_st_tensor *t, mf_dtype *dt) {
     mf_model *m = ld->m;
+    if (t->dtype == MF_F8E4M3) return fp8_dequantized(ld, t, dt);
     *dt = mf_weight_storage(t->dtype, m->weight_round);
     if (*dt == t->dtype || ld->no_convert) {
         *dt = t->dtype;
@@ -182,15 +256,42 @@ static int load_experts(loader *ld, mf_layer *L, int l) {
     return MF_OK;
 }
 
-static int load_layer(loader *ld, mf_layer *L, int l) {
+/* DeepSeek's latent attention: q_a_proj [q_lora, H] + q_a_layernorm + q_b_proj [heads x qk, q_lora] (or q_proj
+ * [heads x qk, H] without q_lora_rank), kv_a_proj_with_mqa [kv_lora + rope, H] + kv_a_layernorm [kv_lora],
+ * kv_b_proj [heads x (nope + v), kv_lora], o_proj [H, heads x v]; attention_bias on q_a, kv_a and o. */
+static int load_mla(loader *ld, mf_layer *L, int l) {
     const mf_config *c = &ld->m->cfg;
-    const mf_arch_desc *d = &mf_arch_table[c->arch];
+    const int H = c->hidden, nh = c->n_heads, qk = c->qk_nope_dim + c->qk_rope_dim;
+    const bool b = c->attn_bias_lora;
+    char nm[256], nm2[256];
+    int rc;
+#define TRY(x) if ((rc = (x))) return rc
+    if (c->q_lora_rank > 0) {
+        TRY(linear(ld, &L->q_a, NAME("model.layers.%d.self_attn.q_a_proj.weight", l), c->q_lora_rank, H,
+                   b ? NAME2("model.layers.%d.self_attn.q_a_proj.bias", l) : NULL));
+        TRY(vector(ld, &L->q_a_norm, NAME("model.layers.%d.self_attn.q_a_layernorm.weight", l), c->q_lora_rank));
+        TRY(linear(ld, &L->q_b, NAME("model.layers.%d.self_attn.q_b_proj.weight", l), nh * qk, c->q_lora_rank, NULL));
+    } else {
+        TRY(linear(ld, &L->q, NAME("model.layers.%d.self_attn.q_proj.weight", l), nh * qk, H, NULL));
+    }
+    TRY(linear(ld, &L->kv_a, NAME("model.layers.%d.self_attn.kv_a_proj_with_mqa.weight", l),
+               c->kv_lora_rank + c->qk_rope_dim, H, b ? NAME2("model.layers.%d.self_attn.kv_a_proj_with_mqa.bias", l) : NULL));
+    TRY(vector(ld, &L->kv_a_norm, NAME("model.layers.%d.self_attn.kv_a_layernorm.weight", l), c->kv_lora_rank));
+    TRY(linear(ld, &L->kv_b, NAME("model.layers.%d.self_attn.kv_b_proj.weight", l), nh * (c->qk_nope_dim + c->v_head_dim),
+               c->kv_lora_rank, NULL));
+    TRY(linear(ld, &L->o, NAME("model.layers.%d.self_attn.o_proj.weight", l), H, nh * c->v_head_dim,
+               b ? NAME2("model.layers.%d.self_attn.o_proj.bias", l) : NULL));
+#undef TRY
+    return MF_OK;
+}
+
+/* q/k/v/o projections (with the biases the config asks for) and the q/k norms. */
+static int load_gqa(loader *ld, mf_layer *L, int l) {
+    const mf_config *c = &ld->m->cfg;
     const int H = c->hidden, hd = c->head_dim, nq = c->n_heads * hd, nkv = c->n_kv_heads * hd;
     char nm[256], nm2[256];
     int rc;
 #define TRY(x) if ((rc = (x))) return rc
-    TRY(vector(ld, &L->attn_norm, NAME("model.layers.%d.input_layernorm.weight", l), H));
-    TRY(vector(ld, &L->ffn_norm, NAME("model.layers.%d.post_attention_layernorm.weight", l), H));
     const char *qkvb = c->attn_bias_qkv ? "" : NULL;
     TRY(linear(ld, &L->q, NAME("model.layers.%d.self_attn.q_proj.weight", l), nq, H,
                qkvb ? NAME2("model.layers.%d.self_attn.q_proj.bias", l) : NULL));
@@ -207,6 +308,20 @@ static int load_layer(loader *ld, mf_layer *L, int l) {
         TRY(vector(ld, &L->q_norm, NAME("model.layers.%d.self_attn.q_norm.weight", l), hd));
         TRY(vector(ld, &L->k_norm, NAME("model.layers.%d.self_attn.k_norm.weight", l), hd));
     }
+#undef TRY
+    return MF_OK;
+}
+
+static int load_layer(loader *ld, mf_layer *L, int l) {
+    const mf_config *c = &ld->m->cfg;
+    const mf_arch_desc *d = &mf_arch_table[c->arch];
+    const int H = c->hidden;
+    char nm[256], nm2[256];
+    int rc;
+#define TRY(x) if ((rc = (x))) return rc
+    TRY(vector(ld, &L->attn_norm, NAME("model.layers.%d.input_layernorm.weight", l), H));
+    TRY(vector(ld, &L->ffn_norm, NAME("model.layers.%d.post_attention_layernorm.weight", l), H));
+    TRY(c->attn == MF_ATTN_MLA ? load_mla(ld, L, l) : load_gqa(ld, L, l));
     L->is_moe = d->is_moe && c->layer_is_moe[l];
     if (!L->is_moe) {
         const int I = c->intermediate;
@@ -223,6 +338,18 @@ static int load_layer(loader *ld, mf_layer *L, int l) {
     if (d->mixtral_names && !mf_checkpoint_find(ld->m->ckpt, NAME(router, l))) router = "model.layers.%d.block_sparse_moe.gate.weight";
     TRY(linear(ld, &L->router, NAME(router, l), c->n_experts, H, NULL));
     TRY(load_experts(ld, L, l));
+    if (c->route_rule == MF_ROUTE_SIGMOID_GROUP)
+        TRY(vector_as_stored(ld, &L->e_bias, NAME("model.layers.%d.mlp.gate.e_score_correction_bias", l), c->n_experts));
+    if (c->n_shared_experts > 0) {   /* DeepSeek's shared experts: one MLP of n_shared x moe_intermediate, no gate */
+        const int S = c->shared_intermediate;
+        const bool b = c->mlp_bias;
+        TRY(linear(ld, &L->sh_gate, NAME("model.layers.%d.mlp.shared_experts.gate_proj.weight", l), S, H,
+                   b ? NAME2("model.layers.%d.mlp.shared_experts.gate_proj.bias", l) : NULL));
+        TRY(linear(ld, &L->sh_up, NAME("model.layers.%d.mlp.shared_experts.up_proj.weight", l), S, H,
+                   b ? NAME2("model.layers.%d.mlp.shared_experts.up_proj.bias", l) : NULL));
+        TRY(linear(ld, &L->sh_down, NAME("model.layers.%d.mlp.shared_experts.down_proj.weight", l), H, S,
+                   b ? NAME2("model.layers.%d.mlp.shared_experts.down_proj.bias", l) : NULL));
+    }
     if (c->has_shared_expert) {
         const int S = c->shared_intermediate;
         TRY(linear(ld, &L->sh_gate, NAME("model.layers.%d.mlp.shared_expert.gate_proj.weight", l), S, H, NULL));
@@ -268,8 +395,9 @@ int mf_model_measure(const char *dir, mf_dtype weights, unsigned flags, mf_model
         out->files += sf->map.size;
         for (size_t i = 0; i < sf->count; i++) {
             const mf_st_tensor *t = &sf->tensors[i];
-            const mf_dtype kept = mf_weight_storage(t->dtype, weights);
-            if (!mf_dtype_is_float(t->dtype) || kept == t->dtype || (flags & MF_LOAD_NO_CONVERT)) out->in_place += t->nbytes;
+            const mf_dtype kept = mf_weight_storage(t->dtype == MF_F8E4M3 ? MF_F32 : t->dtype, weights);
+            if (t->dtype == MF_F8E4M3) out->converted += (uint64_t)mf_st_numel(t) * mf_dtype_size(kept);
+            else if (!mf_dtype_is_float(t->dtype) || kept == t->dtype || (flags & MF_LOAD_NO_CONVERT)) out->in_place += t->nbytes;
             else out->converted += (uint64_t)mf_st_numel(t) * mf_dtype_size(kept);
         }
     }
@@ -356,6 +484,10 @@ void mf_model_free(mf_model *m) {
             }
         free(L->exp_gate); free(L->exp_up); free(L->exp_down);
         mf_linear_free(&L->sh_gate); mf_linear_free(&L->sh_up); mf_linear_free(&L->sh_down); mf_linear_free(&L->sh_router);
+        mf_linear_free(&L->q_a); mf_linear_free(&L->q_b); mf_linear_free(&L->kv_a); mf_linear_free(&L->kv_b);
+        free(L->q_a_norm);
+        free(L->kv_a_norm);
+        free(L->e_bias);
     }
     free(m->layers);
     free(m->final_norm);

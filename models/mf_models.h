@@ -111,8 +111,22 @@ const mf_st_tensor *mf_checkpoint_find(const mf_checkpoint *c, const char *name)
 /* ---- configuration ---------------------------------------------------- */
 
 typedef enum mf_arch {
-    MF_ARCH_LLAMA, MF_ARCH_OLMOE, MF_ARCH_QWEN2_MOE, MF_ARCH_MIXTRAL, MF_ARCH_QWEN3_MOE, MF_ARCH_COUNT
+    MF_ARCH_LLAMA, MF_ARCH_OLMOE, MF_ARCH_QWEN2_MOE, MF_ARCH_MIXTRAL, MF_ARCH_QWEN3_MOE,
+    MF_ARCH_DEEPSEEK_V3, MF_ARCH_DEEPSEEK_V2, MF_ARCH_GLM4_MOE, MF_ARCH_COUNT
 } mf_arch;
+
+/* How attention projects its queries, keys and values. */
+typedef enum mf_attn_kind {
+    MF_ATTN_GQA,   /* q/k/v/o projections, grouped key-value heads (Llama and the others) */
+    MF_ATTN_MLA,   /* DeepSeek's multi-head latent attention: low-rank q (or q_proj), kv_a -> kv_b, a shared rope key */
+} mf_attn_kind;
+
+/* Which dims of a head rotate, and how. */
+typedef enum mf_rope_style {
+    MF_ROPE_HALF,          /* rotate_half on the first rope_dim dims: element i pairs with i + rope_dim/2 */
+    MF_ROPE_DEINTERLEAVE,  /* DeepSeek-V3 rope_interleave: pairs (2i, 2i+1), written de-interleaved, then rotate_half */
+    MF_ROPE_COMPLEX,       /* DeepSeek-V2: pairs (2i, 2i+1) times e^(i theta) in fp32, written interleaved, one rounding */
+} mf_rope_style;
 
 typedef enum mf_rope_type {
     MF_ROPE_DEFAULT, MF_ROPE_LINEAR, MF_ROPE_DYNAMIC, MF_ROPE_LLAMA3, MF_ROPE_YARN
@@ -127,6 +141,8 @@ typedef enum mf_qk_norm {
 typedef enum mf_route_rule {
     MF_ROUTE_SOFTMAX_TOPK,        /* softmax over experts, top-k; renormalise iff norm_topk_prob */
     MF_ROUTE_SOFTMAX_TOPK_RENORM, /* Mixtral: always renormalise the top-k */
+    MF_ROUTE_SIGMOID_GROUP,       /* DeepSeek-V3, GLM-4.5: sigmoid + correction bias, best groups, top-k; scaled */
+    MF_ROUTE_SOFTMAX_GREEDY,      /* DeepSeek-V2: softmax, top-k (optionally within the best groups); scaled */
 } mf_route_rule;
 
 typedef struct mf_rope {
@@ -158,15 +174,31 @@ typedef struct mf_config {
     bool attn_bias_qkv, attn_bias_o, mlp_bias;
     mf_qk_norm qk_norm;
     double clip_qkv;                 /* 0: none */
+    mf_attn_kind attn;
+    int rope_dim;                    /* dims of a head that rotate: head_dim * partial_rotary_factor; MLA: qk_rope */
+    mf_rope_style rope_style;
+    double attn_scale;               /* the softmax scale, as transformers computes it (head_dim ** -0.5 but for MLA) */
+    /* MLA (attn == MF_ATTN_MLA): head_dim is qk_rope_dim, as transformers sets it */
+    int q_lora_rank;                 /* 0: q_proj straight from the hidden state */
+    int kv_lora_rank, qk_rope_dim, qk_nope_dim, v_head_dim;
+    bool attn_bias_lora;             /* attention_bias: biases on q_a_proj, kv_a_proj_with_mqa and o_proj */
     /* MoE */
     int n_experts, top_k, moe_intermediate, shared_intermediate;
     bool norm_topk_prob;
     mf_route_rule route_rule;
-    bool has_shared_expert;
+    bool has_shared_expert;          /* Qwen2-MoE: a shared expert behind a sigmoid gate (recorded as shared_gate) */
+    int n_shared_experts;            /* DeepSeek/GLM: shared experts of moe_intermediate each, added ungated */
+    /* grouped and scaled routers (MF_ROUTE_SIGMOID_GROUP, MF_ROUTE_SOFTMAX_GREEDY) */
+    int n_group, topk_group;         /* n_group 1: no group restriction */
+    bool group_limited;              /* DeepSeek-V2 topk_method group_limited_greedy */
+    double routed_scaling;           /* routed_scaling_factor */
     bool layer_is_moe[MF_MAX_LAYERS];
     int n_moe_layers;
     int sliding_window;              /* 0: none */
     bool layer_sliding[MF_MAX_LAYERS];
+    /* quantization_config: DeepSeek-V3's fine-grained FP8 (quant_method fp8, fmt e4m3): linear weights stored
+     * F8_E4M3 with an F32 weight_scale_inv per fp8_block[0] x fp8_block[1] block; 0 0 when not quantized */
+    int fp8_block[2];
     char digest[33];                 /* of config.json's bytes */
 } mf_config;
 
@@ -188,7 +220,11 @@ typedef struct mf_layer {
     mf_linear mlp_gate, mlp_up, mlp_down;    /* dense layers */
     mf_linear router;                         /* [E, H] */
     mf_linear *exp_gate, *exp_up, *exp_down;  /* E each */
-    mf_linear sh_gate, sh_up, sh_down, sh_router;   /* shared expert and its [1, H] gate */
+    mf_linear sh_gate, sh_up, sh_down, sh_router;   /* shared expert (or experts) and Qwen2-MoE's [1, H] gate */
+    /* MLA */
+    mf_linear q_a, q_b, kv_a, kv_b;           /* q = q_b(norm(q_a x)) (or the q above), kv_a: [kv_lora + rope, H] */
+    double *q_a_norm, *kv_a_norm;
+    double *e_bias;                           /* e_score_correction_bias [E], as stored (fp32), or NULL */
 } mf_layer;
 
 /* A tensor the model holds converted (its checkpoint values rounded to the
@@ -250,6 +286,8 @@ typedef struct mf_seq_result {
     double *topk_w;         /* [n_moe, T, k], the weights applied */
     double *router;         /* [n_moe, T, E], raw router logits as computed */
     double *shared_gate;    /* [n_moe, T], sigmoid gate of the shared expert, or NULL */
+    double *select;         /* [n_moe, T, E], the scores the router's final top-k ranked where that is not the
+                             * softmax of the logits (DeepSeek, GLM: biased, -inf outside the chosen groups), or NULL */
     double *router_in;      /* [n_moe, T, H] or NULL */
     double *logits;         /* [T, V] */
     /* or, where logits is NULL, the logits [T, V] as the device handed them
@@ -262,9 +300,9 @@ typedef struct mf_seq_result {
 void mf_seq_result_free(mf_seq_result *r);
 /* The shape fields of a result for T positions of a model with this config (CPU and GPU alike). */
 void mf_seq_result_shape(mf_seq_result *r, const mf_config *c, int T);
-/* A result laid out for T positions (every array allocated; shared gates and router inputs where asked for),
- * for one assembled from the results of several steps (a prompt, then one token at a time). */
-void mf_seq_result_alloc(mf_seq_result *r, const mf_config *c, int T, bool shared_gate, bool router_in);
+/* A result laid out for T positions, with the optional arrays (shared gates, selection scores, router inputs)
+ * that `like` has: for one assembled from the results of several steps (a prompt, then a token at a time). */
+void mf_seq_result_alloc(mf_seq_result *r, const mf_config *c, int T, const mf_seq_result *like);
 /* A step's src->T positions into dst's layout at position `at` (at + src->T <= dst->T; src's logits as doubles). */
 void mf_seq_result_place(mf_seq_result *dst, const mf_seq_result *src, int at);
 

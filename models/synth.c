@@ -102,6 +102,10 @@ static bool dir_is_empty(const char *dir) {
 int mf_synth_write_like(const char *dir, mf_arch arch, mf_synth_size size, const mf_config *like, uint64_t seed,
                         mf_error *err) {
     if (strlen(dir) > 4000) return mf_fail(err, MF_EINVAL, "%s: path too long", dir);
+    const mf_arch shape = like ? like->arch : arch;
+    if (size < MF_SYNTH_OLMOE_1B_7B && shape > MF_ARCH_QWEN3_MOE)
+        return mf_fail(err, MF_EUNSUPPORTED, "synth writes llama, olmoe, qwen2_moe, mixtral and qwen3_moe checkpoints, "
+                       "not %s", mf_arch_name(shape));
     const bool exists = mf_path_exists(dir);
     if (exists && !mf_is_dir(dir)) return mf_fail(err, MF_EINVAL, "%s: exists and is not a directory", dir);
     if (exists && !dir_is_empty(dir))

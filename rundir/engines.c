@@ -638,6 +638,10 @@ int mf_import_engine(mf_engine eng, const char *const *files, int n_files, const
     if (!mf_path_join(path, sizeof path, model_dir, "config.json")) return mf_fail(err, MF_EINVAL, "path too long");
     int rc = mf_config_load(&cfg, path, err);
     if (rc) return rc;
+    if (cfg.route_rule != MF_ROUTE_SOFTMAX_TOPK && cfg.route_rule != MF_ROUTE_SOFTMAX_TOPK_RENORM)
+        return mf_fail(err, MF_EUNSUPPORTED, "%s: importing captures of %s is not supported: its experts cannot be "
+                       "derived from router logits alone (the router ranks biased sigmoid scores within groups)",
+                       model_dir, cfg.model_type);
     if (cfg.n_moe_layers < 1) return mf_fail(err, MF_EINVAL, "%s: the model has no MoE layers: there is no routing to import", model_dir);
     if (n_files < 1) return mf_fail(err, MF_EINVAL, "import %s: no capture files", mf_engine_name(eng));
     char wdigest[33] = "unknown";

@@ -66,13 +66,14 @@ int rundir_import_dest(const char *out_dir, char *tmp, size_t cap, mf_error *err
 void rundir_derive_experts(const mf_config *cfg, const double *router, size_t rows, uint16_t *ids, double *w) {
     const int E = cfg->n_experts, K = cfg->top_k;
     double *probs = mf_xmalloc(sizeof(double) * (size_t)E);
-    const mf_route_spec spec = {MF_ROUTE_KIND_SOFTMAX_TOPK, E, K, cfg->norm_topk_prob, MF_F32, MF_F32};
+    const mf_route_spec spec = {.kind = MF_ROUTE_KIND_SOFTMAX_TOPK, .n_experts = E, .top_k = K,
+                                .norm_topk = cfg->norm_topk_prob, .opmath = MF_F32, .weight_out = MF_F32};
     for (size_t s = 0; s < rows; s++) {
         /* experts: canonical top-k of the raw logits (CroVA's rule); weights from the fp32 softmax */
         mf_topk(router + s * (size_t)E, E, K, ids + s * (size_t)K);
         uint16_t rid[MF_MAX_TOP_K];
         double rw[MF_MAX_TOP_K];
-        mf_route_out ro = {rid, rw, 0, 0, false};
+        mf_route_out ro = {.ids = rid, .weights = rw};
         mf_route(&spec, router + s * (size_t)E, probs, &ro);
         for (int k = 0; k < K; k++) {
             double wk = 0;
@@ -90,6 +91,10 @@ int mf_import_crova(const char *src_dir, const char *model_dir, const char *out_
     if (!mf_path_join(path, sizeof path, model_dir, "config.json")) return mf_fail(err, MF_EINVAL, "path too long");
     int rc = mf_config_load(&cfg, path, err);
     if (rc) return rc;
+    if (cfg.route_rule != MF_ROUTE_SOFTMAX_TOPK && cfg.route_rule != MF_ROUTE_SOFTMAX_TOPK_RENORM)
+        return mf_fail(err, MF_EUNSUPPORTED, "%s: importing captures of %s is not supported: its experts cannot be "
+                       "derived from router logits alone (the router ranks biased sigmoid scores within groups)",
+                       model_dir, cfg.model_type);
     char wdigest[33] = "unknown";
     mf_checkpoint *ck = NULL;
     if (mf_checkpoint_open(&ck, model_dir, NULL) == MF_OK) {   /* weights are optional: the config names the model */

@@ -234,6 +234,10 @@ typedef struct mf_run {
     int n_layers, n_moe, top_k, n_experts, vocab, hidden;
     int *moe_layers;           /* [n_moe] model layer index of each MoE layer */
     bool has_shared;
+    /* the router's selection scores (manifest router.rule): a grouped or biased router records them as `select`
+     * [L,T,E] (the row its top-k ranked); n_group groups of n_experts / n_group consecutive experts (1: none) */
+    bool has_select;
+    int n_group;
     bool complete;
     int max_new_tokens;        /* generation.max_new_tokens of a run that generated, else 0 */
     bool forced;               /* its generated tokens are another run's, teacher-forced (generation.strategy) */

@@ -157,10 +157,21 @@ static json_t *build_manifest(const mf_run_info *in) {
     json_object_set_new(man, "precision", prec);
 
     json_t *router = json_object();
-    json_object_set_new(router, "rule", json_string(c->route_rule == MF_ROUTE_SOFTMAX_TOPK_RENORM
-                                                        ? "softmax_topk_renorm"
-                                                        : "softmax_topk"));
+    static const char *const rules[] = {[MF_ROUTE_SOFTMAX_TOPK] = "softmax_topk",
+                                        [MF_ROUTE_SOFTMAX_TOPK_RENORM] = "softmax_topk_renorm",
+                                        [MF_ROUTE_SIGMOID_GROUP] = "sigmoid_bias_group_topk",
+                                        [MF_ROUTE_SOFTMAX_GREEDY] = "softmax_greedy"};
+    json_object_set_new(router, "rule", json_string(rules[c->route_rule]));
     json_object_set_new(router, "norm_topk_prob", json_boolean(c->norm_topk_prob));
+    if (c->route_rule == MF_ROUTE_SIGMOID_GROUP || c->route_rule == MF_ROUTE_SOFTMAX_GREEDY) {
+        /* the grouped routers: which groups an expert belongs to (e / (n_experts / n_group)), how many stay */
+        json_object_set_new(router, "n_group", json_integer(c->group_limited || c->route_rule == MF_ROUTE_SIGMOID_GROUP
+                                                                ? c->n_group : 1));
+        json_object_set_new(router, "topk_group", json_integer(c->group_limited || c->route_rule == MF_ROUTE_SIGMOID_GROUP
+                                                                   ? c->topk_group : 1));
+        json_object_set_new(router, "routed_scaling_factor", json_real(c->routed_scaling));
+        json_object_set_new(router, "n_shared_experts", json_integer(c->n_shared_experts));
+    }
     json_object_set_new(router, "tie_break", json_string("larger score first; equal scores: lower expert index"));
     json_object_set_new(router, "experts", json_string(in->experts_recorded ? "as the engine recorded them (ids only)"
                                                        : in->imported_from ? "derived from the recorded router logits"
@@ -693,6 +704,7 @@ int mf_run_writer_add(mf_run_writer *w, const mf_prompt *p, const mf_seq_result 
         if (r->router) add_tensor(w->pending, p->id, "router", mf_precision_widest(prec, MF_PART_ROUTER), 3, shape, r->router);
         if (r->shared_gate)
             add_tensor(w->pending, p->id, "shared_gate", mf_precision_widest(prec, MF_PART_MLP), 2, shape, r->shared_gate);
+        if (r->select) add_tensor(w->pending, p->id, "select", prec->opmath, 3, shape, r->select);
         if (r->router_in && w->info.record == MF_RECORD_FULL) {
             shape[2] = r->H;
             add_tensor(w->pending, p->id, "router_in", mf_precision_widest(prec, MF_PART_MLP), 3, shape, r->router_in);
@@ -930,6 +942,17 @@ static int check_manifest(mf_run *r, json_t *man, const char *path, mf_error *er
     snprintf(r->precision, sizeof r->precision, "%s", prec);
     snprintf(r->record, sizeof r->record, "%s", rec);
     r->has_shared = json_is_true(json_object_get(model, "has_shared_expert"));
+    /* a grouped router's rule and groups (runs from before them have neither: softmax top-k, no groups) */
+    json_t *router = json_object_get(man, "router");
+    const char *rule = json_string_value(json_object_get(router, "rule"));
+    r->has_select = rule && (!strcmp(rule, "sigmoid_bias_group_topk") || !strcmp(rule, "softmax_greedy"));
+    r->n_group = 1;
+    if (json_object_get(router, "n_group") &&
+        (rc = want_int(router, "router.", "n_group", 1, MF_MAX_EXPERTS, &r->n_group, path, err)))
+        return rc;
+    if (r->n_experts > 0 && r->n_experts % r->n_group)
+        return mf_fail(err, MF_EFORMAT, "%s: router.n_group %d does not divide the %d experts", path, r->n_group,
+                       r->n_experts);
     r->complete = json_is_true(json_object_get(man, "complete"));
     /* a generating run says how far it went; its sequences say which positions it generated */
     r->max_new_tokens = 0;
@@ -970,7 +993,7 @@ static int check_manifest(mf_run *r, json_t *man, const char *path, mf_error *er
 /* The field table: each field's dtype and shape in the run's own terms: T
  * positions, L MoE layers, K chosen experts, E experts, V vocabulary, H
  * hidden, P min(V, MF_TOPK_LOGITS) top logits. The readers index by these. */
-enum { NEED_ROUTING = 1, NEED_LOGITS = 2, NEED_TOPK = 4, OPT_SHARED = 8, OPT_ROUTER_IN = 16, ALWAYS = 32 };
+enum { NEED_ROUTING = 1, NEED_LOGITS = 2, NEED_TOPK = 4, OPT_SHARED = 8, OPT_ROUTER_IN = 16, ALWAYS = 32, NEED_SELECT = 64 };
 static const struct field_shape {
     const char *field, *dims;
     mf_dtype dtype;   /* the integer fields' one dtype; MF_F64 for any float */
@@ -979,6 +1002,7 @@ static const struct field_shape {
     {"tokens", "T", MF_I32, ALWAYS},          {"topk_ids", "LTK", MF_U16, NEED_ROUTING},
     {"topk_w", "LTK", MF_F64, NEED_ROUTING},  {"router", "LTE", MF_F64, NEED_ROUTING},
     {"shared_gate", "LT", MF_F64, OPT_SHARED}, {"router_in", "LTH", MF_F64, OPT_ROUTER_IN},
+    {"select", "LTE", MF_F64, NEED_SELECT},
     {"logits", "TV", MF_F64, NEED_LOGITS},    {"topk_logits", "TP", MF_F64, NEED_TOPK},
     {"topk_tokens", "TP", MF_I32, NEED_TOPK}, {"logsumexp", "T", MF_F64, NEED_TOPK},
 };
@@ -1011,6 +1035,7 @@ static int field_rule(const mf_run *r, const struct field_shape *f) {
     case NEED_ROUTING: return r->n_moe ? 1 : -1;
     case OPT_SHARED: return r->n_moe && r->has_shared && !(r->lacks & MF_LACKS_SHARED) ? 0 : -1;
     case OPT_ROUTER_IN: return r->n_moe && rec == MF_RECORD_FULL ? 0 : -1;
+    case NEED_SELECT: return r->n_moe && r->has_select && !(r->lacks & MF_LACKS_ROUTER) ? 1 : -1;
     case NEED_LOGITS: return rec == MF_RECORD_LOGITS || rec == MF_RECORD_FULL ? 1 : -1;
     case NEED_TOPK: return rec == MF_RECORD_TOPK ? 1 : -1;
     default: return -1;

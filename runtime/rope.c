@@ -82,7 +82,7 @@ static double inv_freqs(const mf_config *cfg, int T, int dim, bool f32, double *
 #undef R
 
 void mf_rope_tables(const mf_config *cfg, const mf_precision *prec, int T, double *cos_t, double *sin_t) {
-    const int dim = cfg->head_dim, half = dim / 2;
+    const int dim = cfg->rope_dim > 0 ? cfg->rope_dim : cfg->head_dim, half = dim / 2;
     const bool f32 = prec->opmath == MF_F32;
     double *inv = mf_xmalloc((size_t)half * sizeof(double));
     double scaling = inv_freqs(cfg, T, dim, f32, inv);

@@ -79,7 +79,7 @@ static int decode_seq(mf_gpu *g, const mf_model *m, const mf_run_opts *ro, const
         if ((rc = g ? mf_gpu_session_forward(g, tokens + at, n, MF_GPU_ALL, &s, err)
                     : mf_cpu_session_forward(cs, tokens + at, n, &s, err)))
             break;
-        if (at == 0) mf_seq_result_alloc(out, &m->cfg, T, s.shared_gate != NULL, false);
+        if (at == 0) mf_seq_result_alloc(out, &m->cfg, T, &s);
         mf_seq_result_place(out, &s, at);
         mf_seq_result_free(&s);
     }
@@ -194,8 +194,8 @@ static bool check_close(json_t *rec, const outputs *g, const outputs *ref) {
         for (size_t i = 0; i < slots; i++) {
             uint16_t ids[1024];
             double w[1024];
-            mf_route_spec spec = {MF_ROUTE_KIND_SOFTMAX_TOPK, b->E, b->k, false, MF_F64, MF_F64};
-            mf_route_out ro = {ids, w, 0, 0, false};
+            mf_route_spec spec = {.kind = MF_ROUTE_KIND_SOFTMAX_TOPK, .n_experts = b->E, .top_k = b->k, .norm_topk = false, .opmath = MF_F64, .weight_out = MF_F64};
+            mf_route_out ro = {.ids = ids, .weights = w};
             mf_route(&spec, b->router + i * b->E, probs, &ro);
             if (b->k < b->E && !(ro.margin_logit > 1e-6)) continue;
             compared++;
@@ -343,7 +343,7 @@ static int validate(const char *fixtures, const char *out_path) {
     }
     char tmpl[] = "/tmp/moeflip-gpu-XXXXXX";
     const char *root = mkdtemp(tmpl);
-    for (int a = 0; root && a < MF_ARCH_COUNT; a++) {
+    for (int a = 0; root && a <= MF_ARCH_QWEN3_MOE; a++) {   /* the architectures synth writes */
         const char *name = mf_arch_name((mf_arch)a);
         if (synth_case(root, (mf_arch)a, "tiny", 7, dir, tok, src)) return 1;
         check(&t, name, src, dir, tok, "fp32", "native", "fp64", "fp64", false);

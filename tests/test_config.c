@@ -2,6 +2,7 @@
  * classes; docs/models.md), both rope spellings, MoE and
  * sliding layers. */
 #include <criterion/criterion.h>
+#include <math.h>
 #include <string.h>
 
 #include "mf_models.h"
@@ -124,4 +125,100 @@ Test(config, errors_name_the_problem) {
     cr_assert(strstr(err.msg, "num_experts_per_tok"), "%s", err.msg);
     const char *k = "{\"model_type\": \"olmoe\", \"num_experts\": 4, \"num_experts_per_tok\": 8}";
     cr_assert_eq(mf_config_parse(&c, k, strlen(k), "x.json", &err), MF_EFORMAT);
+}
+
+/* DeepseekV3Config's defaults in transformers 5.17 (DeepSeek-V3 itself), and DeepSeek-V3's own rope_scaling: YaRN
+ * factor 40 with mscale = mscale_all_dim = 1 folds (0.1 ln 40 + 1)^2 = 1.873854... into the softmax scale
+ * (qk_head_dim 192 ** -0.5). */
+Test(config, deepseek_v3_defaults_and_mscale) {
+    mf_config c = parse_ok("{\"model_type\": \"deepseek_v3\"}");
+    cr_assert_eq(c.arch, MF_ARCH_DEEPSEEK_V3);
+    cr_assert_eq(c.attn, MF_ATTN_MLA);
+    cr_assert(c.vocab == 129280 && c.hidden == 7168 && c.n_layers == 61 && c.n_heads == 128 && c.n_kv_heads == 128);
+    cr_assert(c.q_lora_rank == 1536 && c.kv_lora_rank == 512 && c.qk_rope_dim == 64 && c.qk_nope_dim == 128 &&
+              c.v_head_dim == 128);
+    cr_assert_eq(c.head_dim, 64, "transformers sets head_dim to qk_rope_head_dim");
+    cr_assert(c.n_experts == 256 && c.top_k == 8 && c.moe_intermediate == 2048 && c.n_shared_experts == 1);
+    cr_assert_eq(c.shared_intermediate, 2048);
+    cr_assert(c.n_group == 8 && c.topk_group == 4 && c.norm_topk_prob);
+    cr_assert_float_eq(c.routed_scaling, 2.5, 0);
+    cr_assert_eq(c.route_rule, MF_ROUTE_SIGMOID_GROUP);
+    cr_assert(!c.layer_is_moe[2] && c.layer_is_moe[3] && c.n_moe_layers == 58, "first_k_dense_replace 3");
+    cr_assert_eq(c.rope_style, MF_ROPE_DEINTERLEAVE, "rope_interleave defaults to true");
+    cr_assert_float_eq(c.attn_scale, 1.0 / sqrt(192.0), 1e-16);
+    cr_assert(!c.has_shared_expert, "DeepSeek's shared experts are ungated");
+    mf_config y = parse_ok("{\"model_type\": \"deepseek_v3\", \"max_position_embeddings\": 163840, \"rope_scaling\":"
+                           " {\"type\": \"yarn\", \"factor\": 40, \"beta_fast\": 32, \"beta_slow\": 1, \"mscale\": 1.0,"
+                           " \"mscale_all_dim\": 1.0, \"original_max_position_embeddings\": 4096}}");
+    const double ms = 1 + 0.1 * log(40.0);   /* 1.3688879... */
+    cr_assert_float_eq(y.attn_scale, 1.0 / sqrt(192.0) * ms * ms, 1e-16);
+    mf_config m = parse_ok("{\"model_type\": \"deepseek_v3\", \"q_lora_rank\": null, \"n_group\": 1, \"topk_group\": 1,"
+                           " \"rope_interleave\": false, \"routed_scaling_factor\": 2.446, \"n_routed_experts\": 64}");
+    cr_assert_eq(m.q_lora_rank, 0, "null q_lora_rank: a plain q_proj (Moonlight)");
+    cr_assert_eq(m.rope_style, MF_ROPE_HALF);
+    cr_assert_eq(m.n_experts, 64);
+}
+
+/* DeepseekV2Config: Llama's sizes with DeepSeek's vocabulary (102400), softmax routing, topk_method greedy, no
+ * default top-k; norm_topk_prob is read by nothing in DeepseekV2Moe; RoPE is the complex form; the softmax scale
+ * takes mscale(factor, mscale_all_dim)^2 as DeepSeek-V3's does (5.17's DeepseekV2Attention: yarn_apply_mscale). */
+Test(config, deepseek_v2_defaults_and_methods) {
+    mf_config c = parse_ok("{\"model_type\": \"deepseek_v2\", \"num_experts_per_tok\": 6, \"norm_topk_prob\": true,"
+                           " \"rope_scaling\": {\"type\": \"yarn\", \"factor\": 40, \"mscale\": 0.707,"
+                           " \"mscale_all_dim\": 0.707, \"original_max_position_embeddings\": 4096}}");
+    cr_assert(c.vocab == 102400 && c.hidden == 4096 && c.n_layers == 32 && c.n_heads == 32 && c.n_kv_heads == 32);
+    cr_assert(c.n_experts == 64 && c.top_k == 6 && c.moe_intermediate == 1407 && c.n_shared_experts == 2);
+    cr_assert(!c.norm_topk_prob && !c.group_limited && c.n_group == 1);
+    cr_assert_eq(c.route_rule, MF_ROUTE_SOFTMAX_GREEDY);
+    cr_assert_eq(c.rope_style, MF_ROPE_COMPLEX);
+    const double ms = 1 + 0.1 * 0.707 * log(40.0);
+    cr_assert_float_eq(c.attn_scale, 1.0 / sqrt(192.0) * ms * ms, 1e-16);
+    cr_assert_eq(c.n_moe_layers, 32, "first_k_dense_replace 0");
+    mf_config g = parse_ok("{\"model_type\": \"deepseek_v2\", \"num_experts_per_tok\": 6, \"topk_method\":"
+                           " \"group_limited_greedy\", \"n_group\": 8, \"topk_group\": 3}");
+    cr_assert(g.group_limited && g.n_group == 8 && g.topk_group == 3);
+    mf_config e;
+    mf_error err = {0};
+    const char *no_k = "{\"model_type\": \"deepseek_v2\"}";
+    cr_assert_eq(mf_config_parse(&e, no_k, strlen(no_k), "x.json", &err), MF_EFORMAT);
+    cr_assert(strstr(err.msg, "num_experts_per_tok"), "%s", err.msg);
+    const char *meth = "{\"model_type\": \"deepseek_v2\", \"num_experts_per_tok\": 6, \"topk_method\": \"noaux_tc\"}";
+    cr_assert_eq(mf_config_parse(&e, meth, strlen(meth), "x.json", &err), MF_EUNSUPPORTED);
+    cr_assert(strstr(err.msg, "noaux_tc"), "%s", err.msg);
+}
+
+/* GLM-4.5-Air's shape: head_dim 128 (not 4096 / 96), partial_rotary_factor 0.5 by default, q/k/v biases without
+ * an o_proj bias, per-head q/k norms only with use_qk_norm. */
+Test(config, glm4_moe_partial_rotary_and_biases) {
+    mf_config c = parse_ok("{\"model_type\": \"glm4_moe\", \"head_dim\": 128, \"attention_bias\": true,"
+                           " \"n_routed_experts\": 128, \"num_experts_per_tok\": 8, \"use_qk_norm\": false}");
+    cr_assert_eq(c.arch, MF_ARCH_GLM4_MOE);
+    cr_assert(c.attn == MF_ATTN_GQA && c.head_dim == 128 && c.rope_dim == 64);
+    cr_assert(c.attn_bias_qkv && !c.attn_bias_o);
+    cr_assert_eq(c.qk_norm, MF_QK_NORM_NONE);
+    cr_assert(c.n_kv_heads == 8 && c.n_shared_experts == 1 && c.n_group == 1 && c.norm_topk_prob);
+    cr_assert(!c.layer_is_moe[0] && c.layer_is_moe[1], "first_k_dense_replace 1");
+    cr_assert_float_eq(c.rms_eps, 1e-5, 0);
+    mf_config q = parse_ok("{\"model_type\": \"glm4_moe\", \"head_dim\": 128, \"use_qk_norm\": true,"
+                           " \"rope_parameters\": {\"rope_type\": \"default\", \"rope_theta\": 1000000.0,"
+                           " \"partial_rotary_factor\": 0.25}}");
+    cr_assert_eq(q.qk_norm, MF_QK_NORM_PER_HEAD);
+    cr_assert_eq(q.rope_dim, 32);
+}
+
+Test(config, deepseek_family_errors) {
+    mf_config c;
+    mf_error err = {0};
+    const char *kv = "{\"model_type\": \"deepseek_v3\", \"num_key_value_heads\": 16}";
+    cr_assert_eq(mf_config_parse(&c, kv, strlen(kv), "x.json", &err), MF_EUNSUPPORTED);
+    cr_assert(strstr(err.msg, "num_key_value_heads"), "%s", err.msg);
+    const char *grp = "{\"model_type\": \"deepseek_v3\", \"n_routed_experts\": 10, \"n_group\": 4}";
+    cr_assert_eq(mf_config_parse(&c, grp, strlen(grp), "x.json", &err), MF_EFORMAT);
+    cr_assert(strstr(err.msg, "n_group"), "%s", err.msg);
+    /* head_dim in config.json is overwritten by qk_rope_head_dim (DeepseekV3Config.__post_init__) */
+    mf_config h = parse_ok("{\"model_type\": \"deepseek_v3\", \"head_dim\": 128}");
+    cr_assert_eq(h.head_dim, 64);
+    const char *one = "{\"model_type\": \"glm4_moe\", \"head_dim\": 128, \"n_routed_experts\": 8, \"n_group\": 8}";
+    cr_assert_eq(mf_config_parse(&c, one, strlen(one), "x.json", &err), MF_EFORMAT);
+    cr_assert(strstr(err.msg, "two best"), "%s", err.msg);
 }

@@ -284,6 +284,112 @@ Test(diff_hand, flips_ties_and_errors) {
     mf_run_close(t);
 }
 
+/* A grouped router's run (DeepSeek-V3's rule: 16 experts in 4 groups of 4, 2 groups kept) records the scores its
+ * top-k ranked (`select`): margins come from those, not from the raw logits, and a flip is told apart by whether it
+ * moved experts between groups. The logits here put expert 12 first, which the grouped choice never picked, so
+ * margins taken from them would all be ties. */
+typedef struct grouped {
+    uint16_t ids[3][4][4];
+    double router[3][4][16], select[3][4][16];
+} grouped;
+
+static void write_grouped(const char *dir, const grouped *g) {
+    mf_config cfg;
+    mf_error err = {0};
+    char cpath[4200];
+    snprintf(cpath, sizeof cpath, "%s/config.json", fixture("hf/olmoe"));
+    cr_assert_eq(mf_config_load(&cfg, cpath, &err), MF_OK);
+    cfg.route_rule = MF_ROUTE_SIGMOID_GROUP;
+    cfg.n_group = 4;
+    cfg.topk_group = 2;
+    cfg.routed_scaling = 1.0;
+    int32_t tokens[4] = {5, 6, 7, 8};
+    mf_prompt p = {.id = "x", .tokens = tokens, .T = 4};
+    mf_prompts ps = {&p, 1, "0"};
+    mf_precision prec;
+    cr_assert_eq(mf_precision_parse(&prec, "fp32", &err), MF_OK, "%s", err.msg);
+    mf_run_info info = {.model_dir = "hand", .prec = &prec, .device = "cpu", .numerics = "native", .threads = 1,
+                        .record = MF_RECORD_ROUTING, .input_path = "hand", .prompts = &ps, .cfg = &cfg,
+                        .weights_digest = "w", .imported_from = "hand"};
+    mf_run_writer *w;
+    cr_assert_eq(mf_run_create(&w, dir, &info, false, &err), MF_OK, "%s", err.msg);
+    mf_seq_result r = {.T = 4, .n_moe = 3, .k = 4, .E = 16, .V = 384, .H = 64};
+    r.topk_ids = (uint16_t *)g->ids;
+    r.router = (double *)g->router;
+    r.select = (double *)g->select;
+    double wts[48];
+    for (int i = 0; i < 48; i++) wts[i] = 0.25;
+    r.topk_w = wts;
+    cr_assert_eq(mf_run_writer_add(w, &p, &r, &err), MF_OK, "%s", err.msg);
+    cr_assert_eq(mf_run_writer_close(w, &err), MF_OK);
+    mf_run_writer_free(w);
+}
+
+static void grouped_base(grouped *g) {
+    memset(g, 0, sizeof *g);
+    for (int l = 0; l < 3; l++)
+        for (int t = 0; t < 4; t++) {
+            for (int e = 0; e < 16; e++) g->router[l][t][e] = -e;
+            g->router[l][t][12] = 5;
+            /* groups 0 and 1 kept: experts 0..7 ranked 0.9375, 0.875, ... 0.5 (exact in fp32); the others masked */
+            for (int e = 0; e < 8; e++) g->select[l][t][e] = 0.9375 - 0.0625 * e;
+            for (int k = 0; k < 4; k++) g->ids[l][t][k] = (uint16_t)k;
+        }
+}
+
+Test(diff_hand, grouped_router_margins_and_group_crossings) {
+    grouped R, T;
+    grouped_base(&R);
+    grouped_base(&T);
+    /* layer 0, position 1: 3 dropped for 4, from group 1 where the reference took none: across */
+    T.ids[0][1][3] = 4;
+    /* layer 1, position 2: the reference took 0, 1, 4, 5 (groups 0 and 1); the target 0, 1, 4, 6: 5 for 6 inside
+     * group 1, which both used */
+    R.select[1][2][4] = 0.78125, R.select[1][2][5] = 0.765625, R.select[1][2][2] = 0.53125, R.select[1][2][3] = 0.515625;
+    R.ids[1][2][2] = 4, R.ids[1][2][3] = 5;
+    T.ids[1][2][2] = 4, T.ids[1][2][3] = 6;
+    /* layer 2, position 0: 0 dropped for 12 (group 3): across */
+    T.ids[2][0][0] = 12;
+    const char *d = temp_dir();
+    char rp[4200], tp[4200];
+    snprintf(rp, sizeof rp, "%s/r", d);
+    snprintf(tp, sizeof tp, "%s/t", d);
+    write_grouped(rp, &R);
+    write_grouped(tp, &T);
+    mf_error err = {0};
+    mf_run *r, *t;
+    cr_assert_eq(mf_run_open(&r, rp, &err), MF_OK, "%s", err.msg);
+    cr_assert_eq(mf_run_open(&t, tp, &err), MF_OK, "%s", err.msg);
+    cr_assert(r->has_select && r->n_group == 4);
+    mf_diff_acc *a = new_acc(r);
+    a->keep_slots = true;
+    cr_assert_eq(mf_diff_acc_add_runs(a, r, t, &err), MF_OK, "%s", err.msg);
+    cr_assert_eq(a->flips[0] + a->flips[1] + a->flips[2], 3);
+    cr_assert(a->cross_group[0] == 1 && a->cross_group[1] == 0 && a->cross_group[2] == 1);
+    cr_assert_eq(a->ties[0] + a->ties[1] + a->ties[2], 0, "the ranked scores have no ties (the logits would)");
+    int seen = 0;
+    for (size_t i = 0; i < a->n_slots; i++) {
+        const mf_slot *sl = &a->slots[i];
+        if (sl->layer == 0 && sl->pos == 1) {   /* the k-th ranked (0.75) minus the (k+1)-th (0.6875) */
+            cr_assert_eq(sl->margin_logit, 0.0625);
+            cr_assert_eq(sl->margin_prob, 0.0625, "ranked scores are probabilities already");
+            cr_assert_eq(sl->cross_group, 1);
+            seen++;
+        }
+        if (sl->layer == 1 && sl->pos == 2) {   /* its lowest chosen, 0.765625, against expert 6's 0.5625 */
+            cr_assert_eq(sl->margin_logit, 0.203125);
+            cr_assert_eq(sl->cross_group, 0);
+            seen++;
+        }
+        if (sl->set_equal) cr_assert_eq(sl->cross_group, -1);
+    }
+    cr_assert_eq(seen, 2);
+    mf_diff_acc_free(a);
+    free(a);
+    mf_run_close(r);
+    mf_run_close(t);
+}
+
 /* An expert id past the model's count is an error naming where it is, not an
  * index past the end of the score row: the run is refused when it is opened. */
 Test(diff_hand, expert_id_out_of_range) {

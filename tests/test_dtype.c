@@ -92,3 +92,20 @@ Test(dtype, roundf_to_is_round_to_on_fp32_values) {
         }
     }
 }
+
+/* FP8 E4M3 (float8_e4m3fn), from the OCP FP8 table: bias 7, 3 mantissa bits, subnormals below 2^-6, S.1111.111
+ * NaN and no infinities (so S.1111.110 = 448 is the largest). */
+Test(dtype, f8e4m3_values) {
+    cr_assert_eq(mf_f8e4m3_to_f64(0x38), 1.0);
+    cr_assert_eq(mf_f8e4m3_to_f64(0x3c), 1.5);
+    cr_assert_eq(mf_f8e4m3_to_f64(0xb8), -1.0);
+    cr_assert_eq(mf_f8e4m3_to_f64(0x7e), 448.0);
+    cr_assert_eq(mf_f8e4m3_to_f64(0x78), 256.0, "exponent 15 is a number here");
+    cr_assert_eq(mf_f8e4m3_to_f64(0x08), 0x1p-6, "the smallest normal");
+    cr_assert_eq(mf_f8e4m3_to_f64(0x01), 0x1p-9, "the smallest subnormal");
+    cr_assert_eq(mf_f8e4m3_to_f64(0x07), 7 * 0x1p-9);
+    cr_assert(isnan(mf_f8e4m3_to_f64(0x7f)) && isnan(mf_f8e4m3_to_f64(0xff)));
+    cr_assert(signbit(mf_f8e4m3_to_f64(0x80)) && mf_f8e4m3_to_f64(0x80) == 0);
+    const uint8_t b[2] = {0x40, 0xc4};
+    cr_assert_eq(mf_load_as_f64(b, MF_F8E4M3, 1), -3.0);
+}

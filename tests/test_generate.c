@@ -90,6 +90,14 @@ Test(generate, qwen2_moe_fused) { matches_hf("hf/qwen2_moe_fused_sparse"); }
 Test(generate, qwen3_moe) { matches_hf("hf/qwen3_moe"); }
 Test(generate, qwen3_moe_yarn) { matches_hf("hf/qwen3_moe_yarn_v4cfg"); }
 Test(generate, tiny_olmoe) { matches_hf("hf/tiny_olmoe"); }
+/* the DeepSeek family (tests/fixtures/hf26): latent attention's cache, grouped routers, FP8 weights */
+Test(generate, deepseek_v3) { matches_hf("hf26/deepseek_v3"); }
+Test(generate, deepseek_v3_noqlora) { matches_hf("hf26/deepseek_v3_noqlora"); }
+Test(generate, deepseek_v3_yarn) { matches_hf("hf26/deepseek_v3_yarn"); }
+Test(generate, deepseek_v3_fp8) { matches_hf("hf26/deepseek_v3_fp8"); }
+Test(generate, deepseek_v2_greedy) { matches_hf("hf26/deepseek_v2_greedy"); }
+Test(generate, deepseek_v2_group) { matches_hf("hf26/deepseek_v2_group"); }
+Test(generate, glm4_moe) { matches_hf("hf26/glm4_moe"); }
 
 /* generation_config.json's eos_token_id stops it after the first of them it generates (kept, as Hugging Face
  * keeps it); config.json's where there is no generation_config.json. */

@@ -78,7 +78,7 @@ static void cpu_digests(const char *source, const char *prec_name, const char *n
                 mf_seq_result step;
                 cr_assert_eq(mf_cpu_session_forward(cs, ps.seq[i].tokens + at, at < P ? P : 1, &step, &err), 0, "%s",
                              err.msg);
-                if (at == 0) mf_seq_result_alloc(&r[i], &m->cfg, T, step.shared_gate != NULL, false);
+                if (at == 0) mf_seq_result_alloc(&r[i], &m->cfg, T, &step);
                 mf_seq_result_place(&r[i], &step, at);
                 mf_seq_result_free(&step);
             }

@@ -12,7 +12,10 @@
 #include "testutil.h"
 
 static const char *const models[] = {"hf/llama", "hf/olmoe", "hf/qwen2_moe", "hf/mixtral", "hf/qwen3_moe",
-                                     "hf/qwen3_moe_yarn_v4cfg", "hf/olmoe_dynamic", "hf/llama_tied_llama3"};
+                                     "hf/qwen3_moe_yarn_v4cfg", "hf/olmoe_dynamic", "hf/llama_tied_llama3",
+                                     /* latent attention (both q paths, both RoPEs), partial rotary, FP8 */
+                                     "hf26/deepseek_v3", "hf26/deepseek_v3_noqlora", "hf26/deepseek_v2_group",
+                                     "hf26/glm4_moe", "hf26/deepseek_v3_fp8"};
 
 static void same(const char *what, const void *a, const void *b, size_t bytes, const char *model, const char *prec,
                  int pos) {
@@ -56,6 +59,9 @@ static void check(const char *model, const char *prec_name, const char *numerics
                      E * sizeof(double), model, prec_name, t);
                 same("router inputs", r.router_in + ((size_t)l * n + i) * H, whole.router_in + ((size_t)l * T + t) * H,
                      H * sizeof(double), model, prec_name, t);
+                if (whole.select)
+                    same("ranked scores", r.select + ((size_t)l * n + i) * E, whole.select + ((size_t)l * T + t) * E,
+                         E * sizeof(double), model, prec_name, t);
                 if (whole.shared_gate)
                     same("shared gate", r.shared_gate + (size_t)l * n + i, whole.shared_gate + (size_t)l * T + t,
                          sizeof(double), model, prec_name, t);
@@ -87,4 +93,5 @@ Test(session, decode_path_equals_one_pass_bf16_fp32) {
 Test(session, decode_path_equals_one_pass_emulated) {
     check("hf/olmoe", "bf16", "emu:cdna3");
     check("hf/qwen2_moe", "bf16", "emu:hopper");
+    check("hf26/deepseek_v3_yarn", "bf16", "emu:hopper");
 }

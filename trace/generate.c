@@ -104,6 +104,7 @@ static void grown_finish(grown *g, mf_seq_result *out) {
         COMPACT(r->topk_w, (size_t)r->k);
         COMPACT(r->router, (size_t)r->E);
         if (r->shared_gate) COMPACT(r->shared_gate, (size_t)1);
+        if (r->select) COMPACT(r->select, (size_t)r->E);
         if (r->router_in) COMPACT(r->router_in, (size_t)r->H);
     }
     r->T = g->len;
@@ -135,7 +136,7 @@ int mf_generate(const mf_model *m, const mf_run_opts *o, mf_gpu *gpu, const mf_g
     grown g;
     mf_seq_result step;
     if ((rc = session_step(&s, tokens, p->T, &step, err))) goto done;
-    mf_seq_result_alloc(&g.r, &m->cfg, cap, step.shared_gate != NULL, step.router_in != NULL);
+    mf_seq_result_alloc(&g.r, &m->cfg, cap, &step);
     mf_seq_result_place(&g.r, &step, 0);
     g.len = step.T;
     mf_seq_result_free(&step);

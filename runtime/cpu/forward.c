@@ -34,7 +34,7 @@ struct mf_cpu_session {
     mf_run_opts o;
     int max_T, pos;
     bool keep, f64;
-    void **kc, **vc;   /* [n_layers] (keep) or [1]: [max_T][n_kv_heads * head_dim] activations */
+    void **kc, **vc;   /* [n_layers] (keep) or [1]: [max_T][kv_widths] activations */
     int replay_agree;  /* the leading positions whose tokens are the replay source's (o.replay) */
 };
 
@@ -98,12 +98,28 @@ static mf_mm mm_in(const fwd *f, mf_dtype D) {
 
 static uint64_t umax(uint64_t a, uint64_t b) { return a > b ? a : b; }
 
+/* The values a position's key and value take in the cache: grouped heads' n_kv_heads x head_dim each, latent
+ * attention's heads x (nope + rope) keys and heads x v values. */
+static void kv_widths(const mf_config *c, size_t *k, size_t *v) {
+    if (c->attn == MF_ATTN_MLA) {
+        *k = (size_t)c->n_heads * (c->qk_nope_dim + c->qk_rope_dim);
+        *v = (size_t)c->n_heads * c->v_head_dim;
+    } else {
+        *k = *v = (size_t)c->n_kv_heads * c->head_dim;
+    }
+}
+
 uint64_t mf_forward_cpu_bytes(const mf_config *c, int T_, int threads, bool router_in) {
     const uint64_t T = (uint64_t)(T_ > 0 ? T_ : 1), H = c->hidden, V = c->vocab, hd = c->head_dim;
-    const uint64_t nq = (uint64_t)c->n_heads * hd, nk = (uint64_t)c->n_kv_heads * hd, th = threads > 0 ? threads : 1;
+    size_t kw, vw;
+    kv_widths(c, &kw, &vw);
+    /* latent attention also holds q's low-rank rows and kv_b's output, within 2 x the key width */
+    const uint64_t nq = c->attn == MF_ATTN_MLA ? umax(kw, (uint64_t)c->q_lora_rank) : (uint64_t)c->n_heads * hd;
+    const uint64_t nk = c->attn == MF_ATTN_MLA ? kw + vw : umax(kw, vw), th = threads > 0 ? threads : 1;
     const uint64_t E = c->n_experts > 0 ? c->n_experts : 1, K = c->top_k > 0 ? c->top_k : 1, nm = c->n_moe_layers;
     const uint64_t I = umax(umax(c->intermediate, c->moe_intermediate), c->shared_intermediate);
-    const uint64_t result = T * V * 8 + nm * T * (E * 8 + K * 10 + 8) + (router_in ? nm * T * H * 8 : 0);
+    const uint64_t sel = c->route_rule == MF_ROUTE_SIGMOID_GROUP || c->route_rule == MF_ROUTE_SOFTMAX_GREEDY ? E * 8 : 0;
+    const uint64_t result = T * V * 8 + nm * T * (E * 8 + sel + K * 10 + 8) + (router_in ? nm * T * H * 8 : 0);
     const uint64_t stream = 3 * T * H * 8 + 2 * T * hd * 8;
     const uint64_t attn = T * (2 * nq + 2 * nk) * 8 + th * T * T * 8 + T * umax(nq, H) * 8;
     const uint64_t ffn = th * (T * I * 16 + T * umax(I, H) * 8) + T * K * H * 8 + th * T * H * 8;
@@ -121,12 +137,14 @@ static mf_cpu_session *session_new(const mf_model *m, const mf_run_opts *o, int 
     /* fp32 activations need every product in fp32 compute (the fp64 policy alone computes in double) */
     s->f64 = o->prec.compute == MF_F64 || o->prec.opmath == MF_F64;
     const int layers = keep ? m->cfg.n_layers : 1;
-    const size_t bytes = (size_t)(max_T > 0 ? max_T : 1) * m->cfg.n_kv_heads * m->cfg.head_dim * (s->f64 ? 8 : 4);
+    size_t kw, vw;
+    kv_widths(&m->cfg, &kw, &vw);
+    const size_t rows = (size_t)(max_T > 0 ? max_T : 1), elem = s->f64 ? 8 : 4;
     s->kc = mf_xcalloc((size_t)layers, sizeof *s->kc);
     s->vc = mf_xcalloc((size_t)layers, sizeof *s->vc);
     for (int l = 0; l < layers; l++) {
-        s->kc[l] = mf_xmalloc(bytes);
-        s->vc[l] = mf_xmalloc(bytes);
+        s->kc[l] = mf_xmalloc(rows * kw * elem);
+        s->vc[l] = mf_xmalloc(rows * vw * elem);
     }
     return s;
 }

@@ -524,6 +524,10 @@ int GPU_FN(gpu_open)(void **out, int device, mf_model *m, const mf_precision *pr
                      int cache_T, mf_error *err) {
     *out = NULL;
     const mf_config *c = &m->cfg;
+    if (c->attn != MF_ATTN_GQA || c->route_rule == MF_ROUTE_SIGMOID_GROUP || c->route_rule == MF_ROUTE_SOFTMAX_GREEDY ||
+        c->n_shared_experts > 0)
+        return mf_fail(err, MF_EUNSUPPORTED, "%s runs on the CPU only for now (--device cpu): the GPU backend has no "
+                       "latent attention, grouped sigmoid router or ungated shared experts", c->model_type);
     if (prec->opmath != MF_F32 || prec->compute != MF_F32)
         return mf_fail(err, MF_EUNSUPPORTED, "precision %s runs on the CPU only (GPUs run bf16, fp16, fp32, layercast, "
                        "nomlp and selective policies)", prec->name);
