@@ -138,8 +138,9 @@ double mf_diff_metric(const mf_diff_acc *a, const char *name) {
 /* ---- bootstrap --------------------------------------------------------------- */
 
 /* In a diff shared by the ranks of a job (diff_bootstrap_share): each rank computes a block of the draws of every
- * interval, and the ranks exchange them, so every rank has every draw in draw order, as one process computes
- * them. Per thread: the collector diffs in several threads at once, never shared. */
+ * interval, and rank 0 gathers them, so it has every draw in draw order, as one process computes them. The
+ * others' intervals are NaN: their diff.json is not written, and no interval steers anything. Per thread: the
+ * collector diffs in several threads at once, never shared. */
 static _Thread_local bool shared_draws;
 
 void diff_bootstrap_share(bool on) { shared_draws = on && mf_dist_size() > 1; }
@@ -190,13 +191,18 @@ static void ci_of(double (*f)(const void *, const int *, size_t), const void *ct
     own_draws(B, &first, &count);
     double *v = mf_xmalloc(sizeof(double) * (size_t)B);
     for (size_t b = 0; b < count; b++) v[b] = f(ctx, plan + b * n, n);
-    if (shared_draws) {   /* every rank's block, in draw order: the values one process would have */
+    if (shared_draws) {   /* every rank's block, in draw order, at rank 0: the values one process would have */
         uint8_t *all;
         size_t *off;
-        mf_dist_allgather(v, count * sizeof(double), &all, &off);
-        memcpy(v, all, sizeof(double) * (size_t)B);
+        mf_dist_gather(v, count * sizeof(double), 0, &all, &off);
+        const bool root = all != NULL;
+        if (root) memcpy(v, all, sizeof(double) * (size_t)B);
         free(all);
         free(off);
+        if (!root) {
+            free(v);
+            return;
+        }
     }
     int k = 0;
     for (int b = 0; b < B; b++)

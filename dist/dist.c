@@ -18,6 +18,8 @@ static struct {
     void (*barrier)(void);
     void (*allgather_u64)(uint64_t, uint64_t *);
     void (*allgatherv)(const void *, int, void *, const int *, const int *);
+    void (*gather_u64)(uint64_t, uint64_t *, int);
+    void (*gatherv)(const void *, int, void *, const int *, const int *, int);
     void (*bcast)(void *, int, int);
     void (*isend)(int, int, void *, int);
     void (*waitall)(void);
@@ -76,6 +78,7 @@ int mf_dist_init(mf_error *err) {
         {"mf_mpi_init", (void **)&mpi.init},       {"mf_mpi_finalize", (void **)&mpi.finalize},
         {"mf_mpi_barrier", (void **)&mpi.barrier}, {"mf_mpi_allgather_u64", (void **)&mpi.allgather_u64},
         {"mf_mpi_allgatherv", (void **)&mpi.allgatherv}, {"mf_mpi_bcast", (void **)&mpi.bcast},
+        {"mf_mpi_gather_u64", (void **)&mpi.gather_u64}, {"mf_mpi_gatherv", (void **)&mpi.gatherv},
         {"mf_mpi_isend", (void **)&mpi.isend},     {"mf_mpi_waitall", (void **)&mpi.waitall},
         {"mf_mpi_probe", (void **)&mpi.probe},     {"mf_mpi_recv", (void **)&mpi.recv},
         {"mf_mpi_abort", (void **)&mpi.abort},
@@ -146,6 +149,56 @@ void mf_dist_allgather(const void *mine, size_t n, uint8_t **all, size_t **off) 
         /* more than MPI counts in one call: each rank's bytes in turn, in pieces */
         memcpy(*all + (*off)[dist_rank], mine, n);
         for (int r = 0; r < size; r++) bcast_bytes(*all + (*off)[r], (size_t)sizes[r], r);
+    }
+    free(sizes);
+}
+
+void mf_dist_gather(const void *mine, size_t n, int root, uint8_t **all, size_t **off) {
+    *all = NULL;
+    *off = NULL;
+    if (!joined) {
+        mf_dist_allgather(mine, n, all, off);
+        return;
+    }
+    const int size = dist_size;
+    uint64_t *sizes = mf_xcalloc((size_t)size, sizeof *sizes);
+    mpi.gather_u64((uint64_t)n, sizes, root);
+    size_t total = 0;
+    bool small = n <= INT_MAX;
+    if (dist_rank == root) {
+        *off = mf_xcalloc((size_t)size + 1, sizeof **off);
+        for (int r = 0; r < size; r++) {
+            (*off)[r + 1] = (*off)[r] + (size_t)sizes[r];
+            small = small && sizes[r] <= INT_MAX;
+        }
+        total = (*off)[size];
+        small = small && total <= INT_MAX;
+    }
+    /* whether one call can carry it is the root's to know: it tells the others */
+    uint8_t one_call = small;
+    mpi.bcast(&one_call, 1, root);
+    if (dist_rank == root) *all = mf_xmalloc(total ? total : 1);
+    if (one_call) {
+        int *counts = NULL, *displs = NULL;
+        if (dist_rank == root) {
+            counts = mf_xcalloc((size_t)size, sizeof *counts);
+            displs = mf_xcalloc((size_t)size, sizeof *displs);
+            for (int r = 0; r < size; r++) {
+                counts[r] = (int)sizes[r];
+                displs[r] = (int)(*off)[r];
+            }
+        }
+        mpi.gatherv(mine, (int)n, *all, counts, displs, root);
+        free(counts);
+        free(displs);
+    } else {
+        /* too much for one call: everyone's bytes to everyone, and the others drop them */
+        uint8_t *every;
+        size_t *every_off;
+        mf_dist_allgather(mine, n, &every, &every_off);
+        if (dist_rank == root) memcpy(*all, every, total);
+        free(every);
+        free(every_off);
     }
     free(sizes);
 }

@@ -4,7 +4,7 @@
  * started the process as one of several: a plain `moeflip trace` never loads libmpi, and a build without MPI
  * has this same API for one process. trace/, diff/ and job/ call these functions, never MPI.
  *
- * Every collective below (barrier, allgather, bcast, agree) must be called by every rank of the job, in the
+ * Every collective below (barrier, allgather, gather, bcast, agree) must be called by every rank of the job, in the
  * same order. A failing MPI call ends the whole job (MPI's default error handler), so these return nothing
  * to check; what can fail on one rank and not the others is a moeflip status, which mf_dist_agree shares. */
 #ifndef MF_DIST_H
@@ -34,6 +34,9 @@ void mf_dist_barrier(void);
 /* Every rank's n bytes to every rank, concatenated in rank order: *all (malloc'ed; the caller frees it) holds
  * rank r's bytes at [off[r], off[r + 1]) (off: malloc'ed, size + 1 entries). Alone: a copy of mine. */
 void mf_dist_allgather(const void *mine, size_t n, uint8_t **all, size_t **off);
+/* Every rank's n bytes to rank root alone, as mf_dist_allgather gives them to every rank; on the others *all and
+ * *off are NULL. */
+void mf_dist_gather(const void *mine, size_t n, int root, uint8_t **all, size_t **off);
 /* Rank root's *n bytes at *data to every rank: on the others *data becomes a malloc'ed copy (what it held
  * before is not freed) and *n its size. */
 void mf_dist_bcast(void **data, size_t *n, int root);

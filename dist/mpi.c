@@ -47,6 +47,14 @@ void mf_mpi_allgatherv(const void *mine, int n, void *all, const int *counts, co
     MPI_Allgatherv(mine, n, MPI_BYTE, all, counts, displs, MPI_BYTE, MPI_COMM_WORLD);
 }
 
+void mf_mpi_gather_u64(uint64_t mine, uint64_t *all, int root) {
+    MPI_Gather(&mine, 1, MPI_UINT64_T, all, 1, MPI_UINT64_T, root, MPI_COMM_WORLD);
+}
+
+void mf_mpi_gatherv(const void *mine, int n, void *all, const int *counts, const int *displs, int root) {
+    MPI_Gatherv(mine, n, MPI_BYTE, all, counts, displs, MPI_BYTE, root, MPI_COMM_WORLD);
+}
+
 void mf_mpi_bcast(void *data, int n, int root) { MPI_Bcast(data, n, MPI_BYTE, root, MPI_COMM_WORLD); }
 
 /* Takes ownership of data (malloc'ed), freed once the send completes. */
