@@ -64,9 +64,34 @@ int run_moeflip(char *err_out, size_t cap, const char *fmt, ...) {
     return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
 }
 
+/* The reference files are kept xz-compressed in the repository (they are most of its size and compress to about
+ * half): PATH.xz stands for PATH when PATH itself is absent. It is decoded once per process into a temporary file,
+ * which later reads of the same PATH reuse. */
+static const char *plain_reference(const char *path) {
+    static char from[16][4096], to[16][4200];
+    static int used;
+    if (access(path, F_OK) == 0) return path;
+    for (int i = 0; i < used; i++)
+        if (!strcmp(from[i], path)) return to[i];
+    char xz[4200];
+    snprintf(xz, sizeof xz, "%s.xz", path);
+    char *plain;
+    size_t len;
+    mf_error err = {0};
+    cr_assert_eq(mf_read_file(xz, &plain, &len, &err), MF_OK, "%s: absent, and %s", path, err.msg);
+    int slot = used < 16 ? used++ : 15;
+    snprintf(from[slot], sizeof from[slot], "%s", path);
+    snprintf(to[slot], sizeof to[slot], "%s/reference.safetensors", temp_dir());
+    FILE *fp = fopen(to[slot], "wb");
+    cr_assert(fp && fwrite(plain, 1, len, fp) == len && fclose(fp) == 0, "cannot write %s", to[slot]);
+    free(plain);
+    return to[slot];
+}
+
 double *read_tensor(const char *path, const char *name, size_t *n) {
     mf_st_file *f;
     mf_error err = {0};
+    path = plain_reference(path);
     cr_assert_eq(mf_st_open(&f, path, &err), MF_OK, "%s", err.msg);
     const mf_st_tensor *t = mf_st_find(f, name);
     cr_assert(t, "%s: no tensor %s", path, name);

@@ -33,6 +33,7 @@ in a Python float), log_softmax in float32, argmax = first maximal index, top-k 
 "larger value first, equal values: lower index first", expert sets from top-k of the raw router logits.
 """
 
+import lzma
 import argparse
 import json
 import os
@@ -73,7 +74,9 @@ _DT = {"F64": "<f8", "F32": "<f4", "I64": "<i8", "I32": "<i4", "BF16": "<u2", "U
 
 def st_read(path):
     """Return {name: (dtype_string, ndarray)}; BF16 comes back as its raw uint16 bits."""
-    with open(path, "rb") as f:
+    # the repository keeps reference files as PATH.xz
+    opener = (lambda: lzma.open(path + ".xz")) if not os.path.exists(path) and os.path.exists(path + ".xz") else (lambda: open(path, "rb"))
+    with opener() as f:
         data = f.read()
     (n,) = struct.unpack("<Q", data[:8])
     header = json.loads(data[8:8 + n].decode("utf-8"))

@@ -20,6 +20,7 @@ the fixture's ref.safetensors (tools/make_fixtures.py), so an import's ids can b
 
 No numpy: .npy and safetensors are written by hand. Run: python3 tools/make_engine_fixtures.py
 """
+import lzma
 import base64
 import json
 import os
@@ -36,7 +37,9 @@ DT = {"F64": ("d", 8), "F32": ("f", 4), "I32": ("i", 4), "I64": ("q", 8)}
 
 
 def read_safetensors(path):
-    with open(path, "rb") as f:
+    # the repository keeps reference files as PATH.xz
+    opener = (lambda: lzma.open(path + ".xz")) if not os.path.exists(path) and os.path.exists(path + ".xz") else (lambda: open(path, "rb"))
+    with opener() as f:
         data = f.read()
     (hl,) = struct.unpack("<Q", data[:8])
     header = json.loads(data[8:8 + hl])

@@ -27,6 +27,7 @@ Dense models (llama) have no router/topk tensors.
 integration) to DIR2.
 """
 
+import lzma
 import argparse
 import copy
 import glob
@@ -591,7 +592,11 @@ def write_reference(d, ref, meta, moe, list_files):
     file sizes when list_files)."""
     for kk in list(ref):
         ref[kk] = ref[kk].contiguous()
+    # kept xz-compressed (the references are most of the repository's size; the tests read the .xz)
     save_file(ref, os.path.join(d, "ref.safetensors"))
+    with open(os.path.join(d, "ref.safetensors"), "rb") as f, lzma.open(os.path.join(d, "ref.safetensors.xz"), "wb", preset=9) as g:
+        g.write(f.read())
+    os.remove(os.path.join(d, "ref.safetensors"))
     meta["ref_tensors"] = {kk: [str(v.dtype).replace("torch.", ""), list(v.shape)] for kk, v in sorted(ref.items())}
     meta["router_meaning"] = ("router_*: raw router logits = F.linear(post_attention_layernorm output, "
                               "mlp.gate.weight), before softmax, one [T,E] slab per MoE layer in layer order; "
