@@ -27,6 +27,7 @@
 #include "mf_numerics.h"
 
 #include <math.h>
+#include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -105,7 +106,7 @@ mf_mat mf_mat_mxfp4(const uint8_t *blocks, int n, int k, const uint8_t *scales, 
 /* ---- block-scaled codes, widened --------------------------------------------- */
 
 /* An e4m3fn byte's value as fp32 (exact): mf_f8e4m3_to_f64's, with its one quiet NaN for S.1111.111. */
-static inline float e4m3_f32(uint8_t b) {
+static float e4m3_value(unsigned b) {
     if ((b & 0x7f) == 0x7f) return NAN;
     const uint32_t sign = (uint32_t)(b & 0x80) << 24, e = (b >> 3) & 15u, m = b & 7u;
     if (!e) {
@@ -113,6 +114,12 @@ static inline float e4m3_f32(uint8_t b) {
         return sign ? -v : v;
     }
     return mf_bits_f32(sign | (e + 120) << 23 | m << 20);   /* (1 + m/8) 2^(e - 7) */
+}
+
+static float e4m3_lut[256];
+static pthread_once_t e4m3_once = PTHREAD_ONCE_INIT;
+static void e4m3_init(void) {
+    for (unsigned b = 0; b < 256; b++) e4m3_lut[b] = e4m3_value(b);
 }
 
 /* OCP e2m1 (fp4): 1 sign, 2 exponent (bias 1), 1 mantissa bit; no Inf or NaN. */
@@ -127,16 +134,16 @@ static inline float scale_at(const mf_mat_scales *q, size_t i) {
     return mf_bits_f32(b ? b << 23 : 1u << 22);
 }
 
-/* The value rounded to the weights' dtype, as storing it into a tensor of that dtype and widening it does. */
-static inline float round_w(mf_dtype r, float v) {
-    if (r == MF_BF16) return mf_bf16_to_f32(mf_f64_to_bf16(v));
-    if (r == MF_F16) return mf_f16_to_f32(mf_f64_to_f16(v));
-    return v;
+/* The value rounded to the weights' dtype, as storing it into a tensor of that dtype and widening it does
+ * (mf_roundf_to is mf_round_to on an fp32 value, NaN included: tests/test_dtype.c). */
+__attribute__((always_inline)) static inline float round_w(mf_dtype r, float v) {
+    if (r == MF_BF16) return mf_bf16_to_f32(mf_f32_to_bf16(v));
+    return r == MF_F32 ? v : mf_roundf_to(r, v);
 }
 
 static inline float code_f32(const mf_mat *w, size_t i) {
     const uint8_t *c = w->data;
-    if (w->q.kind == MF_WQ_FP8_BLOCK) return e4m3_f32(c[i]);
+    if (w->q.kind == MF_WQ_FP8_BLOCK) return e4m3_value(c[i]);
     return e2m1_f32[i & 1 ? c[i >> 1] >> 4 : c[i >> 1] & 15u];
 }
 
@@ -144,16 +151,35 @@ static inline float code_f32(const mf_mat *w, size_t i) {
 #define DEFINE_QROW(NAME, T)                                                                                           \
     static void NAME(const mf_mat *w, int j, int k0, int kc, T *dst, size_t ds) {                                      \
         const mf_mat_scales *q = &w->q;                                                                                \
-        const size_t srow = (size_t)(j / q->bn) * q->rs, base = (size_t)j * w->rs;                                    \
+        const size_t srow = (size_t)(j / q->bn) * q->rs, base = (size_t)j * w->rs, cs = w->cs;                        \
+        const uint8_t *c = w->data;                                                                                    \
+        const mf_dtype r = q->round;                                                                                   \
+        if (q->kind == MF_WQ_FP8_BLOCK) pthread_once(&e4m3_once, e4m3_init);                                           \
         for (int t = 0; t < kc;) {                                                                                     \
             const int blk = (k0 + t) / q->bk;                                                                          \
             const int end = (blk + 1) * q->bk - k0 < kc ? (blk + 1) * q->bk - k0 : kc;                                 \
             const float s = scale_at(q, srow + (size_t)blk);                                                           \
-            for (; t < end; t++) dst[(size_t)t * ds] = round_w(q->round, code_f32(w, base + (size_t)(k0 + t) * w->cs) * s); \
+            if (q->kind == MF_WQ_FP8_BLOCK) {                                                                          \
+                const uint8_t *p = c + base + (size_t)k0 * cs;                                                         \
+                for (; t < end; t++) dst[(size_t)t * ds] = round_w(r, e4m3_lut[p[(size_t)t * cs]] * s);               \
+            } else {                                                                                                   \
+                for (; t < end; t++) {                                                                                 \
+                    const size_t i = base + (size_t)(k0 + t) * cs;                                                     \
+                    dst[(size_t)t * ds] = round_w(r, e2m1_f32[i & 1 ? c[i >> 1] >> 4 : c[i >> 1] & 15u] * s);         \
+                }                                                                                                      \
+            }                                                                                                          \
         }                                                                                                              \
     }
 DEFINE_QROW(q_row_f32, float)
 DEFINE_QROW(q_row_f64, double)
+
+void mf_mat_row_f32(const mf_mat *w, int j, int k0, int kc, float *dst) {
+    if (w->q.kind != MF_WQ_NONE) {
+        q_row_f32(w, j, k0, kc, dst, 1);
+        return;
+    }
+    for (int t = 0; t < kc; t++) dst[t] = (float)mf_mat_get(w, j, k0 + t);
+}
 
 double mf_mat_get(const mf_mat *w, int j, int kk) {
     const size_t i = (size_t)j * w->rs + (size_t)kk * w->cs;

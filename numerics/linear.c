@@ -109,6 +109,7 @@ static void emulate(const mf_kschedule *ks, const mf_mm *mm, const double *ad, c
     const int nb = N < EMU_COLS ? N : EMU_COLS;
     uint64_t *A = mf_xmalloc((size_t)M * K * sizeof(uint64_t)), *B = mf_xmalloc((size_t)K * nb * sizeof(uint64_t));
     uint64_t *C = mf_xmalloc((size_t)M * nb * sizeof(uint64_t));
+    float *rows = b->q.kind != MF_WQ_NONE ? mf_xmalloc((size_t)K * nb * sizeof(float)) : NULL;
     for (int i = 0; i < M; i++)
         for (int k = 0; k < K; k++) {
             double v = ad ? ad[(size_t)i * lda + k] : af[(size_t)i * lda + k];
@@ -134,7 +135,15 @@ static void emulate(const mf_kschedule *ks, const mf_mm *mm, const double *ad, c
             mf_digest_final(d, digest);
             cached = cache_find(digest, b, w, ks);
         }
-        if (!cached) {
+        if (!cached && b->q.kind != MF_WQ_NONE) {   /* block-scaled: widened a row at a time, transposed in tiles */
+            for (int j = 0; j < w; j++) mf_mat_row_f32(b, j0 + j, 0, K, rows + (size_t)j * K);
+            for (int kt = 0; kt < K; kt += 32)
+                for (int j = 0; j < w; j++) {
+                    const float *r = rows + (size_t)j * K;
+                    for (int k = kt; k < K && k < kt + 32; k++)
+                        B[(size_t)k * w + j] = bf ? mf_f32_to_bf16(r[k]) : mf_f32_to_f16(r[k]);
+                }
+        } else if (!cached) {
             for (int k = 0; k < K; k++)
                 for (int j = 0; j < w; j++) {
                     const double v = mf_mat_get(b, j0 + j, k);
@@ -159,6 +168,7 @@ static void emulate(const mf_kschedule *ks, const mf_mm *mm, const double *ad, c
     free(A);
     free(B);
     free(C);
+    free(rows);
 }
 
 /* epilogue: the fp32 sums (+ bias in fp32), then one rounding to the output

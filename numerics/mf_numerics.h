@@ -66,6 +66,9 @@ mf_mat mf_mat_fp8_block(const uint8_t *codes, int n, int k, const void *scales, 
 mf_mat mf_mat_mxfp4(const uint8_t *blocks, int n, int k, const uint8_t *scales, mf_dtype round);
 /* Element (j, kk) as double (exact; for tests and slow paths). */
 double mf_mat_get(const mf_mat *w, int j, int kk);
+/* Elements (j, k0 .. k0 + kc - 1) as fp32 (w's values must be fp32 values: any dtype but an F64 holding wider
+ * ones): a block-scaled row widened one scale at a time. */
+void mf_mat_row_f32(const mf_mat *w, int j, int k0, int kc, float *dst);
 /* The bytes of rows [j0, j0 + rows) of w as stored, codes and scales (a row-major w's digest covers both):
  * the codes at *codes (*ncodes bytes), the scales' rows at *scales (*nscales bytes; 0 for a plain w). */
 void mf_mat_row_bytes(const mf_mat *w, int j0, int rows, const void **codes, size_t *ncodes, const void **scales,
