@@ -7,8 +7,8 @@
  * a copy of that (never wider) dtype, and the mapped pages it came from are
  * given back. FP8 weights (F8_E4M3 with their weight_scale_inv) stay as
  * stored too: the kernels widen the codes with their block's scale as they
- * pack panels (numerics' block-scaled mf_mat). Norm weights and biases (O(hidden) values) are kept as
- * doubles. Hub names: per-expert mlp.experts.E.{gate,up,down}_proj,
+ * pack panels (numerics' block-scaled mf_mat). Norm weights and biases
+ * (O(hidden) values) are kept as doubles. Hub names: per-expert mlp.experts.E.{gate,up,down}_proj,
  * Mixtral block_sparse_moe.{gate, experts.E.w1/w3/w2}, or the fused
  * mlp.experts.gate_up_proj [E, 2I, H] / down_proj [E, H, I]. */
 #include "archs.h"
