@@ -276,3 +276,41 @@ Test(blockscaled, cached_weight_blocks_are_told_apart_by_their_scales) {
     drop(&q1);
     drop(&q2);
 }
+
+/* gpt-oss keeps an expert's gate and up projections interleaved in one [2I, K] tensor (gate rows even, up rows
+ * odd). A view of every other row, through the strides of the codes and of the scales, must give the same bits as
+ * a dequantised copy of those rows. */
+Test(blockscaled, mxfp4_strided_view_of_interleaved_rows) {
+    const qcase c = {64, 96, 1, 32, MF_WQ_MXFP4, MF_U8, MF_BF16};
+    qweight q = make(&c, 21);
+    for (int odd = 0; odd < 2; odd++) {
+        mf_mat v = q.w;   /* rows odd, odd + 2, ...: 32 of them */
+        v.n = 32;
+        v.data = q.codes + odd * (96 / 2);
+        v.rs = 2 * 96;
+        v.q.data = (const uint8_t *)q.scales + odd * 3;
+        v.q.rs = 2 * 3;
+        uint16_t *rows = malloc(sizeof(uint16_t) * 32 * 96);
+        for (int j = 0; j < 32; j++) memcpy(rows + (size_t)j * 96, (uint16_t *)q.values + (size_t)(2 * j + odd) * 96, 192);
+        const mf_mat copy = mf_mat_rows(rows, MF_BF16, 32, 96);
+        for (int j = 0; j < 32; j++)
+            for (int kk = 0; kk < 96; kk++) cr_assert_eq(mf_mat_get(&v, j, kk), mf_mat_get(&copy, j, kk));
+        float *a = activations(5, 96, MF_BF16, 3), got[5 * 32], want[5 * 32];
+        mf_gemm_f32(5, a, 96, &v, got, 32, 2, MF_TRI_NONE);
+        mf_gemm_f32(5, a, 96, &copy, want, 32, 2, MF_TRI_NONE);
+        assert_same_f32(got, want, 5 * 32, "interleaved rows", &c);
+        mf_numerics num;
+        mf_error err = {0};
+        cr_assert_eq(mf_numerics_parse(&num, "emu:cdna3", &err), MF_OK, "%s", err.msg);
+        const mf_mm mm = {MF_F32, MF_F32, 1, &num, MF_BF16};
+        double x[96], y[32], yc[32];
+        for (int i = 0; i < 96; i++) x[i] = a[i];
+        mf_linear L = {32, 96, v, NULL}, Lc = {32, 96, copy, NULL};
+        mf_linear_apply(&mm, &L, x, 1, y);
+        mf_linear_apply(&mm, &Lc, x, 1, yc);
+        cr_assert(memcmp(y, yc, sizeof y) == 0, "emu:cdna3 on the strided view");
+        free(a);
+        free(rows);
+    }
+    drop(&q);
+}
