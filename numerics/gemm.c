@@ -213,6 +213,7 @@ void mf_mat_row_bytes(const mf_mat *w, int j0, int rows, const void **codes, siz
 #ifdef MF_HAVE_X86
 static bool pairs_block16(const uint16_t *w, size_t rs, int jb, int kc, int nr, uint32_t *dst, int *done_k);
 static int f32_block16(const uint16_t *w, size_t rs, int jb, int kc, int nr, float *dst);
+static int fp8_block16(const mf_mat *w, int j0, int jb, int k0, int kc, int nr, float *dst);
 #endif
 
 /* dst[kk * nr + jj] = W(j0 + jj, k0 + kk) for jj < nc, kk < kc; zero for jj >= nc. */
@@ -220,7 +221,17 @@ static void panel_f32(const mf_mat *w, int j0, int nc, int k0, int kc, int nr, f
     if (nc < nr)
         for (int kk = 0; kk < kc; kk++) memset(dst + (size_t)kk * nr + nc, 0, (size_t)(nr - nc) * sizeof(float));
     if (w->q.kind != MF_WQ_NONE) {   /* block-scaled codes, widened here */
-        for (int jj = 0; jj < nc; jj++) q_row_f32(w, j0 + jj, k0, kc, dst + jj, (size_t)nr);
+        int jfull = 0, kdone = 0;   /* columns [0, jfull) x values [0, kdone) done 16 x 16 at a time */
+#ifdef MF_HAVE_X86
+        const mf_mat_scales *q = &w->q;
+        if (vec && q->kind == MF_WQ_FP8_BLOCK && w->cs == 1 && q->bk % 16 == 0 && k0 % 16 == 0 &&
+            (q->round == MF_F32 || q->round == MF_BF16) && nc >= 16)
+            for (jfull = 0; jfull + 16 <= nc; jfull += 16) kdone = fp8_block16(w, j0, jfull, k0, kc, nr, dst);
+#endif
+        for (int jj = 0; jj < nc; jj++) {
+            const int ks = jj < jfull ? kdone : 0;
+            if (ks < kc) q_row_f32(w, j0 + jj, k0 + ks, kc - ks, dst + (size_t)ks * nr + jj, (size_t)nr);
+        }
         return;
     }
     int jfull = 0, kdone = 0;   /* columns [0, jfull) x values [0, kdone) done by the vector builder */
@@ -411,6 +422,56 @@ __attribute__((target("avx512f,avx512bw"))) static bool pairs_block16(const uint
     }
     *done_k = kk;
     return !bad;
+}
+
+/* 16 e4m3fn codes as fp32, e4m3_value's values bit for bit (its one quiet NaN, for either sign, included). */
+__attribute__((target("avx512f"))) static inline __m512 e4m3x16(__m128i bytes) {
+    const __m512i v = _mm512_cvtepu8_epi32(bytes), em = _mm512_and_si512(v, _mm512_set1_epi32(0x7f));
+    const __m512i sign = _mm512_slli_epi32(_mm512_and_si512(v, _mm512_set1_epi32(0x80)), 24);
+    const __m512i normal = _mm512_add_epi32(_mm512_slli_epi32(em, 20), _mm512_set1_epi32(120 << 23));
+    const __m512 sub = _mm512_mul_ps(_mm512_cvtepi32_ps(em), _mm512_set1_ps(0x1p-9f));   /* exponent 0: m x 2^-9 */
+    __m512i bits = _mm512_mask_mov_epi32(normal, _mm512_cmplt_epi32_mask(em, _mm512_set1_epi32(8)), _mm512_castps_si512(sub));
+    bits = _mm512_or_si512(bits, sign);
+    bits = _mm512_mask_mov_epi32(bits, _mm512_cmpeq_epi32_mask(em, _mm512_set1_epi32(0x7f)), _mm512_set1_epi32(0x7fc00000));
+    return _mm512_castsi512_ps(bits);
+}
+
+/* x rounded to bf16 (nearest even; NaN made quiet) and widened back: mf_f32_to_bf16's bits, 16 at a time. */
+__attribute__((target("avx512f"))) static inline __m512i bf16_roundx16(__m512 x) {
+    const __m512i u = _mm512_castps_si512(x), hi = _mm512_set1_epi32((int)0xffff0000u);
+    const __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(1));
+    const __m512i r = _mm512_and_si512(_mm512_add_epi32(u, _mm512_add_epi32(_mm512_set1_epi32(0x7fff), lsb)), hi);
+    const __mmask16 nan = _mm512_cmpgt_epu32_mask(_mm512_and_si512(u, _mm512_set1_epi32(0x7fffffff)),
+                                                  _mm512_set1_epi32(0x7f800000));
+    return _mm512_mask_mov_epi32(r, nan, _mm512_and_si512(_mm512_or_si512(u, _mm512_set1_epi32(0x400000)), hi));
+}
+
+/* The fp32 panel of 16-row by 16-value blocks of FP8 codes (rows j0 + jb ..), each 16 values inside one scale
+ * block (bk a multiple of 16, k0 too): what q_row_f32 computes, weights rounded to fp32 or bf16. Returns the
+ * values of k done. */
+__attribute__((target("avx512f"))) static int fp8_block16(const mf_mat *w, int j0, int jb, int k0, int kc, int nr,
+                                                          float *dst) {
+    const mf_mat_scales *q = &w->q;
+    const uint8_t *c = w->data;
+    const bool bf = q->round == MF_BF16;
+    float s[16];
+    int have = -1;   /* the scale block s[] holds */
+    int kk = 0;
+    for (; kk + 16 <= kc; kk += 16) {
+        const int blk = (k0 + kk) / q->bk;
+        if (blk != have)
+            for (int j = 0; j < 16; j++) s[j] = scale_at(q, (size_t)((j0 + jb + j) / q->bn) * q->rs + (size_t)blk);
+        have = blk;
+        __m512i r[16];
+        for (int j = 0; j < 16; j++) {
+            const __m128i b = _mm_loadu_si128((const __m128i *)(const void *)(c + (size_t)(j0 + jb + j) * w->rs + k0 + kk));
+            const __m512 v = _mm512_mul_ps(e4m3x16(b), _mm512_set1_ps(s[j]));
+            r[j] = bf ? bf16_roundx16(v) : _mm512_castps_si512(v);
+        }
+        transpose16(r);
+        for (int t = 0; t < 16; t++) _mm512_storeu_si512(dst + (size_t)(kk + t) * nr + jb, r[t]);
+    }
+    return kk;
 }
 
 /* The fp32 panel of 16-row by 16-value blocks of bf16 rows (widened). */

@@ -314,3 +314,38 @@ Test(blockscaled, mxfp4_strided_view_of_interleaved_rows) {
     }
     drop(&q);
 }
+
+/* Every e4m3 code, NaNs, zeros of both signs and subnormals included, through every kernel: W [32, 16] holds the
+ * 256 codes twice (the second copy under another scale block's scale), and every output matches the dequantised
+ * copy's bit for bit (NaN outputs with the same bits). */
+Test(blockscaled, every_fp8_code_through_every_kernel) {
+    uint8_t codes[32 * 16];
+    for (int i = 0; i < 32 * 16; i++) codes[i] = (uint8_t)(i % 256);
+    const float S[2] = {0.75f, 0x1.8p-7f};   /* rows 0-15, rows 16-31 */
+    const mf_dtype rounds[2] = {MF_BF16, MF_F32};
+    for (int r = 0; r < 2; r++) {
+        const mf_mat w = mf_mat_fp8_block(codes, 32, 16, S, MF_F32, 16, 16, rounds[r]);
+        uint32_t values[32 * 16];
+        for (int i = 0; i < 32 * 16; i++) {
+            const float v = (float)((float)mf_f8e4m3_to_f64(codes[i]) * S[i / (16 * 16)]);
+            mf_store_from_f64(values, rounds[r], i, v);
+        }
+        const mf_mat copy = mf_mat_rows(values, rounds[r], 32, 16);
+        float *a = activations(7, 16, MF_BF16, 11), got[7 * 32], want[7 * 32];
+        int ran = 0;
+        for (size_t p = 0; p < sizeof paths / sizeof paths[0]; p++) {
+            if (!mf_gemm_force_path(paths[p])) continue;
+            ran++;
+            mf_gemm_f32(7, a, 16, &w, got, 32, 1, MF_TRI_NONE);
+            mf_gemm_f32(7, a, 16, &copy, want, 32, 1, MF_TRI_NONE);
+            const qcase c = {32, 16, 16, 16, MF_WQ_FP8_BLOCK, MF_F32, rounds[r]};
+            assert_same_f32(got, want, 7 * 32, mf_gemm_kernel_name(), &c);
+            int nans = 0;
+            for (int i = 0; i < 7 * 32; i++) nans += isnan(got[i]);
+            cr_assert_eq(nans, 7 * 4, "the rows holding 0x7f and 0xff give NaN, the others do not");
+        }
+        cr_assert_geq(ran, 1);
+        mf_gemm_force_path(MF_GEMM_PATH_AUTO);
+        free(a);
+    }
+}
