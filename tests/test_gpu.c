@@ -106,6 +106,11 @@ static void recorded_checks(bool paths, size_t want_at_least) {
     json_t *doc = json_load_file(fixture("gpu/h200-check.json"), 0, &je);
     cr_assert(doc, "h200-check.json: %s", je.text);
     size_t i, compared = 0;
+#if defined(__SANITIZE_ADDRESS__)
+    static char seen_keys[128][256];
+    size_t n_seen = 0;
+    want_at_least /= 4;
+#endif
     json_t *c;
     json_array_foreach(json_object_get(doc, "checks"), i, c) {
         const char *kind = json_string_value(json_object_get(c, "kind"));
@@ -117,6 +122,16 @@ static void recorded_checks(bool paths, size_t want_at_least) {
         const char *num = json_string_value(json_object_get(c, "cpu_numerics"));
         const char *mode = json_string_value(json_object_get(c, "mode"));   /* absent in older records: forward */
         if (paths == (!mode || !strcmp(mode, "forward"))) continue;
+#if defined(__SANITIZE_ADDRESS__)
+        /* under the sanitizers (ten times slower) one check of each instruction model, precision and path: the
+         * whole record is compared by the plain build's run of this test */
+        char key[256];
+        snprintf(key, sizeof key, "%s|%s|%s", prec, num, mode ? mode : "forward");
+        bool seen = false;
+        for (size_t s = 0; s < n_seen && !seen; s++) seen = !strcmp(seen_keys[s], key);
+        if (seen || n_seen == sizeof seen_keys / sizeof seen_keys[0]) continue;
+        snprintf(seen_keys[n_seen++], sizeof seen_keys[0], "%s", key);
+#endif
         char got[MF_SEQ_DIGESTS][33];
         cpu_digests(source, prec, num, mode ? mode : "forward", got);
         json_t *want = json_object_get(c, "gpu_digests");
