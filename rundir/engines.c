@@ -13,6 +13,8 @@
  *             layer, token by token, k ids per token. No token index is written: a ubatch's token count is its
  *             run of rows of one layer divided by k. A trace that copies the ffn_moe_topk view flat (its rows are
  *             argsort rows of n_expert ids) writes each token's whole ranking: every n_expert rows a permutation.
+ *             Read as if contiguous instead, the view gives the right row count but each ubatch's argsort rows cut
+ *             into k: named too (check_capture).
  *   hf        outputs.router_logits of a Hugging Face forward with output_router_logits=True, saved with
  *             safetensors: router_logits.<i> [rows, E] per MoE layer (the tuple's order) or router_logits
  *             [L, rows, E] stacked, optionally logits [rows, V]; the experts are derived from the scores with the
@@ -60,6 +62,8 @@ typedef struct capture {
     int file_k;   /* the expert ids per row the file holds (checked against top_k) */
     int flat_line;   /* llamacpp: every n_expert rows of every layer are a permutation of the experts (the CSV's
                         first row's line), else 0: the flat copy of the ffn_moe_topk view, if the rows are too many */
+    int view_line, view_t0, view_t1;   /* llamacpp: the first ubatch (its first line, tokens [t0, t1)) whose layers'
+                                          ids read in order are argsort rows cut into k (see read_llamacpp), else 0 */
 } capture;
 
 /* Model layer index of each MoE layer. */
@@ -421,13 +425,14 @@ static int read_llamacpp(captures *cs, const char *path, const char *text, size_
     if (!rc && !nr) rc = mf_fail(err, MF_EFORMAT, "%s: no layer,expert rows", path);
     /* blocks: runs of one layer; a ubatch is L blocks, one per MoE layer in order, of equal length */
     int64_t *ids = NULL;
-    int tokens = 0;
+    int tokens = 0, view_line = 0, view_t0 = 0, view_t1 = 0;
     bool flat = E > K;
     if (!rc) {
         ids = mf_xmalloc(sizeof(int64_t) * (nr / (size_t)K + 1) * (size_t)L * (size_t)K);
         size_t i = 0;
         while (i < nr && !rc) {
             size_t start = i, blen = 0;
+            bool view_read = E > K;   /* every layer of this ubatch: argsort rows cut into k (below) */
             for (int m = 0; m < L && !rc; m++) {
                 size_t j = i;
                 while (j < nr && lay[j] == lay[i]) j++;
@@ -461,14 +466,34 @@ static int read_llamacpp(captures *cs, const char *path, const char *text, size_
                     break;
                 }
                 blen = len;
+                /* The ffn_moe_topk tensor is a view of the first k columns of an [n_tokens, n_expert] argsort; read as
+                 * if contiguous (examples/moe-trace as first proposed) its k x n_tokens ids are the argsort's first
+                 * rows: token 0's ranking of all n_expert, then token 1's, ..., cut into rows of k. The row count is
+                 * right; the ids after the ubatch's first token are not its routing. Named where each layer of the
+                 * ubatch holds at least two whole rankings, each a permutation of the experts, and distinct ids
+                 * after them: by chance, real top-k rows are that with odds below (1/1820)^2 a layer at 16 experts. */
+                if (view_read && len >= 2 * (size_t)E) {
+                    for (size_t g = i; g < j && view_read; g += (size_t)E) {
+                        uint64_t seen[(MF_MAX_EXPERTS + 63) / 64] = {0};
+                        for (size_t q = g; q < j && q < g + (size_t)E; q++) {
+                            const int x = exp[q];
+                            if (seen[x / 64] >> (x % 64) & 1) view_read = false;
+                            seen[x / 64] |= (uint64_t)1 << (x % 64);
+                        }
+                    }
+                } else view_read = false;
                 const size_t nt = len / (size_t)K;
                 for (size_t t = 0; t < nt; t++)
                     for (int k = 0; k < K; k++)
                         ids[(((size_t)tokens + t) * (size_t)L + (size_t)m) * (size_t)K + (size_t)k] = exp[i + t * (size_t)K + (size_t)k];
                 i = j;
             }
+            if (!rc && view_read && !view_line) {
+                view_line = lno[start];
+                view_t0 = tokens;
+                view_t1 = tokens + (int)(blen / (size_t)K);
+            }
             if (!rc) tokens += (int)(blen / (size_t)K);
-            (void)start;
         }
     }
     if (!rc) {
@@ -478,6 +503,9 @@ static int read_llamacpp(captures *cs, const char *path, const char *text, size_
         c->layers = L;
         c->file_k = K;
         c->flat_line = flat ? lno[0] : 0;
+        c->view_line = view_line;
+        c->view_t0 = view_t0;
+        c->view_t1 = view_t1;
         ids = NULL;
     }
     free(ids);
@@ -594,6 +622,13 @@ static int check_capture(mf_engine eng, const capture *c, const mf_prompt *p, co
                        "rows for %d tokens: the trace copied the ffn_moe_topk view flat (its rows are each token's whole "
                        "argsort ranking, not its top-%d); read it with its strides", c->where, c->flat_line, p->id, E, E,
                        c->rows * K, T, K);
+    if ((c->rows == T || c->rows == T - 1) && c->view_line)
+        return mf_fail(err, MF_EFORMAT, "%s:%d (sequence %s): the ubatch of tokens %d to %d holds, in every MoE layer, whole "
+                       "rankings of all %d experts one after another (each %d rows a permutation), not each token's top-%d: the "
+                       "trace read the ffn_moe_topk view as contiguous, so every token after a ubatch's first has another "
+                       "token's lower-ranked experts (llama.cpp PR #28544's first moe-trace; traces of one token a batch are "
+                       "unaffected); read the view with its strides", c->where, c->view_line, p->id, c->view_t0, c->view_t1 - 1,
+                       E, E / K, K);
     if (c->rows != T && c->rows != T - 1)
         return mf_fail(err, MF_EFORMAT, "%s (sequence %s): %d rows; the sequence has %d tokens (a capture has one row per token, "
                        "or one fewer: the last token never ran)%s", c->where, p->id, c->rows, T,

@@ -333,6 +333,12 @@ Test(engines, refusals_name_the_file_the_row_and_the_known_patterns) {
     refused(MF_ENGINE_LLAMACPP, eng("bad/llamacpp_flat_view.csv"), t0, "llamacpp_flat_view.csv:1 (sequence s0): every 16 rows of every layer are a "
                                                                         "permutation of all 16 experts, 336 rows for 21 tokens: the trace copied the "
                                                                         "ffn_moe_topk view flat");
+    /* the view read as if contiguous: 21 rows for 21 tokens, but each ubatch's layers are token 0's, 1's, ...
+     * rankings of the 16 experts cut into rows of 4 (tools/make_engine_fixtures.py, from HF's fp64 router logits) */
+    refused(MF_ENGINE_LLAMACPP, eng("bad/llamacpp_view_read_flat.csv"), t0,
+            "llamacpp_view_read_flat.csv:1 (sequence s0): the ubatch of tokens 0 to 7 holds, in every MoE layer, whole "
+            "rankings of all 16 experts one after another (each 4 rows a permutation), not each token's top-4: the trace "
+            "read the ffn_moe_topk view as contiguous");
     refused(MF_ENGINE_VLLM, eng("bad/vllm_out_of_range.npy"), t0, "vllm_out_of_range.npy (sequence s0): row 5, layer 1, slot 2: expert 16 outside the model's [0, 16)");
     refused(MF_ENGINE_VLLM, eng("bad/vllm_duplicate.npy"), t0, "vllm_duplicate.npy (sequence s0): row 7, layer 2: expert");
     refused(MF_ENGINE_VLLM, eng("bad/vllm_duplicate.npy"), t0, "twice (slots 0 and 3)");

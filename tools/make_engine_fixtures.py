@@ -159,6 +159,15 @@ def main():
             for t in range(u, min(u + UBATCH, T)):
                 lines += ["%d,%d" % (moe_layers[l], x) for x in ranks[t][l]]
     open(os.path.join(bad, "llamacpp_flat_view.csv"), "w").write("\n".join(lines) + "\n")
+    # llama.cpp: the same view read as if contiguous (k x n_tokens ids from its start): the ubatch's argsort rows one
+    # after another, cut into rows of k; as many rows as tokens, the ids after each ubatch's first token wrong
+    lines = []
+    for u in range(0, T, UBATCH):
+        span = range(u, min(u + UBATCH, T))
+        for l in range(L):
+            run = [x for t in span for x in ranks[t][l]][:len(span) * K]
+            lines += ["%d,%d" % (moe_layers[l], x) for x in run]
+    open(os.path.join(bad, "llamacpp_view_read_flat.csv"), "w").write("\n".join(lines) + "\n")
     # vLLM: expert 16 (out of [0, 16)) at row 5, layer 1, slot 2
     r = [[list(x) for x in row] for row in fp64]
     r[5][1][2] = E
