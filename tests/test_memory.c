@@ -126,7 +126,10 @@ static void check_rss_fp8(const char *precision) {
     const long rss = peak_rss_of(cmd, &status);
     cr_assert_eq(status, 0, "%s", cmd);
     /* bf16 copies of the FP8 weights alone would be 1.85x the file */
-    const long bound = ckpt + ckpt * 15 / 100 + (64L << 20);
+    long bound = ckpt + ckpt * 15 / 100 + (64L << 20);
+#if defined(__SANITIZE_ADDRESS__)
+    bound += 64L << 20;   /* the sanitizer's shadow of the heap and its quarantine of freed blocks: 90-110 MB seen */
+#endif
     cr_assert_leq(rss, bound, "%s trace of an FP8 checkpoint: peak RSS %.1f MB for a %.1f MB checkpoint (bound %.1f MB)",
                   precision, rss / 1e6, ckpt / 1e6, bound / 1e6);
     cr_assert_geq(rss, ckpt / 2, "%s trace: peak RSS %.1f MB, less than half the %.1f MB of weights", precision,
