@@ -7,7 +7,8 @@ The job, in this one process, as a user would write it: import torch and transfo
 GPU (AutoModelForCausalLM.from_pretrained(DIR, dtype=bfloat16, attn_implementation="eager", device_map="cuda");
 eager attention is the plain matmul-softmax-matmul that moeflip reproduces), then for every prompt of PROMPTS.jsonl
 ({"id", "tokens"} lines) one teacher-forced forward with output_router_logits=True, copying the logits (bf16, as HF
-returns them) and every layer's router logits to the host. No warm-up: the first forward pays its set-up, as it
+returns them) and every layer's router logits to the host (DeepSeek-V2/V3 and GLM-4.5, whose outputs have no router
+logits: what each MoE layer's router returns, through a forward hook). No warm-up: the first forward pays its set-up, as it
 does in a user's job. Prints one line and, with --out, writes the times as JSON: process start to imports done, the
 load, each forward, the whole job (from process start, read from /proc), peak GPU memory and peak host RSS.
 """
@@ -51,13 +52,31 @@ def main():
     load_s = time.perf_counter() - t0
     forwards = []
     tokens = 0
+    # DeepSeek-V2/V3 and GLM-4.5 hand back no router_logits: their routers' outputs (every tensor each MoE layer's
+    # mlp.gate returns) are copied to the host by a forward hook instead, inside the same timing
+    hooked = model.config.model_type in ("deepseek_v2", "deepseek_v3", "glm4_moe")
+    captured = []
+
+    def keep(module, inputs, output):
+        for x in output if isinstance(output, (tuple, list)) else (output,):
+            if torch.is_tensor(x):
+                captured.append(x.to("cpu"))
+
+    if hooked:
+        for name, module in model.named_modules():
+            if name.endswith("mlp.gate"):
+                module.register_forward_hook(keep)
     with torch.inference_mode():
         for p in prompts:
             t = time.perf_counter()
             ids = torch.tensor([p["tokens"]], dtype=torch.long, device="cuda")
-            out = model(input_ids=ids, use_cache=False, output_router_logits=True)
+            captured.clear()
+            if hooked:
+                out = model(input_ids=ids, use_cache=False)
+            else:
+                out = model(input_ids=ids, use_cache=False, output_router_logits=True)
             logits = out.logits.to("cpu")
-            routers = [r.to("cpu") for r in out.router_logits]
+            routers = list(captured) if hooked else [r.to("cpu") for r in out.router_logits]
             torch.cuda.synchronize()
             forwards.append(time.perf_counter() - t)
             tokens += ids.shape[1]

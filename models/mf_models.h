@@ -345,15 +345,21 @@ char *mf_tokenizer_decode(const mf_tokenizer *t, const int32_t *ids, int n);
 
 /* ---- synthetic checkpoints -------------------------------------------- */
 
-/* tiny (tests), small (CPU benchmarks), and three real models' dimensions
+/* tiny (tests), small (CPU benchmarks), and five real models' dimensions
  * (GPU benchmarks; the architecture is the real model's): OLMoE-1B-7B
- * (6.9B parameters), Qwen1.5-MoE-A2.7B (14.3B), Mixtral-8x7B (46.7B); their
+ * (6.9B parameters), Qwen1.5-MoE-A2.7B (14.3B), Mixtral-8x7B (46.7B),
+ * DeepSeek-V2-Lite (15.7B), GLM-4.5-Air (106.9B without its MTP layer); their
  * tensors are generated as the file is written, one at a time. */
 typedef enum mf_synth_size {
-    MF_SYNTH_TINY, MF_SYNTH_SMALL, MF_SYNTH_OLMOE_1B_7B, MF_SYNTH_QWEN15_MOE_A27B, MF_SYNTH_MIXTRAL_8X7B
+    MF_SYNTH_TINY, MF_SYNTH_SMALL, MF_SYNTH_OLMOE_1B_7B, MF_SYNTH_QWEN15_MOE_A27B, MF_SYNTH_MIXTRAL_8X7B,
+    MF_SYNTH_DEEPSEEK_V2_LITE, MF_SYNTH_GLM45_AIR
 } mf_synth_size;
-/* "tiny", "small", "olmoe-1b-7b", "qwen1.5-moe-a2.7b", "mixtral-8x7b"; -1 when unknown */
+/* "tiny", "small", "olmoe-1b-7b", "qwen1.5-moe-a2.7b", "mixtral-8x7b", "deepseek-v2-lite", "glm-4.5-air";
+ * -1 when unknown */
 int mf_synth_size_from_name(const char *name);
+/* What `synth --size` of DeepSeek-V2-Lite or GLM-4.5-Air would write, without writing it: the config.json text
+ * (malloc'ed) and the parameter count of its tensors. */
+int mf_synth_plan(mf_synth_size size, char **config_json, uint64_t *n_params, mf_error *err);
 
 /* Writes a deterministic random-weight bf16 checkpoint in Hub layout
  * (config.json, model.safetensors) plus tokens.jsonl into dir. */

@@ -18,6 +18,8 @@ typedef struct synth {
     mf_rng rng;
     bool big;          /* real-model sizes: billions of values */
     uint64_t seed, tensors;
+    bool dry;          /* count the parameters only (mf_synth_plan) */
+    uint64_t params;
 } synth;
 
 static uint64_t splitmix(uint64_t x) {
@@ -49,6 +51,8 @@ static void fill_big(const void *ud, void *dst, size_t nbytes) {
 static void tensor(synth *s, const char *name, int64_t rows, int64_t cols, double mean, double std) {
     int64_t shape[2] = {rows, cols};
     size_t n = (size_t)rows * (size_t)(cols ? cols : 1);
+    s->params += n;
+    if (s->dry) return;
     if (s->big) {
         const big_fill f = {splitmix(s->seed ^ splitmix(++s->tensors)), mean, std * sqrt(3.0)};
         mf_st_writer_add_generated(s->st, name, MF_BF16, cols ? 2 : 1, shape, fill_big, &f, sizeof f);
@@ -61,7 +65,8 @@ static void tensor(synth *s, const char *name, int64_t rows, int64_t cols, doubl
 }
 
 int mf_synth_size_from_name(const char *name) {
-    static const char *names[] = {"tiny", "small", "olmoe-1b-7b", "qwen1.5-moe-a2.7b", "mixtral-8x7b"};
+    static const char *names[] = {"tiny",         "small",            "olmoe-1b-7b", "qwen1.5-moe-a2.7b",
+                                  "mixtral-8x7b", "deepseek-v2-lite", "glm-4.5-air"};
     for (int i = 0; i < (int)(sizeof names / sizeof names[0]); i++)
         if (!strcmp(name, names[i])) return i;
     return -1;
@@ -146,8 +151,159 @@ int mf_synth_write(const char *dir, mf_arch arch, mf_synth_size size, uint64_t s
     return mf_synth_write_like(dir, arch, size, NULL, seed, err);
 }
 
+/* The four prompts of 512 tokens every real size gets (pp512). */
+static int write_real_size_prompts(const char *dir, mf_rng *rng, int V, int nseq, int T, mf_error *err) {
+    mf_buf out = {0};
+    char path[4096];
+    for (int q = 0; q < nseq; q++) {
+        mf_buf_printf(&out, "{\"id\": \"s%d\", \"tokens\": [", q);
+        for (int t = 0; t < T; t++) mf_buf_printf(&out, t ? ", %d" : "%d", (int)(mf_rng_next(rng) % (uint64_t)V));
+        mf_buf_puts(&out, "]}\n");
+    }
+    mf_path_join(path, sizeof path, dir, "tokens.jsonl");
+    const int rc = mf_write_file_atomic(path, out.s, out.n, err);
+    mf_buf_free(&out);
+    return rc;
+}
+
+/* DeepSeek-V2-Lite (deepseek_v2: latent attention without q_lora, softmax greedy router, 2 shared experts) and
+ * GLM-4.5-Air (glm4_moe: GQA with biases and half-rotary heads, sigmoid + correction bias router, 1 shared
+ * expert) at their Hub dimensions (docs/commands.md#synth cites each config.json). dir NULL: nothing is written;
+ * the config text goes to *cfg_text and the parameter count to *params (mf_synth_plan). */
+static int synth_family26(const char *dir, mf_synth_size size, uint64_t seed, char **cfg_text, uint64_t *params,
+                          mf_error *err) {
+    const bool ds = size == MF_SYNTH_DEEPSEEK_V2_LITE;
+    /* deepseek-ai/DeepSeek-V2-Lite, zai-org/GLM-4.5-Air */
+    const int V = ds ? 102400 : 151552, H = ds ? 2048 : 4096, L = ds ? 27 : 46, nh = ds ? 16 : 96, nkv = ds ? 16 : 8;
+    const int I_dense = ds ? 10944 : 10944, I_moe = 1408, E = ds ? 64 : 128, K = ds ? 6 : 8, n_shared = ds ? 2 : 1;
+    const int hd = 128, kvr = 512, rope = 64, nope = 128, vd = 128;   /* hd: GLM; the rest DeepSeek's MLA */
+    json_t *cfg = json_object();
+    json_t *archs = json_array();
+    json_array_append_new(archs, json_string(ds ? "DeepseekV2ForCausalLM" : "Glm4MoeForCausalLM"));
+    json_object_set_new(cfg, "architectures", archs);
+    json_object_set_new(cfg, "model_type", json_string(ds ? "deepseek_v2" : "glm4_moe"));
+    json_object_set_new(cfg, "torch_dtype", json_string("bfloat16"));
+    json_object_set_new(cfg, "vocab_size", json_integer(V));
+    json_object_set_new(cfg, "hidden_size", json_integer(H));
+    json_object_set_new(cfg, "intermediate_size", json_integer(I_dense));
+    json_object_set_new(cfg, "moe_intermediate_size", json_integer(I_moe));
+    json_object_set_new(cfg, "num_hidden_layers", json_integer(L));
+    json_object_set_new(cfg, "num_attention_heads", json_integer(nh));
+    json_object_set_new(cfg, "num_key_value_heads", json_integer(nkv));
+    json_object_set_new(cfg, "n_routed_experts", json_integer(E));
+    json_object_set_new(cfg, "n_shared_experts", json_integer(n_shared));
+    json_object_set_new(cfg, "num_experts_per_tok", json_integer(K));
+    json_object_set_new(cfg, "first_k_dense_replace", json_integer(1));
+    json_object_set_new(cfg, "moe_layer_freq", json_integer(1));
+    json_object_set_new(cfg, "n_group", json_integer(1));
+    json_object_set_new(cfg, "topk_group", json_integer(1));
+    json_object_set_new(cfg, "norm_topk_prob", json_boolean(!ds));
+    json_object_set_new(cfg, "routed_scaling_factor", json_real(1.0));
+    json_object_set_new(cfg, "hidden_act", json_string("silu"));
+    json_object_set_new(cfg, "rms_norm_eps", json_real(ds ? 1e-6 : 1e-5));
+    json_object_set_new(cfg, "tie_word_embeddings", json_false());
+    json_object_set_new(cfg, "attention_bias", json_boolean(!ds));
+    if (ds) {
+        json_object_set_new(cfg, "q_lora_rank", json_null());
+        json_object_set_new(cfg, "kv_lora_rank", json_integer(kvr));
+        json_object_set_new(cfg, "qk_rope_head_dim", json_integer(rope));
+        json_object_set_new(cfg, "qk_nope_head_dim", json_integer(nope));
+        json_object_set_new(cfg, "v_head_dim", json_integer(vd));
+        json_object_set_new(cfg, "topk_method", json_string("greedy"));
+        json_object_set_new(cfg, "scoring_func", json_string("softmax"));
+        json_object_set_new(cfg, "max_position_embeddings", json_integer(163840));
+        json_object_set_new(cfg, "rope_theta", json_integer(10000));
+        json_t *y = json_object();
+        json_object_set_new(y, "type", json_string("yarn"));
+        json_object_set_new(y, "factor", json_integer(40));
+        json_object_set_new(y, "original_max_position_embeddings", json_integer(4096));
+        json_object_set_new(y, "beta_fast", json_integer(32));
+        json_object_set_new(y, "beta_slow", json_integer(1));
+        json_object_set_new(y, "mscale", json_real(0.707));
+        json_object_set_new(y, "mscale_all_dim", json_real(0.707));
+        json_object_set_new(cfg, "rope_scaling", y);
+    } else {
+        json_object_set_new(cfg, "head_dim", json_integer(hd));
+        json_object_set_new(cfg, "partial_rotary_factor", json_real(0.5));
+        json_object_set_new(cfg, "use_qk_norm", json_false());
+        json_object_set_new(cfg, "max_position_embeddings", json_integer(131072));
+        json_object_set_new(cfg, "rope_theta", json_integer(1000000));
+        json_object_set_new(cfg, "rope_scaling", json_null());
+    }
+    char *text = json_dumps(cfg, JSON_INDENT(2) | JSON_PRESERVE_ORDER);
+    json_decref(cfg);
+    int rc = MF_OK;
+    char path[4096], nm[256];
+    if (dir) {
+        mf_path_join(path, sizeof path, dir, "config.json");
+        rc = mf_write_file_atomic(path, text, strlen(text), err);
+        free(text);
+        if (rc) return rc;
+    } else {
+        *cfg_text = text;
+    }
+    const double std = 0.8 / sqrt((double)H);
+    synth s = {dir ? mf_st_writer_new() : NULL, {{0}}, true, seed, 0, !dir, 0};
+    mf_rng_seed(&s.rng, seed);
+    W(V, H, "model.embed_tokens.weight");
+    for (int l = 0; l < L; l++) {
+        NORM(H, "model.layers.%d.input_layernorm.weight", l);
+        NORM(H, "model.layers.%d.post_attention_layernorm.weight", l);
+        if (ds) {
+            W(nh * (nope + rope), H, "model.layers.%d.self_attn.q_proj.weight", l);
+            W(kvr + rope, H, "model.layers.%d.self_attn.kv_a_proj_with_mqa.weight", l);
+            NORM(kvr, "model.layers.%d.self_attn.kv_a_layernorm.weight", l);
+            W(nh * (nope + vd), kvr, "model.layers.%d.self_attn.kv_b_proj.weight", l);
+            W(H, nh * vd, "model.layers.%d.self_attn.o_proj.weight", l);
+        } else {
+            W(nh * hd, H, "model.layers.%d.self_attn.q_proj.weight", l);
+            W(nkv * hd, H, "model.layers.%d.self_attn.k_proj.weight", l);
+            W(nkv * hd, H, "model.layers.%d.self_attn.v_proj.weight", l);
+            BIAS(nh * hd, "model.layers.%d.self_attn.q_proj.bias", l);
+            BIAS(nkv * hd, "model.layers.%d.self_attn.k_proj.bias", l);
+            BIAS(nkv * hd, "model.layers.%d.self_attn.v_proj.bias", l);
+            W(H, nh * hd, "model.layers.%d.self_attn.o_proj.weight", l);
+        }
+        if (l < 1) {   /* first_k_dense_replace */
+            W(I_dense, H, "model.layers.%d.mlp.gate_proj.weight", l);
+            W(I_dense, H, "model.layers.%d.mlp.up_proj.weight", l);
+            W(H, I_dense, "model.layers.%d.mlp.down_proj.weight", l);
+            continue;
+        }
+        W(E, H, "model.layers.%d.mlp.gate.weight", l);
+        if (!ds) BIAS(E, "model.layers.%d.mlp.gate.e_score_correction_bias", l);
+        for (int e = 0; e < E; e++) {
+            W(I_moe, H, "model.layers.%d.mlp.experts.%d.gate_proj.weight", l, e);
+            W(I_moe, H, "model.layers.%d.mlp.experts.%d.up_proj.weight", l, e);
+            W(H, I_moe, "model.layers.%d.mlp.experts.%d.down_proj.weight", l, e);
+        }
+        W(n_shared * I_moe, H, "model.layers.%d.mlp.shared_experts.gate_proj.weight", l);
+        W(n_shared * I_moe, H, "model.layers.%d.mlp.shared_experts.up_proj.weight", l);
+        W(H, n_shared * I_moe, "model.layers.%d.mlp.shared_experts.down_proj.weight", l);
+    }
+    NORM(H, "model.norm.weight");
+    W(V, H, "lm_head.weight");
+    if (!dir) {
+        *params = s.params;
+        return MF_OK;
+    }
+    mf_path_join(path, sizeof path, dir, "model.safetensors");
+    rc = mf_st_writer_write(s.st, path, err);
+    mf_st_writer_free(s.st);
+    return rc ? rc : write_real_size_prompts(dir, &s.rng, V, 4, 512, err);
+}
+
+int mf_synth_plan(mf_synth_size size, char **config_json, uint64_t *n_params, mf_error *err) {
+    *config_json = NULL;
+    *n_params = 0;
+    if (size != MF_SYNTH_DEEPSEEK_V2_LITE && size != MF_SYNTH_GLM45_AIR)
+        return mf_fail(err, MF_EUNSUPPORTED, "mf_synth_plan: only deepseek-v2-lite and glm-4.5-air are planned");
+    return synth_family26(NULL, size, 0, config_json, n_params, err);
+}
+
 static int synth_into(const char *dir, mf_arch arch, mf_synth_size size, const mf_config *like, uint64_t seed,
                       mf_error *err) {
+    if (size == MF_SYNTH_DEEPSEEK_V2_LITE || size == MF_SYNTH_GLM45_AIR) return synth_family26(dir, size, seed, NULL, NULL, err);
     const bool small = size == MF_SYNTH_SMALL;
     int H = small ? 256 : 64, L = small ? 4 : 3, nh = 4, V = small ? 4096 : 384;
     int nkv = (arch == MF_ARCH_OLMOE) ? nh : 2, hd = H / nh;
@@ -229,7 +385,7 @@ static int synth_into(const char *dir, mf_arch arch, mf_synth_size size, const m
     free(text);
     if (rc) return rc;
 
-    synth s = {mf_st_writer_new(), {{0}}, big, seed, 0};
+    synth s = {mf_st_writer_new(), {{0}}, big, seed, 0, false, 0};
     mf_rng_seed(&s.rng, seed);
     W(V, H, "model.embed_tokens.weight");
     for (int l = 0; l < L; l++) {
@@ -433,7 +589,7 @@ static int synth_deepseek(const char *dir, mf_synth_size size, const mf_config *
     free(text);
     if (rc) return rc;
 
-    synth s = {mf_st_writer_new(), {{0}}, false, seed, 0};
+    synth s = {mf_st_writer_new(), {{0}}, false, seed, 0, false, 0};
     mf_rng_seed(&s.rng, seed);
 #define LW(rows, cols, ...) (snprintf(nm, sizeof nm, __VA_ARGS__), linear_w(&s, nm, rows, cols, std, fb))
     W(V, H, "model.embed_tokens.weight");

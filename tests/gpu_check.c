@@ -43,6 +43,11 @@ static const char *hf_cases[] = {"llama",     "llama_tied_llama3", "mixtral",   
                                  "olmoe",     "olmoe_dynamic",     "qwen2_moe",        "qwen2_moe_fused_sparse",
                                  "qwen3_moe", "qwen3_moe_yarn_v4cfg", "tiny_olmoe"};
 
+/* tests/fixtures/hf26: DeepSeek-V3, DeepSeek-V2 and GLM-4.5 (latent attention, grouped sigmoid and softmax
+ * routers, shared experts, dense first layers); the FP8 one is refused on the GPU (checked apart) */
+static const char *hf26_cases[] = {"deepseek_v3",        "deepseek_v3_noqlora", "deepseek_v3_yarn",
+                                   "deepseek_v2_greedy", "deepseek_v2_group",   "glm4_moe"};
+
 static const char *hopper_mma = "emu:hopper:mma.m16n8k16.f32.bf16.bf16.f32";
 static const char *hopper_mma_f16 = "emu:hopper:mma.m16n8k16.f32.f16.f16.f32";
 
@@ -196,7 +201,14 @@ static bool check_close(json_t *rec, const outputs *g, const outputs *ref) {
             double w[1024];
             mf_route_spec spec = {.kind = MF_ROUTE_KIND_SOFTMAX_TOPK, .n_experts = b->E, .top_k = b->k, .norm_topk = false, .opmath = MF_F64, .weight_out = MF_F64};
             mf_route_out ro = {.ids = ids, .weights = w};
-            mf_route(&spec, b->router + i * b->E, probs, &ro);
+            if (b->select) {   /* the grouped routers select on these rows (biased scores, groups masked) */
+                const double *sel = b->select + i * b->E;
+                mf_topk(sel, b->E, b->k + 1 <= b->E ? b->k + 1 : b->k, ids);
+                ro.margin_logit = b->k < b->E ? sel[ids[b->k - 1]] - sel[ids[b->k]] : 1;
+                if (!isfinite(ro.margin_logit)) ro.margin_logit = 1;   /* the k-th against a masked group */
+            } else {
+                mf_route(&spec, b->router + i * b->E, probs, &ro);
+            }
             if (b->k < b->E && !(ro.margin_logit > 1e-6)) continue;
             compared++;
             bool same = true;   /* as sets: every expert of one is in the other */
@@ -223,18 +235,57 @@ static size_t bits_differ(const double *a, const double *b, size_t n) {
     return d;
 }
 
+/* The first element where the GPU's and the CPU's outputs differ, for the record: which sequence, tensor, MoE
+ * layer (rows of [layers][T][width] tensors), position and column, and both values. */
+static void first_diff(json_t *rec, size_t seq, const char *tensor, const double *a, const double *b, size_t n, int T,
+                       size_t width, bool layered) {
+    if (json_object_get(rec, "first_diff") || !a || !b) return;
+    for (size_t i = 0; i < n; i++) {
+        if (!memcmp(&a[i], &b[i], sizeof(double))) continue;
+        const size_t row = i / width;
+        char text[400];
+        if (layered)
+            snprintf(text, sizeof text, "sequence %zu, %s, moe layer %zu, position %zu, column %zu: gpu %.17g cpu %.17g",
+                     seq, tensor, row / (size_t)T, row % (size_t)T, i % width, a[i], b[i]);
+        else
+            snprintf(text, sizeof text, "sequence %zu, %s, position %zu, column %zu: gpu %.17g cpu %.17g", seq, tensor,
+                     row, i % width, a[i], b[i]);
+        json_object_set_new(rec, "first_diff", json_string(text));
+        return;
+    }
+}
+
 static bool check_equal(json_t *rec, const outputs *g, const outputs *c) {
-    size_t logits = 0, bl = 0, br = 0, bi = 0, bw = 0, bg = 0;
+    size_t logits = 0, bl = 0, br = 0, bi = 0, bw = 0, bg = 0, bs = 0;
     for (size_t s = 0; s < c->n; s++) {
         const mf_seq_result *a = &g->r[s], *b = &c->r[s];
         logits += (size_t)b->T * b->V;
         bl += bits_differ(a->logits, b->logits, (size_t)b->T * b->V);
-        if (!b->n_moe) continue;
+        if (!b->n_moe) {
+            first_diff(rec, s, "logits", a->logits, b->logits, (size_t)b->T * b->V, b->T, (size_t)b->V, false);
+            continue;
+        }
         const size_t slots = (size_t)b->n_moe * b->T;
+        /* the earliest tensor first: the routing of the first differing layer tells more than the logits */
+        first_diff(rec, s, "router logits", a->router, b->router, slots * b->E, b->T, (size_t)b->E, true);
+        first_diff(rec, s, "selection scores", a->select, b->select, b->select ? slots * b->E : 0, b->T, (size_t)b->E,
+                   true);
+        for (size_t i = 0; i < slots * b->k && !json_object_get(rec, "first_diff"); i++)
+            if (a->topk_ids[i] != b->topk_ids[i]) {
+                char text[300];
+                const size_t row = i / (size_t)b->k;
+                snprintf(text, sizeof text, "sequence %zu, experts, moe layer %zu, position %zu, rank %zu: gpu %d cpu %d",
+                         s, row / (size_t)b->T, row % (size_t)b->T, i % (size_t)b->k, a->topk_ids[i], b->topk_ids[i]);
+                json_object_set_new(rec, "first_diff", json_string(text));
+            }
+        first_diff(rec, s, "expert weights", a->topk_w, b->topk_w, slots * b->k, b->T, (size_t)b->k, true);
+        first_diff(rec, s, "shared gates", a->shared_gate, b->shared_gate, b->shared_gate ? slots : 0, b->T, 1, true);
+        first_diff(rec, s, "logits", a->logits, b->logits, (size_t)b->T * b->V, b->T, (size_t)b->V, false);
         br += bits_differ(a->router, b->router, slots * b->E);
         bw += bits_differ(a->topk_w, b->topk_w, slots * b->k);
         for (size_t i = 0; i < slots * b->k; i++) bi += a->topk_ids[i] != b->topk_ids[i];
         if (b->shared_gate) bg += bits_differ(a->shared_gate, b->shared_gate, slots);
+        if (b->select || a->select) bs += bits_differ(a->select, b->select, slots * b->E);
     }
     json_object_set_new(rec, "logits", json_integer((json_int_t)logits));
     json_object_set_new(rec, "logits_differ", json_integer((json_int_t)bl));
@@ -242,7 +293,8 @@ static bool check_equal(json_t *rec, const outputs *g, const outputs *c) {
     json_object_set_new(rec, "ids_differ", json_integer((json_int_t)bi));
     json_object_set_new(rec, "weights_differ", json_integer((json_int_t)bw));
     json_object_set_new(rec, "shared_gates_differ", json_integer((json_int_t)bg));
-    return !bl && !br && !bi && !bw && !bg;
+    json_object_set_new(rec, "selection_differ", json_integer((json_int_t)bs));
+    return !bl && !br && !bi && !bw && !bg && !bs;
 }
 
 typedef struct tally {
@@ -318,6 +370,84 @@ static int synth_case(const char *root, mf_arch a, const char *size, unsigned se
     return 0;
 }
 
+/* Every check of the synthetic models, on one of the DeepSeek-family fixtures: the forward pass under every
+ * numerics and precision the GPU runs, then the decode and replay paths. */
+static void check_hf26(tally *t, const char *fixtures, const char *name) {
+    char dir[4096], tok[4200], src[256];
+    snprintf(dir, sizeof dir, "%s/hf26/%s", fixtures, name);
+    snprintf(tok, sizeof tok, "%s/tokens.jsonl", dir);
+    snprintf(src, sizeof src, "hf26/%s", name);
+    check(t, name, src, dir, tok, "fp32", "native", "fp64", "fp64", false);
+    check(t, name, src, dir, tok, "bf16", "fixed", "bf16", hopper_mma, true);
+    check(t, name, src, dir, tok, "fp16", "fixed", "fp16", hopper_mma_f16, true);
+    check(t, name, src, dir, tok, "selective:router+head", "fixed", "selective:router+head", hopper_mma, true);
+    check(t, name, src, dir, tok, "bf16", "emu:cdna3", "bf16", "emu:cdna3", true);
+    check(t, name, src, dir, tok, "bf16", "emu:hopper", "bf16", "emu:hopper", true);
+    check(t, name, src, dir, tok, "bf16", "emu:ampere", "bf16", "emu:ampere", true);
+    check(t, name, src, dir, tok, "fp16", "emu:volta", "fp16", "emu:volta", true);
+    check(t, name, src, dir, tok, "bf16", "emu:blackwell", "bf16", "emu:blackwell", true);
+    check(t, name, src, dir, tok, "bf16", "emu:cdna4", "bf16", "emu:cdna4", true);
+    check_paths(t, name, src, dir, tok);
+}
+
+/* The FP8 checkpoint: refused on the GPU with one line that says where it runs. */
+static void check_fp8_refused(tally *t, const char *fixtures) {
+    char dir[4096], tok[4200];
+    snprintf(dir, sizeof dir, "%s/hf26/deepseek_v3_fp8", fixtures);
+    snprintf(tok, sizeof tok, "%s/tokens.jsonl", dir);
+    mf_error err = {0};
+    outputs g;
+    const int rc = run_all(&g, dir, tok, "bf16", "fixed", "cuda", MODE_FORWARD, &err);
+    if (!rc) free_outputs(&g);
+    const bool pass = rc != 0 && strstr(err.msg, "CPU only") && !strchr(err.msg, '\n');
+    json_t *rec = json_object();
+    json_object_set_new(rec, "case", json_string("deepseek_v3_fp8"));
+    json_object_set_new(rec, "kind", json_string("refused on the GPU"));
+    json_object_set_new(rec, "error", json_string(rc ? err.msg : "(ran)"));
+    json_object_set_new(rec, "pass", json_boolean(pass));
+    char *line = json_dumps(rec, JSON_COMPACT | JSON_PRESERVE_ORDER);
+    printf("%s %s\n", pass ? "PASS" : "FAIL", line);
+    fflush(stdout);
+    free(line);
+    json_array_append_new(t->checks, rec);
+    pass ? t->passed++ : t->failed++;
+}
+
+static int write_record(tally *t, const char *out_path) {
+    json_t *doc = json_object();
+    json_object_set_new(doc, "checks", t->checks);
+    json_object_set_new(doc, "passed", json_integer(t->passed));
+    json_object_set_new(doc, "failed", json_integer(t->failed));
+    char *text = json_dumps(doc, JSON_INDENT(1) | JSON_PRESERVE_ORDER);
+    mf_error err = {0};
+    int rc = mf_write_file_atomic(out_path, text, strlen(text), &err);
+    free(text);
+    json_decref(doc);
+    printf("moeflip_gpu_check: %d checks passed, %d failed; record in %s\n", t->passed, t->failed, out_path);
+    if (rc) fprintf(stderr, "moeflip_gpu_check: %s\n", err.msg);
+    return t->failed || rc ? 1 : 0;
+}
+
+/* validate26: the DeepSeek-family fixtures only (hf26_cases and the FP8 refusal). */
+static int validate26(const char *fixtures, const char *out_path) {
+    {
+        char dir[4096], tok[4200];
+        mf_error err = {0};
+        outputs probe;
+        snprintf(dir, sizeof dir, "%s/hf/llama", fixtures);
+        snprintf(tok, sizeof tok, "%s/tokens.jsonl", dir);
+        if (run_all(&probe, dir, tok, "fp32", "native", "cuda", MODE_FORWARD, &err)) {
+            fprintf(stderr, "moeflip_gpu_check: %s\n", err.msg);
+            return strstr(err.msg, "no cuda GPU") ? EXIT_NO_GPU : 1;
+        }
+        free_outputs(&probe);
+    }
+    tally t = {0, 0, json_array()};
+    for (size_t i = 0; i < sizeof hf26_cases / sizeof hf26_cases[0]; i++) check_hf26(&t, fixtures, hf26_cases[i]);
+    check_fp8_refused(&t, fixtures);
+    return write_record(&t, out_path);
+}
+
 static int validate(const char *fixtures, const char *out_path) {
     char dir[4096], tok[4200], src[256];
     {   /* is there a device at all? */
@@ -341,6 +471,8 @@ static int validate(const char *fixtures, const char *out_path) {
         check(&t, hf_cases[i], src, dir, tok, "bf16", "emu:cdna3", "bf16", "emu:cdna3", true);
         check_paths(&t, hf_cases[i], src, dir, tok);
     }
+    for (size_t i = 0; i < sizeof hf26_cases / sizeof hf26_cases[0]; i++) check_hf26(&t, fixtures, hf26_cases[i]);
+    check_fp8_refused(&t, fixtures);
     char tmpl[] = "/tmp/moeflip-gpu-XXXXXX";
     const char *root = mkdtemp(tmpl);
     for (int a = 0; root && a <= MF_ARCH_QWEN3_MOE; a++) {   /* the architectures synth writes */
@@ -370,18 +502,7 @@ static int validate(const char *fixtures, const char *out_path) {
         check(&t, name, src, dir, tok, "bf16", "fixed", "bf16", hopper_mma, true);
         check(&t, name, src, dir, tok, "bf16", "emu:cdna3", "bf16", "emu:cdna3", true);
     }
-    json_t *doc = json_object();
-    json_object_set_new(doc, "checks", t.checks);
-    json_object_set_new(doc, "passed", json_integer(t.passed));
-    json_object_set_new(doc, "failed", json_integer(t.failed));
-    char *text = json_dumps(doc, JSON_INDENT(1) | JSON_PRESERVE_ORDER);
-    mf_error err = {0};
-    int rc = mf_write_file_atomic(out_path, text, strlen(text), &err);
-    free(text);
-    json_decref(doc);
-    printf("moeflip_gpu_check: %d checks passed, %d failed; record in %s\n", t.passed, t.failed, out_path);
-    if (rc) fprintf(stderr, "moeflip_gpu_check: %s\n", err.msg);
-    return t.failed || rc ? 1 : 0;
+    return write_record(&t, out_path);
 }
 
 static int cmp_double(const void *a, const void *b) {
@@ -529,11 +650,16 @@ int main(int argc, char **argv) {
         if (!have_gpu()) return EXIT_NO_GPU;
         return validate(argv[2], argv[3]);
     }
+    if (argc == 4 && !strcmp(argv[1], "validate26")) {
+        if (!have_gpu()) return EXIT_NO_GPU;
+        return validate26(argv[2], argv[3]);
+    }
     if ((argc == 6 || argc == 7) && !strcmp(argv[1], "bench")) {
         if (!have_gpu()) return EXIT_NO_GPU;
         return bench(argv[2], argv[3], atoi(argv[4]), argv[5], argc == 7 ? argv[6] : NULL);
     }
     fprintf(stderr, "usage: moeflip_gpu_check validate FIXTURES OUT.json\n"
+                    "       moeflip_gpu_check validate26 FIXTURES OUT.json   (the DeepSeek-family fixtures only)\n"
                     "       moeflip_gpu_check bench MODEL_DIR PRECISION REPS NUMERICS[,...] [OUT.json]\n"
                     "       moeflip_gpu_check synth SIZE SEED DIR\n");
     return 2;

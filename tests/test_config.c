@@ -3,6 +3,7 @@
  * sliding layers. */
 #include <criterion/criterion.h>
 #include <math.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "mf_models.h"
@@ -221,4 +222,70 @@ Test(config, deepseek_family_errors) {
     const char *one = "{\"model_type\": \"glm4_moe\", \"head_dim\": 128, \"n_routed_experts\": 8, \"n_group\": 8}";
     cr_assert_eq(mf_config_parse(&c, one, strlen(one), "x.json", &err), MF_EFORMAT);
     cr_assert(strstr(err.msg, "two best"), "%s", err.msg);
+}
+
+/* synth --size deepseek-v2-lite / glm-4.5-air: the config written parses to the Hub model's dimensions, and the
+ * tensors written hold the model's parameter count. The counts are computed by hand from the Hub configs
+ * (DeepSeek-V2-Lite: embeddings 2 x 102400 x 2048, 27 layers of MLA 13,763,072 + norms 4,096, dense layer 0 3 x 2048
+ * x 10944, 26 MoE layers of router 64 x 2048 + 64 experts 3 x 2048 x 1408 + shared 3 x 2048 x 2816, final norm:
+ * 15,706,484,224 = the model card's 15.7B; GLM-4.5-Air: embeddings 2 x 151552 x 4096, 46 layers of attention
+ * 109,066,240 (with q/k/v biases) + norms 8,192, dense layer 0 3 x 4096 x 10944, 45 MoE layers of router 128 x
+ * 4096 + correction bias 128 + 128 experts 3 x 4096 x 1408 + shared 3 x 4096 x 1408, final norm: 106,852,251,264,
+ * the model card's 106B without its multi-token-prediction layer). */
+Test(config, synth_sizes_of_2026_models) {
+    struct {
+        const char *name;
+        uint64_t params;
+        mf_arch arch;
+        int layers, hidden, experts, top_k, shared, moe_i, dense_i, heads, kv_heads, vocab;
+    } cases[] = {
+        {"deepseek-v2-lite", 15706484224ull, MF_ARCH_DEEPSEEK_V2, 27, 2048, 64, 6, 2, 1408, 10944, 16, 16, 102400},
+        {"glm-4.5-air", 106852251264ull, MF_ARCH_GLM4_MOE, 46, 4096, 128, 8, 1, 1408, 10944, 96, 8, 151552},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        const int size = mf_synth_size_from_name(cases[i].name);
+        cr_assert_geq(size, 0, "%s", cases[i].name);
+        char *text = NULL;
+        uint64_t n = 0;
+        mf_error err = {0};
+        cr_assert_eq(mf_synth_plan((mf_synth_size)size, &text, &n, &err), MF_OK, "%s", err.msg);
+        mf_config c;
+        cr_assert_eq(mf_config_parse(&c, text, strlen(text), cases[i].name, &err), MF_OK, "%s", err.msg);
+        free(text);
+        cr_expect_eq(n, cases[i].params, "%s: %llu parameters", cases[i].name, (unsigned long long)n);
+        cr_expect_eq(c.arch, cases[i].arch);
+        cr_expect_eq(c.n_layers, cases[i].layers);
+        cr_expect_eq(c.hidden, cases[i].hidden);
+        cr_expect_eq(c.n_experts, cases[i].experts);
+        cr_expect_eq(c.top_k, cases[i].top_k);
+        cr_expect_eq(c.n_shared_experts, cases[i].shared);
+        cr_expect_eq(c.moe_intermediate, cases[i].moe_i);
+        cr_expect_eq(c.shared_intermediate, cases[i].shared * cases[i].moe_i);
+        cr_expect_eq(c.intermediate, cases[i].dense_i);
+        cr_expect_eq(c.n_heads, cases[i].heads);
+        cr_expect_eq(c.n_kv_heads, cases[i].kv_heads);
+        cr_expect_eq(c.vocab, cases[i].vocab);
+        cr_expect_eq(c.n_moe_layers, cases[i].layers - 1, "first_k_dense_replace 1");
+        cr_expect(!c.layer_is_moe[0] && c.layer_is_moe[1]);
+        if (c.arch == MF_ARCH_DEEPSEEK_V2) {
+            cr_expect_eq(c.attn, MF_ATTN_MLA);
+            cr_expect_eq(c.q_lora_rank, 0);
+            cr_expect_eq(c.kv_lora_rank, 512);
+            cr_expect_eq(c.qk_rope_dim, 64);
+            cr_expect_eq(c.qk_nope_dim, 128);
+            cr_expect_eq(c.v_head_dim, 128);
+            cr_expect_eq(c.route_rule, MF_ROUTE_SOFTMAX_GREEDY);
+            cr_expect_eq(c.rope.type, MF_ROPE_YARN);
+            cr_expect_eq(c.rope.factor, 40);
+        } else {
+            cr_expect_eq(c.attn, MF_ATTN_GQA);
+            cr_expect_eq(c.head_dim, 128);
+            cr_expect_eq(c.rope_dim, 64, "partial_rotary_factor 0.5");
+            cr_expect_eq(c.route_rule, MF_ROUTE_SIGMOID_GROUP);
+            cr_expect(c.norm_topk_prob);
+            cr_expect(c.attn_bias_qkv);
+            cr_expect_eq(c.qk_norm, MF_QK_NORM_NONE);
+            cr_expect_eq(c.rope.theta, 1000000.0);
+        }
+    }
 }

@@ -29,7 +29,7 @@
 static void cpu_digests(const char *source, const char *prec_name, const char *num_name, const char *mode,
                         char out[MF_SEQ_DIGESTS][33]) {
     char dir[4096], tok[4200];
-    if (!strncmp(source, "hf/", 3)) {
+    if (!strncmp(source, "hf/", 3) || !strncmp(source, "hf26/", 5)) {
         snprintf(dir, sizeof dir, "%s", fixture(source));
     } else {
         char arch[64], size[16];
@@ -101,10 +101,10 @@ static void cpu_digests(const char *source, const char *prec_name, const char *n
 
 /* The recorded bit-exact checks of one group (one pass each: forward; or the session and replay paths), which
  * run as two tests so that Criterion runs them side by side. */
-static void recorded_checks(bool paths, size_t want_at_least, size_t want_sanitized) {
+static void recorded_checks(const char *record, bool paths, size_t want_at_least, size_t want_sanitized) {
     json_error_t je;
-    json_t *doc = json_load_file(fixture("gpu/h200-check.json"), 0, &je);
-    cr_assert(doc, "h200-check.json: %s", je.text);
+    json_t *doc = json_load_file(fixture(record), 0, &je);
+    cr_assert(doc, "%s: %s", record, je.text);
     size_t i, compared = 0;
 #if defined(__SANITIZE_ADDRESS__)
     static char seen_keys[128][256];
@@ -150,11 +150,23 @@ static void recorded_checks(bool paths, size_t want_at_least, size_t want_saniti
     json_decref(doc);
 }
 
-Test(gpu, recorded_h200_runs_equal_the_cpu_models, .timeout = 900) { recorded_checks(false, 50, 10); }
+Test(gpu, recorded_h200_runs_equal_the_cpu_models, .timeout = 900) { recorded_checks("gpu/h200-check.json", false, 50, 10); }
 
 /* The GPU's decode path (a session: half of each sequence, then a token at a time against the device's cache)
  * and its routing replay of the CPU's fp64 run, under fixed and emu:cdna3: the CPU's session and replay. */
-Test(gpu, recorded_h200_sessions_and_replays_equal_the_cpu_models, .timeout = 900) { recorded_checks(true, 60, 4); }
+Test(gpu, recorded_h200_sessions_and_replays_equal_the_cpu_models, .timeout = 900) {
+    recorded_checks("gpu/h200-check.json", true, 60, 4);
+}
+
+/* The same for the DeepSeek family (tests/fixtures/hf26: latent attention, the grouped routers, shared experts):
+ * tools/gpu_check26.sh's record of an H200, 2026-12-02 (54 forward checks, 24 sessions and replays). */
+Test(gpu, recorded_h200_deepseek_family_runs_equal_the_cpu_models, .timeout = 900) {
+    recorded_checks("gpu/h200-check26.json", false, 54, 4);
+}
+
+Test(gpu, recorded_h200_deepseek_family_sessions_and_replays_equal_the_cpu_models, .timeout = 900) {
+    recorded_checks("gpu/h200-check26.json", true, 24, 2);
+}
 
 Test(gpu, live_checks_pass_on_this_gpu, .timeout = 1800) {
 #ifndef MF_GPU_CHECK_BIN

@@ -4,8 +4,11 @@
 # `emu:hopper:mma.m16n8k16` and `emu:cdna3` runs bit for bit (the same shard digests, which cover every logit,
 # router logit, expert id and weight), so must their greedy generations of 24 tokens (the GPU's decode path
 # against the CPU's) and their replays of the CPU's fp64 routing, and `moeflip diff` compares the GPU's native, fixed and emu:cdna3 runs with
-# the CPU's fp64 one.
+# the CPU's fp64 one. The same runs on three of the DeepSeek-family fixtures (tests/fixtures/hf26: deepseek_v3,
+# deepseek_v2_group, glm4_moe: latent attention, grouped routers, shared experts, whose runs also record the
+# routers' selection rows).
 #   tools/gpu_cli_check.sh [MOEFLIP] [WORK_DIR]
+#   MODELS="hf26/deepseek_v3 ..." tools/gpu_cli_check.sh ...   (a subset: olmoe, qwen2_moe, hf26/NAME)
 # MOEFLIP is the program (default build/moeflip; libmoeflip_cuda.so next to it). Prints one line per comparison
 # and the diff's figures; exit status 0 when every pair is equal, 1 when one differs or a command fails, 77 when
 # there is no NVIDIA GPU here.
@@ -14,13 +17,17 @@ bin=${1:-build/moeflip}
 work=${2:-$(mktemp -d)}
 command -v nvidia-smi > /dev/null && nvidia-smi -L > /dev/null 2>&1 || { echo "gpu_cli_check: no NVIDIA GPU" >&2; exit 77; }
 mkdir -p "$work"
+root=$(cd "$(dirname "$0")/.." && pwd)
+models=${MODELS:-olmoe qwen2_moe hf26/deepseek_v3 hf26/deepseek_v2_group hf26/glm4_moe}
 digests() {
   python3 -c 'import json, sys; print(" ".join(s["digest"] for s in json.load(open(sys.argv[1] + "/manifest.json"))["shards"]))' "$1"
 }
 differ=0
-for arch in olmoe qwen2_moe; do
-  model=$work/model-$arch
-  "$bin" synth --arch "$arch" --size small --seed 7 -o "$model" > /dev/null
+for name in $models; do
+  case $name in
+    hf26/*) arch=${name#hf26/}; model=$root/tests/fixtures/hf26/$arch ;;
+    *) arch=$name; model=$work/model-$arch; "$bin" synth --arch "$arch" --size small --seed 7 -o "$model" > /dev/null ;;
+  esac
   trace() {   # trace NAME OPTIONS...
     local t0=$EPOCHREALTIME
     "$bin" trace --model "$model" --input "$model/tokens.jsonl" --precision bf16 -q --out "$work/$1-$arch" "${@:2}"

@@ -73,7 +73,8 @@ static void free_scratch(gpu *G) {
                      (void **)&G->sin_t, (void **)&G->tokens, (void **)&G->topk_w,
                      (void **)&G->router, (void **)&G->shared_gate, (void **)&G->router_in, (void **)&G->offset,
                      (void **)&G->token, (void **)&G->row_of, (void **)&G->logits, (void **)&G->route_dev, (void **)&G->rep_ids,
-                     (void **)&G->rep_w};
+                     (void **)&G->rep_w, (void **)&G->mla_a, (void **)&G->mla_ckv, (void **)&G->mla_kv,
+                     (void **)&G->sel};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) {
         GPU_FN(free)(G->ctx, *bufs[i]);
         *bufs[i] = NULL;
@@ -87,11 +88,16 @@ static void free_scratch(gpu *G) {
 static size_t max_sz(size_t a, size_t b) { return a > b ? a : b; }
 
 /* The routing's staging block for T tokens: per MoE layer, `per_layer`
- * floats (router logits [T][E], top-k weights [T][K], shared gates [T]);
- * after all layers, the ids [n_moe][T][K] as uint16. */
+ * floats (router logits [T][E], top-k weights [T][K], shared gates [T],
+ * the grouped routers' selection rows [T][E]); after all layers, the ids
+ * [n_moe][T][K] as uint16. */
 typedef struct route_layout {
-    size_t router, w, sh, per_layer, ids_at, bytes;
+    size_t router, w, sh, sel, per_layer, ids_at, bytes;
 } route_layout;
+
+static bool grouped_router(const mf_config *c) {
+    return c->route_rule == MF_ROUTE_SIGMOID_GROUP || c->route_rule == MF_ROUTE_SOFTMAX_GREEDY;
+}
 
 static route_layout route_layout_for(const mf_config *c, int T) {
     const size_t nm = c->n_moe_layers, E = c->n_experts > 0 ? c->n_experts : 1, K = c->top_k > 0 ? c->top_k : 1;
@@ -99,7 +105,8 @@ static route_layout route_layout_for(const mf_config *c, int T) {
     l.router = (size_t)T * E;
     l.w = (size_t)T * K;
     l.sh = c->has_shared_expert ? (size_t)T : 0;
-    l.per_layer = l.router + l.w + l.sh;
+    l.sel = grouped_router(c) ? (size_t)T * E : 0;
+    l.per_layer = l.router + l.w + l.sh + l.sel;
     l.ids_at = nm * l.per_layer;
     l.bytes = l.ids_at * sizeof(float) + (nm ? nm : 1) * l.w * sizeof(uint16_t);
     return l;
@@ -113,16 +120,26 @@ static void widen(double *dst, const float *src, size_t n) {
  * device bytes there (the memory check before anything is allocated). */
 static int scratch_for(gpu *G, int T, size_t *count, mf_error *err) {
     const mf_config *c = &G->m->cfg;
-    const size_t H = c->hidden, V = c->vocab, nh = c->n_heads, hd = c->head_dim;
-    const size_t nq = nh * hd, nk = (size_t)c->n_kv_heads * hd, E = c->n_experts > 0 ? c->n_experts : 1;
+    const size_t H = c->hidden, V = c->vocab, nh = c->n_heads;
+    const bool mla = c->attn == MF_ATTN_MLA;
+    /* a head's query/key and value dims; a position's rows */
+    const size_t hd = mla ? (size_t)(c->qk_nope_dim + c->qk_rope_dim) : (size_t)c->head_dim;
+    const size_t vhd = mla ? (size_t)c->v_head_dim : hd;
+    const size_t nq = G->qw, nk = G->kw, nv = G->vw, nc = G->cw, E = c->n_experts > 0 ? c->n_experts : 1;
     const size_t K = c->top_k > 0 ? c->top_k : 1;
     const size_t I = max_sz(max_sz(c->intermediate, c->moe_intermediate), c->shared_intermediate);
     const size_t t = T, R = max_sz(t * K, t), Tp = round16(T);
-    const size_t Hp = round16((int)H), Ip = round16((int)I), hdp = round16((int)hd), nqp = round16((int)nq);
+    const size_t Hp = round16((int)H), Ip = round16((int)I), hdp = round16((int)hd), nqp = round16((int)max_sz(nq, nc));
+    /* latent attention's extra products: q_a [t][qr], kv_a [t][kvr + rope], kv_b [t][heads x (nope + v)] */
+    const size_t qr = mla ? (size_t)c->q_lora_rank : 0, kvw = mla ? (size_t)(c->kv_lora_rank + c->qk_rope_dim) : 0;
+    const size_t kvb = mla ? nh * (size_t)(c->qk_nope_dim + c->v_head_dim) : 0;
+    const size_t lorap = max_sz(round16((int)qr), round16(mla ? c->kv_lora_rank : 0));
     size_t cf = max_sz(max_sz(t * V, nh * t * t), max_sz(R * I, R * H));
-    cf = max_sz(cf, max_sz(t * nq, t * E));
+    cf = max_sz(cf, max_sz(t * max_sz(nq, nc), t * E));
+    cf = max_sz(cf, max_sz(t * max_sz(qr, kvw), t * kvb));
     size_t opa = max_sz(max_sz(R * Hp, R * Ip), max_sz(nh * t * Tp, max_sz(nh * t * hdp, t * nqp)));
-    size_t opb = max_sz(nh * t * hdp, nh * hd * Tp);
+    opa = max_sz(opa, t * lorap);
+    size_t opb = max_sz(nh * t * hdp, nh * max_sz(hd, vhd) * Tp);
     bool ok = true;
 #define GET(field, bytes)                                                                                              \
     if (count) *count += (bytes);                                                                                      \
@@ -132,8 +149,12 @@ static int scratch_for(gpu *G, int T, size_t *count, mf_error *err) {
     GET(y, t * H * 8);
     GET(q, t * nq * 8);
     GET(k, t * nk * 8);
-    GET(v, t * nk * 8);
-    GET(ctxv, t * nq * 8);
+    GET(v, t * nv * 8);
+    GET(ctxv, t * nc * 8);
+    GET(mla_a, t * qr * 8);
+    GET(mla_ckv, t * kvw * 8);
+    GET(mla_kv, t * kvb * 8);
+    GET(sel, (grouped_router(c) ? t * E : 1) * 8);
     GET(s, nh * t * t * 8);
     GET(g, R * I * 8);
     GET(u, R * I * 8);
@@ -144,8 +165,8 @@ static int scratch_for(gpu *G, int T, size_t *count, mf_error *err) {
     GET(opA, opa * 4);
     GET(opB, opb * 4);
     GET(opH, R * Ip * 2);   /* bf16 or f16 */
-    GET(cos_t, t * hd * 8);
-    GET(sin_t, t * hd * 8);
+    GET(cos_t, t * G->rdim * 8);
+    GET(sin_t, t * G->rdim * 8);
     GET(tokens, t * 4);
     GET(topk_w, t * K * 8);
     GET(router, t * E * 8);
@@ -304,8 +325,7 @@ typedef struct step {
 
 /* Layer l's keys (0) or values (1) in the session's cache. */
 static double *cache_of(gpu *G, int l, int which) {
-    const mf_config *c = &G->m->cfg;
-    return G->kv + ((size_t)2 * l + which) * G->cache_T * c->n_kv_heads * c->head_dim;
+    return G->kv + (size_t)l * G->cache_T * (G->kw + G->vw) + (which ? (size_t)G->cache_T * G->kw : 0);
 }
 
 static int attention(step *st, mf_dtype D, glayer *L, mf_error *err) {
@@ -313,6 +333,9 @@ static int attention(step *st, mf_dtype D, glayer *L, mf_error *err) {
     const mf_config *c = &G->m->cfg;
     const int T = st->T, hd = c->head_dim, nh = c->n_heads, nkv = c->n_kv_heads;
     const int nq = nh * hd, nk = nkv * hd, group = nh / nkv;
+    const int rs = c->rope_style == MF_ROPE_DEINTERLEAVE ? GK_ROPE_DEINTERLEAVE
+                   : c->rope_style == MF_ROPE_COMPLEX    ? GK_ROPE_COMPLEX
+                                                         : GK_ROPE_HALF;
     const double eps = (float)c->rms_eps;
     /* the new rows' keys and values: in a session after those of the positions before, which the queries see
      * too (Tk keys in all) */
@@ -345,8 +368,8 @@ static int attention(step *st, mf_dtype D, glayer *L, mf_error *err) {
                              gk_dt(D));
     }
     mark(G, P_QKNORM);
-    GPU_FN(rope)(G->ctx, G->q, T, nh, hd, (size_t)nq, st->cos_t, st->sin_t, gk_dt(D));
-    GPU_FN(rope)(G->ctx, kn, T, nkv, hd, (size_t)nk, st->cos_t, st->sin_t, gk_dt(D));
+    GPU_FN(rope)(G->ctx, G->q, T, nh, (size_t)nq, (size_t)hd, 0, G->rdim, rs, st->cos_t, st->sin_t, gk_dt(D));
+    GPU_FN(rope)(G->ctx, kn, T, nkv, (size_t)nk, (size_t)hd, 0, G->rdim, rs, st->cos_t, st->sin_t, gk_dt(D));
     mark(G, P_ROPE);
     /* scores[h] = Q_h K_kh^T, every head at once, against all Tk keys */
     prod qk = {.what = "q.k", .layer = st->l, .in = D, .out = D, .M = T, .N = Tk, .K = hd, .batch = nh,
@@ -354,7 +377,8 @@ static int attention(step *st, mf_dtype D, glayer *L, mf_error *err) {
                .ldc = (size_t)Tk, .dst_bstride = (size_t)T * Tk};
     if ((rc = product(G, &qk, err))) return rc;
     mark(G, P_SCORES);
-    const double scale = (float)pow((double)hd, -0.5);   /* head_dim ** -0.5, as the CPU */
+    /* the config's softmax scale, else head_dim ** -0.5, as a Python float in fp32 opmath: as the CPU */
+    const double scale = (float)(c->attn_scale > 0 ? c->attn_scale : pow((double)hd, -0.5));
     const int window = c->layer_sliding[st->l] ? c->sliding_window : 0;
     GPU_FN(softmax_causal)(G->ctx, G->s, nh, T, Tk, st->pos, scale, window, gk_dt(D));
     mark(G, P_SOFTMAX);
@@ -362,6 +386,61 @@ static int attention(step *st, mf_dtype D, glayer *L, mf_error *err) {
     prod pv = {.what = "p.v", .layer = st->l, .in = D, .out = D, .M = T, .N = hd, .K = Tk, .batch = nh,
                .a = {G->s, (size_t)T * Tk, 1, (size_t)Tk, 1}, .b = {vbase, (size_t)hd, group, 1, (size_t)nk},
                .dst = G->ctxv, .ldc = (size_t)nq, .dst_bstride = (size_t)hd};
+    if ((rc = product(G, &pv, err))) return rc;
+    mark(G, P_PV);
+    rc = linear(G, st->l, "o", &L->o, D, D, G->ctxv, T, G->y, err);
+    mark(G, P_O);
+    return rc;
+}
+
+/* DeepSeek's multi-head latent attention (runtime/cpu/forward_body.h's mla_attention, step for step):
+ * q = q_b(norm(q_a x)) or q_proj x, per head [nope | rope]; kv_a x = [c | k_rope]; kv_b(norm(c)) per head
+ * [k_nope | v]; RoPE on q's rope dims and on k_rope; K = [k_nope | k_rope] (k_rope shared by every head), V = v;
+ * the two low-rank norms with eps 1e-6 (transformers' class default), the config's softmax scale. */
+static int mla_attention(step *st, mf_dtype D, glayer *L, mf_error *err) {
+    gpu *G = st->G;
+    const mf_config *c = &G->m->cfg;
+    const int T = st->T, nh = c->n_heads, nope = c->qk_nope_dim, rope = c->qk_rope_dim, qk = nope + rope;
+    const int vd = c->v_head_dim, kvr = c->kv_lora_rank, kvw = kvr + rope, kvb = nope + vd;
+    const int nq = nh * qk, nv = nh * vd;
+    const double eps = (float)1e-6;
+    const int rs = c->rope_style == MF_ROPE_DEINTERLEAVE ? GK_ROPE_DEINTERLEAVE
+                   : c->rope_style == MF_ROPE_COMPLEX    ? GK_ROPE_COMPLEX
+                                                         : GK_ROPE_HALF;
+    double *kbase = st->cached ? cache_of(G, st->l, 0) : G->k, *vbase = st->cached ? cache_of(G, st->l, 1) : G->v;
+    double *kn = kbase + (size_t)st->pos * nq, *vn = vbase + (size_t)st->pos * nv;
+    const int Tk = st->pos + T;
+    int rc;
+    if (c->q_lora_rank > 0) {
+        const int qr = c->q_lora_rank;
+        if ((rc = linear(G, st->l, "q_a", &L->q_a, D, D, G->x, T, G->mla_a, err))) return rc;
+        GPU_FN(rmsnorm)(G->ctx, G->mla_a, G->mla_a, T, qr, (size_t)qr, L->q_a_norm, eps, gk_dt(D), gk_dt(D), GK_F64);
+        if ((rc = linear(G, st->l, "q_b", &L->q_b, D, D, G->mla_a, T, G->q, err))) return rc;
+    } else if ((rc = linear(G, st->l, "q", &L->q, D, D, G->x, T, G->q, err))) {
+        return rc;
+    }
+    if ((rc = linear(G, st->l, "kv_a", &L->kv_a, D, D, G->x, T, G->mla_ckv, err))) return rc;
+    /* the norm of c in place: kv_b reads it there, the rope part after it is not touched */
+    GPU_FN(rmsnorm)(G->ctx, G->mla_ckv, G->mla_ckv, T, kvr, (size_t)kvw, L->kv_a_norm, eps, gk_dt(D), gk_dt(D), GK_F64);
+    prod pkv = {.what = "kv_b", .layer = st->l, .in = D, .out = D, .M = T, .N = L->kv_b.n, .K = kvr, .batch = 1,
+                .a = {G->mla_ckv, 0, 1, (size_t)kvw, 1}, .w = &L->kv_b, .dst = G->mla_kv, .ldc = (size_t)L->kv_b.n};
+    if ((rc = product(G, &pkv, err))) return rc;
+    mark(G, P_QKV);
+    GPU_FN(rope)(G->ctx, G->q, T, nh, (size_t)nq, (size_t)qk, nope, G->rdim, rs, st->cos_t, st->sin_t, gk_dt(D));
+    GPU_FN(rope)(G->ctx, G->mla_ckv, T, 1, (size_t)kvw, 0, kvr, G->rdim, rs, st->cos_t, st->sin_t, gk_dt(D));
+    GPU_FN(mla_kv)(G->ctx, kn, vn, G->mla_kv, G->mla_ckv, T, nh, nope, rope, vd, kvr, kvw);
+    mark(G, P_ROPE);
+    (void)kvb;
+    prod pqk = {.what = "q.k", .layer = st->l, .in = D, .out = D, .M = T, .N = Tk, .K = qk, .batch = nh,
+                .a = {G->q, (size_t)qk, 1, (size_t)nq, 1}, .b = {kbase, (size_t)qk, 1, (size_t)nq, 1}, .dst = G->s,
+                .ldc = (size_t)Tk, .dst_bstride = (size_t)T * Tk};
+    if ((rc = product(G, &pqk, err))) return rc;
+    mark(G, P_SCORES);
+    GPU_FN(softmax_causal)(G->ctx, G->s, nh, T, Tk, st->pos, (float)c->attn_scale, 0, gk_dt(D));
+    mark(G, P_SOFTMAX);
+    prod pv = {.what = "p.v", .layer = st->l, .in = D, .out = D, .M = T, .N = vd, .K = Tk, .batch = nh,
+               .a = {G->s, (size_t)T * Tk, 1, (size_t)Tk, 1}, .b = {vbase, (size_t)vd, 1, 1, (size_t)nv},
+               .dst = G->ctxv, .ldc = (size_t)nv, .dst_bstride = (size_t)vd};
     if ((rc = product(G, &pv, err))) return rc;
     mark(G, P_PV);
     rc = linear(G, st->l, "o", &L->o, D, D, G->ctxv, T, G->y, err);
@@ -409,15 +488,29 @@ static int moe(step *st, mf_dtype D, mf_dtype DR, glayer *L, int mi, mf_error *e
     const route_layout lo = route_layout_for(c, T);
     double *logits = G->router;
     int rc;
+    /* DeepSeek's and GLM's routers compute in fp32 whatever the model's dtype and keep their weights in fp32
+     * (the CPU's moe) */
+    const bool deepseek = grouped_router(c);
+    if (deepseek) DR = st->O;
     if ((rc = linear(G, st->l, "router", &L->router, DR, DR, G->x, T, logits, err))) return rc;
     mark(G, P_ROUTER);
-    const mf_dtype wdt = c->route_rule == MF_ROUTE_SOFTMAX_TOPK_RENORM ? st->O : DR;
+    const mf_dtype wdt = c->route_rule == MF_ROUTE_SOFTMAX_TOPK_RENORM || deepseek ? st->O : DR;
     uint16_t *ids = (uint16_t *)(G->route_dev + lo.ids_at) + (size_t)mi * lo.w;   /* this layer's slot of the staging */
     double *w = G->topk_w;
     const bool rep_layer = st->n_rep > 0 && (!G->replay->layers || G->replay->layers[mi]);
-    GPU_FN(route)(G->ctx, logits, G->probs, T, E, K, c->norm_topk_prob, gk_dt(wdt), ids, w,
-                  rep_layer ? G->rep_ids + (size_t)mi * T * K : NULL,
-                  rep_layer && G->replay->weights ? G->rep_w + (size_t)mi * T * K : NULL, rep_layer ? st->n_rep : 0);
+    const uint16_t *rep_ids = rep_layer ? G->rep_ids + (size_t)mi * T * K : NULL;
+    const double *rep_w = rep_layer && G->replay->weights ? G->rep_w + (size_t)mi * T * K : NULL;
+    if (deepseek) {
+        const gk_route_spec spec = {c->route_rule == MF_ROUTE_SIGMOID_GROUP ? GK_ROUTE_SIGMOID_GROUP
+                                                                             : GK_ROUTE_SOFTMAX_GREEDY,
+                                    E, K, c->norm_topk_prob, c->n_group, c->topk_group, c->group_limited,
+                                    gk_dt(wdt), L->e_bias, c->routed_scaling};
+        GPU_FN(route_grouped)(G->ctx, &spec, logits, G->probs, G->sel, T, ids, w, rep_ids, rep_w,
+                              rep_layer ? st->n_rep : 0);
+    } else {
+        GPU_FN(route)(G->ctx, logits, G->probs, T, E, K, c->norm_topk_prob, gk_dt(wdt), ids, w, rep_ids, rep_w,
+                      rep_layer ? st->n_rep : 0);
+    }
     mark(G, P_ROUTE);
     GPU_FN(dispatch)(G->ctx, ids, T, K, E, G->offset, G->token, G->row_of);
     mark(G, P_DISPATCH);
@@ -427,6 +520,11 @@ static int moe(step *st, mf_dtype D, mf_dtype DR, glayer *L, int mi, mf_error *e
     mark(G, P_EXPERTS);
     GPU_FN(combine)(G->ctx, G->y, G->ye, T, H, K, G->row_of, w, gk_dt(wdt == D ? D : st->O), gk_dt(st->O), gk_dt(D));
     mark(G, P_COMBINE);
+    if (c->n_shared_experts > 0) {   /* DeepseekV3MoE: routed + shared_experts(x), one addition in D */
+        if ((rc = ffn(st, D, &L->sh_gate, &L->sh_up, &L->sh_down, G->x, T, NULL, G->sh, err))) return rc;
+        GPU_FN(residual)(G->ctx, G->y, G->sh, (size_t)T * H, gk_dt(D), GK_F64);   /* sh holds D values */
+        mark(G, P_SHARED);
+    }
     if (c->has_shared_expert) {
         if ((rc = ffn(st, D, &L->sh_gate, &L->sh_up, &L->sh_down, G->x, T, NULL, G->sh, err))) return rc;
         double *gate = G->shared_gate;
@@ -441,6 +539,7 @@ static int moe(step *st, mf_dtype D, mf_dtype DR, glayer *L, int mi, mf_error *e
         GPU_FN(narrow)(G->ctx, blk, logits, lo.router);
         GPU_FN(narrow)(G->ctx, blk + lo.router, w, lo.w);
         if (lo.sh) GPU_FN(narrow)(G->ctx, blk + lo.router + lo.w, G->shared_gate, lo.sh);
+        if (lo.sel) GPU_FN(narrow)(G->ctx, blk + lo.router + lo.w + lo.sh, G->sel, lo.sel);
         float *hblk = (float *)G->route_host + (size_t)mi * lo.per_layer;
         uint16_t *hids = (uint16_t *)((float *)G->route_host + lo.ids_at) + (size_t)mi * lo.w;
         if (GPU_FN(download_behind)(G->ctx, hblk, blk, lo.per_layer * sizeof(float), mi) ||
@@ -512,10 +611,10 @@ static int warm_up(gpu *G, int max_T, mf_error *err) {
 }
 
 /* Device bytes of a session's cache of cache_T positions: keys and values of every layer, and the RoPE tables. */
-static size_t cache_bytes(const mf_config *c, int cache_T) {
+static size_t cache_bytes(const gpu *G, int cache_T) {
     if (cache_T <= 0) return 0;
-    const size_t nk = (size_t)c->n_kv_heads * c->head_dim;
-    return (size_t)2 * c->n_layers * cache_T * nk * 8 + (size_t)2 * cache_T * c->head_dim * 8;
+    const mf_config *c = &G->m->cfg;
+    return (size_t)c->n_layers * cache_T * (size_t)(G->kw + G->vw) * 8 + (size_t)2 * cache_T * G->rdim * 8;
 }
 
 static double gib(size_t b) { return (double)b / (double)(1u << 30); }
@@ -524,16 +623,22 @@ int GPU_FN(gpu_open)(void **out, int device, mf_model *m, const mf_precision *pr
                      int cache_T, mf_error *err) {
     *out = NULL;
     const mf_config *c = &m->cfg;
-    if (c->attn != MF_ATTN_GQA || c->route_rule == MF_ROUTE_SIGMOID_GROUP || c->route_rule == MF_ROUTE_SOFTMAX_GREEDY ||
-        c->n_shared_experts > 0)
-        return mf_fail(err, MF_EUNSUPPORTED, "%s runs on the CPU only for now (--device cpu): the GPU backend has no "
-                       "latent attention, grouped sigmoid router or ungated shared experts", c->model_type);
+    if (c->arch > MF_ARCH_GLM4_MOE)
+        return mf_fail(err, MF_EUNSUPPORTED, "%s runs on the CPU only for now (--device cpu)", c->model_type);
+    if (c->fp8_block[0] > 0)
+        return mf_fail(err, MF_EUNSUPPORTED, "%s: FP8 checkpoints (quantization_config fp8) run on the CPU only for now "
+                       "(--device cpu)", c->model_type);
     if (prec->opmath != MF_F32 || prec->compute != MF_F32)
         return mf_fail(err, MF_EUNSUPPORTED, "precision %s runs on the CPU only (GPUs run bf16, fp16, fp32, layercast, "
                        "nomlp and selective policies)", prec->name);
-    if (c->rope.partial_rotary_factor != 1.0)
-        return mf_fail(err, MF_EUNSUPPORTED, "partial_rotary_factor %g is not supported for %s",
-                       c->rope.partial_rotary_factor, c->model_type);
+    const int rdim = c->rope_dim > 0 ? c->rope_dim : c->head_dim;
+    const int rope_room = c->attn == MF_ATTN_MLA ? c->qk_rope_dim : c->head_dim;
+    if (rdim % 2 || rdim > rope_room)
+        return mf_fail(err, MF_EUNSUPPORTED, "%s: %d rotating dims of a %d-dim head is beyond the GPU's RoPE",
+                       c->model_type, rdim, rope_room);
+    if (grouped_router(c) && (c->n_group > 64 || c->n_group < 1 || c->n_experts % c->n_group))
+        return mf_fail(err, MF_EUNSUPPORTED, "%s: %d expert groups of %d experts is beyond the GPU router (up to 64 "
+                       "groups of equal size)", c->model_type, c->n_group, c->n_experts);
     if (c->top_k > 64 || c->n_experts > 1024)
         return mf_fail(err, MF_EUNSUPPORTED, "%s: top-%d of %d experts is beyond the GPU router (top-64 of 1024)",
                        c->model_type, c->top_k, c->n_experts);
@@ -542,6 +647,14 @@ int GPU_FN(gpu_open)(void **out, int device, mf_model *m, const mf_precision *pr
     G->m = m;
     G->prec = *prec;
     G->num = *num;
+    G->rdim = rdim;
+    if (c->attn == MF_ATTN_MLA) {
+        G->qw = G->kw = c->n_heads * (c->qk_nope_dim + c->qk_rope_dim);
+        G->vw = G->cw = c->n_heads * c->v_head_dim;
+    } else {
+        G->qw = G->cw = c->n_heads * c->head_dim;
+        G->kw = G->vw = c->n_kv_heads * c->head_dim;
+    }
     const char *pe = getenv("MF_GPU_PROFILE");
     G->prof = pe && *pe && strcmp(pe, "0") != 0;
 
@@ -588,7 +701,7 @@ int GPU_FN(gpu_open)(void **out, int device, mf_model *m, const mf_precision *pr
     {
         size_t need = GPU_FN(weights_plan)(G), scratch = 0, free_b = 0, total_b = 0;
         scratch_for(G, max_T > cache_T ? (max_T > 0 ? max_T : 1) : cache_T, &scratch, err);
-        scratch += cache_bytes(c, cache_T);
+        scratch += cache_bytes(G, cache_T);
         need += scratch + (size_t)6 * (32u << 20);   /* the upload's staging slots */
         if (GPU_FN(mem_info)(G->ctx, &free_b, &total_b, msg, sizeof msg)) {
             rc = mf_fail(err, MF_EIO, "%s: %s", G->desc, msg);
@@ -607,8 +720,8 @@ int GPU_FN(gpu_open)(void **out, int device, mf_model *m, const mf_precision *pr
     const double up_s = mf_now() - t_up, t_warm = mf_now();
     if (cache_T > 0) {
         G->cache_T = cache_T;
-        const size_t nk = (size_t)c->n_kv_heads * c->head_dim, rope = (size_t)cache_T * c->head_dim * 8;
-        G->kv = GPU_FN(alloc)(G->ctx, (size_t)2 * c->n_layers * cache_T * nk * 8);
+        const size_t rope = (size_t)cache_T * G->rdim * 8;
+        G->kv = GPU_FN(alloc)(G->ctx, (size_t)c->n_layers * cache_T * (size_t)(G->kw + G->vw) * 8);
         /* tables that do not depend on the length are made once, for every position the cache holds */
         if (G->kv && c->rope.type != MF_ROPE_DYNAMIC) {
             G->rope_cos = GPU_FN(alloc)(G->ctx, rope);
@@ -647,16 +760,17 @@ const void *GPU_FN(gpu_host_logits)(const void *impl, mf_dtype *dtype) {
     return ((const gpu *)impl)->logits_host;
 }
 
-/* RoPE tables of positions 0 .. n - 1 as the CPU makes them, cast to the stream's dtype, into dst_cos and
- * dst_sin (device) from row `from` on. */
+/* RoPE tables of positions 0 .. n - 1 as the CPU makes them (rdim values a row), cast to the stream's dtype
+ * (DeepSeek-V2's complex freqs_cis stay fp32, opmath), into dst_cos and dst_sin (device) from row `from` on. */
 static int upload_rope(gpu *G, int n, int from, double *dst_cos, double *dst_sin) {
     const mf_config *c = &G->m->cfg;
-    const size_t hd = (size_t)c->head_dim, rows = (size_t)(n - from);
+    const size_t hd = (size_t)G->rdim, rows = (size_t)(n - from);
+    const mf_dtype td = c->rope_style == MF_ROPE_COMPLEX ? G->prec.opmath : G->prec.act;
     double *cs = mf_xmalloc((size_t)n * hd * sizeof(double)), *sn = mf_xmalloc((size_t)n * hd * sizeof(double));
     mf_rope_tables(c, &G->prec, n, cs, sn);
     for (size_t i = (size_t)from * hd; i < (size_t)n * hd; i++) {
-        cs[i] = mf_round_to(G->prec.act, cs[i]);
-        sn[i] = mf_round_to(G->prec.act, sn[i]);
+        cs[i] = mf_round_to(td, cs[i]);
+        sn[i] = mf_round_to(td, sn[i]);
     }
     const bool fail = GPU_FN(upload)(G->ctx, dst_cos, cs + (size_t)from * hd, rows * hd * sizeof(double)) ||
                       GPU_FN(upload)(G->ctx, dst_sin, sn + (size_t)from * hd, rows * hd * sizeof(double));
@@ -717,7 +831,7 @@ static int run_tokens(gpu *G, const int32_t *tokens, int T, int pos, bool cached
     if (rc) return rc;
     G->ncalls = 0;
     GPU_FN(emu_flag_reset)(G->ctx);
-    const size_t hd = (size_t)c->head_dim;
+    const size_t hd = (size_t)G->rdim;
     const double *cos_t = G->cos_t, *sin_t = G->sin_t;
     bool up_fail;
     if (cached && G->rope_cos) {   /* the session's tables, made once */
@@ -752,7 +866,7 @@ static int run_tokens(gpu *G, const int32_t *tokens, int T, int pos, bool cached
         const mf_dtype DM = blk ? MF_F32 : P->part[MF_PART_MLP], DR = blk ? MF_F32 : P->part[MF_PART_ROUTER];
         GPU_FN(rmsnorm)(G->ctx, G->x, G->h, T, H, (size_t)H, L->attn_norm, eps, gk_dt(DN), gk_dt(S), gk_dt(DA));
         mark(G, P_NORM);
-        if ((rc = attention(&st, DA, L, err))) break;
+        if ((rc = c->attn == MF_ATTN_MLA ? mla_attention(&st, DA, L, err) : attention(&st, DA, L, err))) break;
         GPU_FN(residual)(G->ctx, G->h, G->y, TH, gk_dt(S), GK_F64);
         GPU_FN(rmsnorm)(G->ctx, G->x, G->h, T, H, (size_t)H, L->ffn_norm, eps, gk_dt(DN), gk_dt(S), gk_dt(DM));
         mark(G, P_NORM);
@@ -788,6 +902,7 @@ static int run_tokens(gpu *G, const int32_t *tokens, int T, int pos, bool cached
         r->topk_w = mf_xmalloc(nm * lo.w * sizeof(double));
         r->topk_ids = mf_xmalloc(nm * lo.w * sizeof(uint16_t));
         if (lo.sh) r->shared_gate = mf_xmalloc(nm * lo.sh * sizeof(double));
+        if (lo.sel) r->select = mf_xmalloc(nm * lo.sel * sizeof(double));
         for (size_t mi = 0; mi < nm && !dl_fail; mi++) {
             if (GPU_FN(wait_mark)(G->ctx, (int)mi, G->msg, sizeof G->msg)) {
                 mf_seq_result_free(r);
@@ -797,6 +912,7 @@ static int run_tokens(gpu *G, const int32_t *tokens, int T, int pos, bool cached
             widen(r->router + mi * lo.router, f, lo.router);
             widen(r->topk_w + mi * lo.w, f + lo.router, lo.w);
             if (lo.sh) widen(r->shared_gate + mi * lo.sh, f + lo.router + lo.w, lo.sh);
+            if (lo.sel) widen(r->select + mi * lo.sel, f + lo.router + lo.w + lo.sh, lo.sel);
         }
         memcpy(r->topk_ids, (const float *)G->route_host + lo.ids_at, nm * lo.w * sizeof(uint16_t));
     }

@@ -125,8 +125,18 @@ void GPU_FN(rmsnorm)(gk_ctx *c, double *out, const double *in, int rows, int n, 
 /* Two in-place norms at once, rows n1 and n2 values long and apart (q's and k's) */
 void GPU_FN(rmsnorm_pair)(gk_ctx *c, double *x1, int rows1, int n1, const double *w1, double *x2, int rows2, int n2,
                           const double *w2, double eps, int D, int S);
-void GPU_FN(rope)(gk_ctx *c, double *x, int T, int heads, int hd, size_t row_stride, const double *cos_t,
-                  const double *sin_t, int D);
+/* RoPE of the T rows (row_stride apart), heads head_stride apart, on the rdim dims from `off` within a head;
+ * the tables hold rdim values a row. style: GK_ROPE_HALF (rotate_half, three roundings), GK_ROPE_DEINTERLEAVE
+ * (the same on (x0, x2, ..., x1, x3, ...), left in that order), GK_ROPE_COMPLEX (pairs times cos + i sin in
+ * fp32, written back interleaved, one rounding to D): runtime/cpu/forward_body.h's rope. */
+enum { GK_ROPE_HALF = 0, GK_ROPE_DEINTERLEAVE = 1, GK_ROPE_COMPLEX = 2 };
+void GPU_FN(rope)(gk_ctx *c, double *x, int T, int heads, size_t row_stride, size_t head_stride, int off, int rdim,
+                  int style, const double *cos_t, const double *sin_t, int D);
+/* DeepSeek's latent attention: the new rows' keys [T][heads x (nope + rope)] (each head's k_nope from kv, then the
+ * one shared k_rope from ckv + kvr) and values [T][heads x vd] (from kv), kv [T][heads][nope + vd], ckv rows kvw
+ * apart */
+void GPU_FN(mla_kv)(gk_ctx *c, double *k, double *v, const double *kv, const double *ckv, int T, int heads, int nope,
+                    int rope, int vd, int kvr, int kvw);
 void GPU_FN(clip)(gk_ctx *c, double *x, size_t n, double bound);
 /* h = round_C(round_S(h + round_S(y))) (C: a further cast, GK_F64: none) */
 void GPU_FN(residual)(gk_ctx *c, double *h, const double *y, size_t n, int S, int C);
@@ -140,6 +150,17 @@ void GPU_FN(act_mul)(gk_ctx *c, double *g, const double *u, size_t n, int act, i
  * (rounded to wdt) or, rep_w NULL, this router's probabilities of those experts, renormalised as its own. */
 void GPU_FN(route)(gk_ctx *c, const double *logits, double *probs, int T, int E, int K, int norm, int wdt,
                    uint16_t *ids, double *w, const uint16_t *rep_ids, const double *rep_w, int n_rep);
+/* The grouped and scaled routers (router/router.c's SIGMOID_GROUP and SOFTMAX_GREEDY kinds, fp32 opmath):
+ * scores, the selection row (biased, groups masked) into sel [T][E], canonical top-k of it, weights
+ * (renormalised with the 1e-20, times the scaling factor) rounded to wdt; replayed tokens as in route. */
+enum { GK_ROUTE_SIGMOID_GROUP = 0, GK_ROUTE_SOFTMAX_GREEDY = 1 };
+typedef struct gk_route_spec {
+    int kind, E, K, norm, n_group, topk_group, group_limited, wdt;
+    const double *bias;   /* device [E] or NULL */
+    double scale;
+} gk_route_spec;
+void GPU_FN(route_grouped)(gk_ctx *c, const gk_route_spec *spec, const double *logits, double *probs, double *sel,
+                           int T, uint16_t *ids, double *w, const uint16_t *rep_ids, const double *rep_w, int n_rep);
 /* Rows grouped by expert (ascending), tokens ascending within one; offset
  * has room for 2E + 1 ints (the counts follow the offsets). */
 void GPU_FN(dispatch)(gk_ctx *c, const uint16_t *ids, int T, int K, int E, int *offset, int *token, int *row_of);

@@ -27,6 +27,10 @@ typedef struct glayer {
     gw mlp_gate, mlp_up, mlp_down;
     gw router, exp_gate, exp_up, exp_down;
     gw sh_gate, sh_up, sh_down, sh_router;
+    /* DeepSeek's latent attention: q_a (+ its norm) and q_b, or q; kv_a (+ its norm) and kv_b */
+    gw q_a, q_b, kv_a, kv_b;
+    double *q_a_norm, *kv_a_norm;
+    double *e_bias;   /* the sigmoid routers' e_score_correction_bias, as stored */
 } glayer;
 
 typedef struct gpu {
@@ -45,8 +49,12 @@ typedef struct gpu {
     float *wide;           /* fp32 copy of the weight of a cuBLAS product with fp32 operands */
     size_t wide_cap;       /* its capacity, in values */
     void *wide_of;         /* whose copy it holds now */
+    /* widths of a position's rows: queries, keys, values, attention output (GQA: heads x head_dim; MLA: heads x
+     * (nope + rope) for queries and keys, heads x v_head_dim for values and output), and the rotating dims */
+    int qw, kw, vw, cw, rdim;
     /* scratch, sized for cap_T tokens */
     int cap_T;
+    double *mla_a, *mla_ckv, *mla_kv, *sel;   /* q_a's output, kv_a's, kv_b's; the grouped routers' selection rows */
     double *h, *x, *y, *q, *k, *v, *ctxv, *s, *g, *u, *ye, *sh, *probs;
     float *cf;
     void *opA, *opB;

@@ -351,26 +351,52 @@ extern "C" void GPU_FN(rmsnorm_pair)(gk_ctx *c, double *x1, int rows1, int n1, c
     rmsnorm_jobs(c, a, b, eps, D, S, GK_F64);
 }
 
-/* q' = q*cos + rotate_half(q)*sin, three roundings; one thread per pair
- * (j, j + half) of a (position, head): each new value needs the other's old one. */
-__global__ static void k_rope(double *x, int T, int heads, int hd, size_t row_stride, const double *cos_t,
-                              const double *sin_t, int D) {
-    (void)T;   /* the grid's x dimension: blockIdx.x is the position */
-    const int half = hd / 2, t = blockIdx.x, i = blockIdx.y * blockDim.x + threadIdx.x;
-    if (i >= heads * half) return;
-    const int j = i % half, h = i / half;
-    double *v = x + (size_t)t * row_stride + (size_t)h * hd;
-    const double *cs = cos_t + (size_t)t * hd, *sn = sin_t + (size_t)t * hd;
-    const double a = v[j], b = v[j + half];
-    v[j] = rd(D, rd(D, a * cs[j]) + rd(D, -b * sn[j]));
-    v[j + half] = rd(D, rd(D, b * cs[j + half]) + rd(D, a * sn[j + half]));
+/* RoPE of one (row, head) per block, runtime/cpu/forward_body.h's rope: the head's rdim values are read into
+ * shared memory first (a pair's two new values need both old ones, and DEINTERLEAVE writes elsewhere than it
+ * reads), then one thread per pair writes its two values. */
+__global__ static void k_rope(double *x, size_t row_stride, size_t head_stride, int off, int rdim, int style,
+                              const double *cos_t, const double *sin_t, int D) {
+    extern __shared__ double in[];
+    const int t = blockIdx.x, h = blockIdx.y, half = rdim / 2;
+    double *v = x + (size_t)t * row_stride + (size_t)h * head_stride + off;
+    const double *cs = cos_t + (size_t)t * rdim, *sn = sin_t + (size_t)t * rdim;
+    for (int i = threadIdx.x; i < rdim; i += blockDim.x) in[i] = v[i];
+    __syncthreads();
+    for (int j = threadIdx.x; j < half; j += blockDim.x) {
+        if (style == GK_ROPE_COMPLEX) {
+            const double a = in[2 * j], b = in[2 * j + 1], c = cs[j], s = sn[j];
+            v[2 * j] = rd(D, rd(GK_F32, rd(GK_F32, a * c) - rd(GK_F32, b * s)));
+            v[2 * j + 1] = rd(D, rd(GK_F32, rd(GK_F32, a * s) + rd(GK_F32, b * c)));
+            continue;
+        }
+        const double a = style == GK_ROPE_DEINTERLEAVE ? in[2 * j] : in[j];
+        const double b = style == GK_ROPE_DEINTERLEAVE ? in[2 * j + 1] : in[j + half];
+        v[j] = rd(D, rd(D, a * cs[j]) + rd(D, -b * sn[j]));
+        v[j + half] = rd(D, rd(D, b * cs[j + half]) + rd(D, a * sn[j + half]));
+    }
 }
 
-extern "C" void GPU_FN(rope)(gk_ctx *c, double *x, int T, int heads, int hd, size_t row_stride, const double *cos_t,
-                             const double *sin_t, int D) {
-    if (T > 0 && heads * (hd / 2) > 0)
-        k_rope<<<row_grid(T, (size_t)heads * (hd / 2), 1), THREADS, 0, c->stream>>>(x, T, heads, hd, row_stride, cos_t,
-                                                                                    sin_t, D);
+extern "C" void GPU_FN(rope)(gk_ctx *c, double *x, int T, int heads, size_t row_stride, size_t head_stride, int off,
+                             int rdim, int style, const double *cos_t, const double *sin_t, int D) {
+    if (T > 0 && heads > 0 && rdim >= 2)
+        k_rope<<<dim3((unsigned)T, (unsigned)heads), 64, (size_t)rdim * sizeof(double), c->stream>>>(
+            x, row_stride, head_stride, off, rdim, style, cos_t, sin_t, D);
+}
+
+__global__ static void k_mla_kv(double *k, double *v, const double *kv, const double *ckv, int heads, int nope,
+                                int rope, int vd, int kvr, int kvw) {
+    const int t = blockIdx.x, h = blockIdx.y, qk = nope + rope;
+    const double *src = kv + ((size_t)t * heads + h) * (nope + vd);
+    double *kd = k + (size_t)t * heads * qk + (size_t)h * qk, *vdst = v + (size_t)t * heads * vd + (size_t)h * vd;
+    for (int i = threadIdx.x; i < qk; i += blockDim.x) kd[i] = i < nope ? src[i] : ckv[(size_t)t * kvw + kvr + i - nope];
+    for (int i = threadIdx.x; i < vd; i += blockDim.x) vdst[i] = src[nope + i];
+}
+
+extern "C" void GPU_FN(mla_kv)(gk_ctx *c, double *k, double *v, const double *kv, const double *ckv, int T, int heads,
+                               int nope, int rope, int vd, int kvr, int kvw) {
+    if (T > 0 && heads > 0)
+        k_mla_kv<<<dim3((unsigned)T, (unsigned)heads), 64, 0, c->stream>>>(k, v, kv, ckv, heads, nope, rope, vd, kvr,
+                                                                         kvw);
 }
 
 __global__ static void k_clip(double *x, size_t n, double bound) {
@@ -543,6 +569,115 @@ extern "C" void GPU_FN(route)(gk_ctx *c, const double *logits, double *probs, in
                               uint16_t *ids, double *w, const uint16_t *rep_ids, const double *rep_w, int n_rep) {
     const size_t smem = (size_t)E * sizeof(float) + MAX_TOPK * sizeof(uint16_t);
     if (T) k_route<<<T, WARP, smem, c->stream>>>(logits, probs, T, E, K, norm, wdt, ids, w, rep_ids, rep_w, n_rep);
+}
+
+/* ---------------------------------------------------- grouped, scaled routers */
+
+/* router/router.c's mf_topk: insertion into a sorted list of k (canonical order: NaN first, then larger, then the
+ * lower index) */
+__device__ static void topk_insert(const double *s, int n, int k, uint16_t *ids) {
+    int len = 0;
+    for (int i = 0; i < n; i++) {
+        int pos = len;
+        while (pos > 0 && ranks_before(s[i], i, s[ids[pos - 1]], ids[pos - 1])) pos--;
+        if (pos >= k) continue;
+        const int end = len < k ? len : k - 1;
+        for (int j = end; j > pos; j--) ids[j] = ids[j - 1];
+        ids[pos] = (uint16_t)i;
+        if (len < k) len++;
+    }
+}
+
+__device__ static double om32(double x) { return (double)(float)x; }
+
+/* router/router.c's mf_route_weights of the grouped kinds, opmath fp32 */
+__device__ static void grouped_weights(const gk_route_spec *sp, const double *p, const uint16_t *ids, double *w) {
+    const bool norm = sp->kind == GK_ROUTE_SIGMOID_GROUP && sp->norm;
+    double s = 0;
+    for (int i = 0; i < sp->K; i++) s = om32(s + p[ids[i]]);
+    const double den = om32(s + om32(1e-20)), scale = om32(sp->scale);
+    for (int i = 0; i < sp->K; i++) {
+        const double wi = norm ? om32(p[ids[i]] / den) : p[ids[i]];
+        w[i] = rd(sp->wdt, om32(wi * scale));
+    }
+}
+
+#define MAX_GROUPS 64
+
+/* One thread per token, the CPU's sequential code (router/router.c's mf_route for these kinds) line for line:
+ * the scores, the selection row, the groups, the top k, the weights. */
+__global__ static void k_route_grouped(gk_route_spec sp, const double *logits, double *probs, double *sel, int T,
+                                       uint16_t *ids_out, double *w_out, const uint16_t *rep_ids, const double *rep_w,
+                                       int n_rep) {
+    const int t = blockIdx.x * blockDim.x + threadIdx.x;
+    if (t >= T) return;
+    const int E = sp.E, K = sp.K;
+    const double *x = logits + (size_t)t * E;
+    double *p = probs + (size_t)t * E, *s = sel + (size_t)t * E;
+    if (sp.kind == GK_ROUTE_SIGMOID_GROUP) {
+        for (int e = 0; e < E; e++) p[e] = om32(1.0 / (1.0 + exp(-om32(x[e]))));
+    } else {   /* mf_softmax, fp32 */
+        double m = -INFINITY;
+        for (int e = 0; e < E; e++) m = x[e] > m ? x[e] : m;
+        float sum = 0;
+        for (int e = 0; e < E; e++) {
+            const float ev = (float)exp((double)((float)x[e] - (float)m));
+            p[e] = ev;
+            sum += ev;
+        }
+        for (int e = 0; e < E; e++) p[e] = (float)p[e] / sum;
+    }
+    for (int e = 0; e < E; e++) s[e] = sp.kind == GK_ROUTE_SIGMOID_GROUP ? om32(p[e] + (sp.bias ? sp.bias[e] : 0)) : p[e];
+    const int G = sp.n_group;
+    if (G > 1 && (sp.kind == GK_ROUTE_SIGMOID_GROUP || sp.group_limited)) {
+        const int per = E / G;
+        double gs[MAX_GROUPS];
+        for (int g = 0; g < G; g++) {
+            const double *v = s + (size_t)g * per;
+            if (sp.kind == GK_ROUTE_SIGMOID_GROUP) {
+                uint16_t two[2];
+                topk_insert(v, per, 2, two);
+                gs[g] = om32(v[two[0]] + v[two[1]]);
+            } else {
+                uint16_t one;
+                topk_insert(v, per, 1, &one);
+                gs[g] = v[one];
+            }
+        }
+        uint16_t keep[MAX_GROUPS];
+        topk_insert(gs, G, sp.topk_group, keep);
+        bool kept[MAX_GROUPS];
+        for (int g = 0; g < G; g++) kept[g] = false;
+        for (int i = 0; i < sp.topk_group; i++) kept[keep[i]] = true;
+        const double masked = sp.kind == GK_ROUTE_SIGMOID_GROUP ? -INFINITY : 0.0;
+        for (int e = 0; e < E; e++)
+            if (!kept[e / per]) s[e] = masked;
+    }
+    uint16_t ids[MAX_TOPK + 1];
+    double w[MAX_TOPK];
+    const int kk = K + 1 <= E ? K + 1 : K;
+    topk_insert(s, E, kk, ids);
+    if (t < n_rep) {   /* routing replay: another run's experts, in its rank order; its weights or this router's */
+        for (int i = 0; i < K; i++) ids[i] = rep_ids[(size_t)t * K + i];
+        if (rep_w)
+            for (int i = 0; i < K; i++) w[i] = rd(sp.wdt, rep_w[(size_t)t * K + i]);
+        else
+            grouped_weights(&sp, p, ids, w);
+    } else {
+        grouped_weights(&sp, p, ids, w);
+    }
+    for (int i = 0; i < K; i++) {
+        ids_out[(size_t)t * K + i] = ids[i];
+        w_out[(size_t)t * K + i] = w[i];
+    }
+}
+
+extern "C" void GPU_FN(route_grouped)(gk_ctx *c, const gk_route_spec *spec, const double *logits, double *probs,
+                                      double *sel, int T, uint16_t *ids, double *w, const uint16_t *rep_ids,
+                                      const double *rep_w, int n_rep) {
+    if (T > 0)
+        k_route_grouped<<<(unsigned)((T + 63) / 64), 64, 0, c->stream>>>(*spec, logits, probs, sel, T, ids, w, rep_ids,
+                                                                         rep_w, n_rep);
 }
 
 /* Rows grouped by expert, tokens ascending within one (experts/experts.c's

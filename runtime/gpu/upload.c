@@ -58,20 +58,25 @@ static int layer_linears(gpu *G, int l, lin_ref *out) {
     glayer *L = &G->layers[l];
     int n = 0;
 #define ADD(dst, src, e) (out[n].w = (dst), out[n].L = (src), out[n].experts = (e), n++)
+    /* absent ones (k and v of latent attention, q_a and q_b without q_lora_rank, ...) have no data: no weight */
     ADD(&L->q, &ML->q, 1);
     ADD(&L->k, &ML->k, 1);
     ADD(&L->v, &ML->v, 1);
     ADD(&L->o, &ML->o, 1);
+    ADD(&L->q_a, &ML->q_a, 1);
+    ADD(&L->q_b, &ML->q_b, 1);
+    ADD(&L->kv_a, &ML->kv_a, 1);
+    ADD(&L->kv_b, &ML->kv_b, 1);
     if (ML->is_moe) {
         ADD(&L->router, &ML->router, 1);
         ADD(&L->exp_gate, ML->exp_gate, c->n_experts);
         ADD(&L->exp_up, ML->exp_up, c->n_experts);
         ADD(&L->exp_down, ML->exp_down, c->n_experts);
-        if (c->has_shared_expert) {
+        if (c->has_shared_expert || c->n_shared_experts > 0) {
             ADD(&L->sh_gate, &ML->sh_gate, 1);
             ADD(&L->sh_up, &ML->sh_up, 1);
             ADD(&L->sh_down, &ML->sh_down, 1);
-            ADD(&L->sh_router, &ML->sh_router, 1);
+            if (c->has_shared_expert) ADD(&L->sh_router, &ML->sh_router, 1);
         }
     } else {
         ADD(&L->mlp_gate, &ML->mlp_gate, 1);
@@ -82,7 +87,7 @@ static int layer_linears(gpu *G, int l, lin_ref *out) {
     return n;
 }
 
-#define MAX_LAYER_LINEARS 16
+#define MAX_LAYER_LINEARS 20
 
 size_t GPU_FN(weights_plan)(gpu *G) {
     if (!G->layers) G->layers = mf_xcalloc((size_t)G->m->cfg.n_layers, sizeof(glayer));
@@ -109,6 +114,7 @@ size_t GPU_FN(weights_plan)(gpu *G) {
     }
     /* norms (doubles) and biases (floats) */
     bytes += (size_t)c->n_layers * (2 * (size_t)c->hidden + 2 * (size_t)c->n_heads * c->head_dim) * 8;
+    bytes += (size_t)c->n_layers * ((size_t)c->q_lora_rank + c->kv_lora_rank + c->n_experts) * 8;   /* MLA, biases */
     G->weight_bytes = bytes;
     return bytes;
 }
@@ -375,7 +381,11 @@ int GPU_FN(weights_upload)(gpu *G, mf_error *err) {
             L->q_norm = upload_doubles(G, ML->q_norm, (size_t)c->head_dim);
             L->k_norm = upload_doubles(G, ML->k_norm, (size_t)c->head_dim);
         }
-        if (!L->attn_norm || !L->ffn_norm || (c->qk_norm != MF_QK_NORM_NONE && (!L->q_norm || !L->k_norm))) {
+        if (ML->q_a_norm) L->q_a_norm = upload_doubles(G, ML->q_a_norm, (size_t)c->q_lora_rank);
+        if (ML->kv_a_norm) L->kv_a_norm = upload_doubles(G, ML->kv_a_norm, (size_t)c->kv_lora_rank);
+        if (ML->e_bias) L->e_bias = upload_doubles(G, ML->e_bias, (size_t)c->n_experts);
+        if (!L->attn_norm || !L->ffn_norm || (c->qk_norm != MF_QK_NORM_NONE && (!L->q_norm || !L->k_norm)) ||
+            (ML->q_a_norm && !L->q_a_norm) || (ML->kv_a_norm && !L->kv_a_norm) || (ML->e_bias && !L->e_bias)) {
             rc = mf_fail(err, MF_ENOMEM, "%s: out of memory for the norms of layer %d", G->desc, l);
             break;
         }
@@ -448,8 +458,12 @@ void GPU_FN(weights_free)(gpu *G) {
         GPU_FN(free)(G->ctx, L->ffn_norm);
         GPU_FN(free)(G->ctx, L->q_norm);
         GPU_FN(free)(G->ctx, L->k_norm);
+        GPU_FN(free)(G->ctx, L->q_a_norm);
+        GPU_FN(free)(G->ctx, L->kv_a_norm);
+        GPU_FN(free)(G->ctx, L->e_bias);
         gw *ws[] = {&L->q, &L->k, &L->v, &L->o, &L->mlp_gate, &L->mlp_up, &L->mlp_down, &L->router,
-                    &L->exp_gate, &L->exp_up, &L->exp_down, &L->sh_gate, &L->sh_up, &L->sh_down, &L->sh_router};
+                    &L->exp_gate, &L->exp_up, &L->exp_down, &L->sh_gate, &L->sh_up, &L->sh_down, &L->sh_router,
+                    &L->q_a, &L->q_b, &L->kv_a, &L->kv_b};
         for (size_t i = 0; i < sizeof ws / sizeof ws[0]; i++) free_gw(G, ws[i]);
     }
     free_gw(G, &G->head);
