@@ -1,6 +1,7 @@
 /* Dispatch, expert FFN and combine. */
 #include "mf_experts.h"
 
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -35,6 +36,18 @@ void mf_dispatch_free(mf_dispatch *d) {
     memset(d, 0, sizeof *d);
 }
 
+/* gpt-oss's gated value from gate and up values g, u of act dtype D: PyTorch's ops on D tensors with Python
+ * float scalars (the scalars as fp32 in an fp32-opmath run, each result rounded to D). */
+static double clamped_swiglu(const mf_ffn *f, mf_dtype D, double g, double u) {
+    const bool f64 = D == MF_F64;
+    const double lim = f64 ? f->limit : (double)(float)f->limit, alpha = f64 ? f->alpha : (double)(float)f->alpha;
+    g = mf_round_to(D, fmin(g, lim));
+    u = mf_round_to(D, fmax(fmin(u, lim), -lim));
+    const double ga = mf_round_to(D, f64 ? g * alpha : (double)(float)(g * alpha));
+    const double glu = mf_round_to(D, g * mf_round_to(D, mf_sigmoid(ga)));
+    return mf_round_to(D, mf_round_to(D, u + 1.0) * glu);
+}
+
 void mf_ffn_apply(const mf_mm *mm, const mf_ffn *f, mf_dtype act_dtype, const double *x, int M, double *y) {
     const int I = f->gate->out;
     double *g = mf_xmalloc((size_t)M * I * sizeof(double));
@@ -45,6 +58,10 @@ void mf_ffn_apply(const mf_mm *mm, const mf_ffn *f, mf_dtype act_dtype, const do
     mf_linear_apply(&m, f->up, x, M, u);
 #pragma omp parallel for num_threads(mm->threads) if (mm->threads > 1 && (size_t)M * I >= 8192)
     for (size_t i = 0; i < (size_t)M * I; i++) {
+        if (f->clamped) {
+            g[i] = clamped_swiglu(f, act_dtype, g[i], u[i]);
+            continue;
+        }
         double a = mf_round_to(act_dtype, mf_act_apply(f->act, g[i]));
         g[i] = mf_round_to(act_dtype, a * u[i]);
     }
@@ -83,6 +100,10 @@ void mf_ffn_apply_f32(const mf_mm *mm, const mf_ffn *f, mf_dtype act_dtype, cons
     mf_linear_apply_f32(&m, f->up, x, M, u);
 #pragma omp parallel for num_threads(mm->threads) if (mm->threads > 1 && (size_t)M * I >= 8192)
     for (size_t i = 0; i < (size_t)M * I; i++) {
+        if (f->clamped) {
+            g[i] = (float)clamped_swiglu(f, act_dtype, g[i], u[i]);
+            continue;
+        }
         const float a = (float)mf_round_to(act_dtype, mf_act_apply(f->act, g[i]));
         g[i] = mf_roundf_to(act_dtype, a * u[i]);
     }
