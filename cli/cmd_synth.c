@@ -8,14 +8,15 @@
 
 static const char *help =
     "usage: moeflip synth --arch NAME --seed S -o DIR [--size tiny|small]\n"
-    "       moeflip synth --size olmoe-1b-7b|qwen1.5-moe-a2.7b|mixtral-8x7b --seed S -o DIR\n"
+    "       moeflip synth --size olmoe-1b-7b|qwen1.5-moe-a2.7b|mixtral-8x7b|gpt-oss-20b --seed S -o DIR\n"
     "       moeflip synth --like CKPT --seed S -o DIR     (CKPT's architecture and sizes, random weights)\n"
     "\n"
     "Writes config.json, model.safetensors (bf16, Hugging Face Hub names) and tokens.jsonl into DIR.\n"
     "NAME: llama, olmoe, qwen2_moe, mixtral, qwen3_moe. tiny: hidden 64, 3 layers, vocab 384;\n"
     "small: hidden 256, 4 layers, vocab 4096 (olmoe: 16 experts, top-4, ~14M parameters), four\n"
-    "512-token prompts. The real sizes take the model's own architecture and dimensions (6.9B, 14.3B and\n"
-    "46.7B parameters; uniform random weights of deviation 0.8/sqrt(hidden), four 512-token prompts), for GPU\n"
+    "512-token prompts. The real sizes take the model's own architecture and dimensions (6.9B, 14.3B,\n"
+    "46.7B and 20.9B parameters; gpt-oss-20b with bf16 experts in its fused layout; uniform random weights of\n"
+    "deviation 0.8/sqrt(hidden), four 512-token prompts), for GPU\n"
     "benchmarks, and CPU ones at real size; their tensors are generated as the file is written, one at a\n"
     "time (memory: the largest tensor).\n";
 
@@ -45,7 +46,8 @@ int cmd_synth(int argc, char **argv) {
     if (optind < argc) return cli_usage_error("synth", "unexpected argument %s", argv[optind]);
     const int size_i = mf_synth_size_from_name(size_s);
     if (size_i < 0)
-        return cli_usage_error("synth", "--size takes tiny, small, olmoe-1b-7b, qwen1.5-moe-a2.7b or mixtral-8x7b");
+        return cli_usage_error("synth", "--size takes tiny, small, olmoe-1b-7b, qwen1.5-moe-a2.7b, mixtral-8x7b or "
+                               "gpt-oss-20b");
     const mf_synth_size size = (mf_synth_size)size_i;
     const bool real = size >= MF_SYNTH_OLMOE_1B_7B;
     if ((!arch_s && !like && !real) || !out || seed < 0)

@@ -266,21 +266,18 @@ static int gpt_oss_default_rope(ctx *c, mf_config *cfg) {
     return MF_OK;
 }
 
-/* gpt-oss's keys beyond the shared ones (transformers 5.17 GptOssConfig and GptOssExperts): attention sinks,
- * the clamped SwiGLU's swiglu_alpha (1.702) and swiglu_limit (7.0), the top-k-then-softmax router with a bias,
- * experts of intermediate_size with biases, every layer MoE, RMSNorm weights applied in fp32. */
-static int parse_gpt_oss(ctx *c, mf_config *cfg) {
-    int rc;
+/* gpt-oss's parts beyond the shared keys (transformers 5.17 GptOssConfig and GptOssExperts): attention sinks,
+ * the clamped SwiGLU, the top-k-then-softmax router with a bias, experts of intermediate_size with biases, every
+ * layer MoE, RMSNorm weights applied in fp32. 5.17's GptOssExperts fixes alpha 1.702 and limit 7.0 and reads no
+ * key for them: a swiglu_limit in config.json (the Hub's says 7.0) changes nothing there, nor here. */
+static int parse_gpt_oss(mf_config *cfg) {
     cfg->attn_sinks = true;
     cfg->clamped_swiglu = true;
     cfg->norm_weight_fp32 = true;
     cfg->mlp_bias = true;
     cfg->norm_topk_prob = false;   /* no such key: the softmax over the k is the rule itself */
-    if ((rc = get_num(c, c->root, "swiglu_alpha", 1.702, &cfg->swiglu_alpha))) return rc;
-    if ((rc = get_num(c, c->root, "swiglu_limit", 7.0, &cfg->swiglu_limit))) return rc;
-    if (!(isfinite(cfg->swiglu_alpha) && cfg->swiglu_limit > 0 && isfinite(cfg->swiglu_limit)))
-        return mf_fail(c->err, MF_EFORMAT, "%s: \"swiglu_alpha\" must be finite and \"swiglu_limit\" positive and "
-                       "finite (they are %g and %g)", c->origin, cfg->swiglu_alpha, cfg->swiglu_limit);
+    cfg->swiglu_alpha = 1.702;
+    cfg->swiglu_limit = 7.0;
     return MF_OK;
 }
 
@@ -445,7 +442,7 @@ quant_done:
     if (d->deepseek_family) {
         if ((rc = parse_deepseek_family(&c, cfg, d))) goto done;
     } else if (d->is_moe) {
-        if (d->gpt_oss && (rc = parse_gpt_oss(&c, cfg))) goto done;
+        if (d->gpt_oss && (rc = parse_gpt_oss(cfg))) goto done;
         int ne_a, ne_b = -1;
         INT("num_experts", -1, &ne_a);
         /* attribute_map: num_local_experts is an alias except for Qwen2-MoE, whose class has no such mapping */

@@ -262,8 +262,8 @@ static int gpt_oss_experts(loader *ld, mf_layer *L, int l) {
     uint8_t *gcopy = mf_xmalloc(n_gu * sz), *dcopy = mf_xmalloc(n_dn * sz);
     if (c->mxfp4) {   /* decoded rows are outputs: gate_up's row 2i is gate i, row 2i + 1 up i */
         uint8_t *tmp = mf_xmalloc(n_gu * sz);
-        rc = mf_mxfp4_decode(gu, gus, gu_n, E, 2 * I, H, dt, tmp, ld->dir, ld->err);
-        if (!rc) rc = mf_mxfp4_decode(dn, dns, dn_n, E, H, I, dt, dcopy, ld->dir, ld->err);
+        rc = mf_mxfp4_decode(gu, gus, gus->name, E, 2 * I, H, dt, tmp, ld->dir, ld->err);
+        if (!rc) rc = mf_mxfp4_decode(dn, dns, dns->name, E, H, I, dt, dcopy, ld->dir, ld->err);
         if (rc) {
             free(tmp);
             free(gcopy);

@@ -359,9 +359,10 @@ char *mf_tokenizer_decode(const mf_tokenizer *t, const int32_t *ids, int n);
  * (6.9B parameters), Qwen1.5-MoE-A2.7B (14.3B), Mixtral-8x7B (46.7B); their
  * tensors are generated as the file is written, one at a time. */
 typedef enum mf_synth_size {
-    MF_SYNTH_TINY, MF_SYNTH_SMALL, MF_SYNTH_OLMOE_1B_7B, MF_SYNTH_QWEN15_MOE_A27B, MF_SYNTH_MIXTRAL_8X7B
+    MF_SYNTH_TINY, MF_SYNTH_SMALL, MF_SYNTH_OLMOE_1B_7B, MF_SYNTH_QWEN15_MOE_A27B, MF_SYNTH_MIXTRAL_8X7B,
+    MF_SYNTH_GPT_OSS_20B   /* openai/gpt-oss-20b's dimensions (20.9B parameters), bf16 experts in its fused layout */
 } mf_synth_size;
-/* "tiny", "small", "olmoe-1b-7b", "qwen1.5-moe-a2.7b", "mixtral-8x7b"; -1 when unknown */
+/* "tiny", "small", "olmoe-1b-7b", "qwen1.5-moe-a2.7b", "mixtral-8x7b", "gpt-oss-20b"; -1 when unknown */
 int mf_synth_size_from_name(const char *name);
 
 /* Writes a deterministic random-weight bf16 checkpoint in Hub layout
