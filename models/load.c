@@ -255,8 +255,8 @@ static int gpt_oss_experts(loader *ld, mf_layer *L, int l) {
     }
     if (ld->validate_only) return MF_OK;
     if (ld->no_convert)
-        return mf_fail(ld->err, MF_EUNSUPPORTED, "%s: gpt-oss's fused experts (%s) are laid out for the CPU only",
-                       ld->dir, gu_n);
+        return mf_fail(ld->err, MF_EUNSUPPORTED, "%s: gpt_oss runs on the CPU only for now (--device cpu): its fused "
+                       "experts (%s) are laid out for the CPU's products at load", ld->dir, gu_n);
     const mf_dtype dt = mf_weight_storage(c->mxfp4 ? MF_BF16 : gu->dtype, m->weight_round);
     const size_t sz = mf_dtype_size(dt), n_gu = (size_t)E * 2 * I * H, n_dn = (size_t)E * H * I;
     uint8_t *gcopy = mf_xmalloc(n_gu * sz), *dcopy = mf_xmalloc(n_dn * sz);
