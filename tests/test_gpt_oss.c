@@ -211,3 +211,18 @@ Test(gpt_oss, clamped_swiglu_by_hand) {
     cr_assert_float_eq(y[2], 1.55 * (0.3 / (1.0 + exp(-0.3 * 1.702))), 1e-15);
     cr_assert_float_eq(y[3], 0.75 * (-0.5 / (1.0 + exp(0.5 * 1.702))), 1e-15);
 }
+
+/* The importers and the GPU backend refuse gpt_oss by name (its routing is the CPU's alone for now). */
+Test(gpt_oss, import_refuses_it_by_name) {
+    const char *dir = write_ckpt(PLAIN);
+    char err[4096], npy[4200], tok[4200];
+    snprintf(npy, sizeof npy, "%s/vllm/s0.npy", fixture("engines/olmoe"));
+    snprintf(tok, sizeof tok, "%s/tokens.jsonl", fixture("engines/olmoe"));
+    cr_assert_eq(run_moeflip(err, sizeof err, "import vllm '%s' --model '%s' --tokens '%s' -o '%s/imp'", npy, dir, tok,
+                             temp_dir()), 1, "%s", err);
+    cr_assert(strstr(err, "gpt_oss"), "%s", err);
+    mf_model *m = NULL;
+    mf_error e = {0};
+    cr_assert_eq(mf_model_load(&m, dir, MF_BF16, MF_LOAD_NO_CONVERT, &e), MF_EUNSUPPORTED);
+    cr_assert(strstr(e.msg, "gpt_oss runs on the CPU only"), "%s", e.msg);
+}
