@@ -27,7 +27,8 @@ typedef struct mf_ffn {
     const mf_linear *gate, *up, *down;
     mf_act act;
     /* gpt-oss's clamped SwiGLU (GptOssExperts) in place of act: g = min(gate x, limit), u = clamp(up x, -limit,
-     * limit), h = (u + 1) * (g * sigmoid(g * alpha)); the projections' biases as the linears carry them */
+     * limit), h = (u + 1) * (g * sigmoid(g * alpha)); each projection's product is rounded to the act dtype and
+     * its bias then added and rounded again (grouped_mm, then add_(bias)) */
     bool clamped;
     double alpha, limit;
 } mf_ffn;
