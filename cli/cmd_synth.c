@@ -7,25 +7,29 @@
 #include <string.h>
 
 static const char *help =
-    "usage: moeflip synth --arch NAME --seed S -o DIR [--size tiny|small]\n"
+    "usage: moeflip synth --arch NAME --seed S -o DIR [--size tiny|small] [--dtype bf16|fp8]\n"
     "       moeflip synth --size olmoe-1b-7b|qwen1.5-moe-a2.7b|mixtral-8x7b|gpt-oss-20b --seed S -o DIR\n"
     "       moeflip synth --like CKPT --seed S -o DIR     (CKPT's architecture and sizes, random weights)\n"
     "\n"
     "Writes config.json, model.safetensors (bf16, Hugging Face Hub names) and tokens.jsonl into DIR.\n"
-    "NAME: llama, olmoe, qwen2_moe, mixtral, qwen3_moe. tiny: hidden 64, 3 layers, vocab 384;\n"
+    "NAME: llama, olmoe, qwen2_moe, mixtral, qwen3_moe, deepseek_v3, gpt_oss (tiny only). tiny: hidden 64,\n"
+    "3 layers, vocab 384;\n"
     "small: hidden 256, 4 layers, vocab 4096 (olmoe: 16 experts, top-4, ~14M parameters), four\n"
     "512-token prompts. The real sizes take the model's own architecture and dimensions (6.9B, 14.3B,\n"
     "46.7B and 20.9B parameters; gpt-oss-20b with bf16 experts in its fused layout; uniform random weights of\n"
     "deviation 0.8/sqrt(hidden), four 512-token prompts), for GPU\n"
     "benchmarks, and CPU ones at real size; their tensors are generated as the file is written, one at a\n"
-    "time (memory: the largest tensor).\n";
+    "time (memory: the largest tensor).\n"
+    "--dtype fp8 (deepseek_v3, tiny, small or --like): linear weights as DeepSeek-V3 ships them, F8_E4M3 codes\n"
+    "with an F32 weight_scale_inv per block (quantization_config weight_block_size [16, 16] at tiny, else\n"
+    "[128, 128] or CKPT's); embedding, router, norms and head stay bf16.\n";
 
 int cmd_synth(int argc, char **argv) {
-    const char *arch_s = NULL, *out = NULL, *size_s = "tiny", *like = NULL;
+    const char *arch_s = NULL, *out = NULL, *size_s = "tiny", *like = NULL, *dtype_s = "bf16";
     long seed = -1;
     static const struct option opts[] = {{"arch", required_argument, 0, 'a'}, {"seed", required_argument, 0, 's'},
                                          {"output", required_argument, 0, 'o'}, {"size", required_argument, 0, 'z'},
-                                         {"like", required_argument, 0, 'l'},
+                                         {"like", required_argument, 0, 'l'}, {"dtype", required_argument, 0, 'd'},
                                          {"help", no_argument, 0, 'h'}, {0, 0, 0, 0}};
     int c;
     optind = 1;
@@ -39,6 +43,7 @@ int cmd_synth(int argc, char **argv) {
         case 'o': out = optarg; break;
         case 'z': size_s = optarg; break;
         case 'l': like = optarg; break;
+        case 'd': dtype_s = optarg; break;
         case 'h': fputs(help, stdout); return 0;
         default: return cli_usage_error("synth", "unknown or incomplete option %s", argv[optind - 1]);
         }
@@ -49,6 +54,8 @@ int cmd_synth(int argc, char **argv) {
         return cli_usage_error("synth", "--size takes tiny, small, olmoe-1b-7b, qwen1.5-moe-a2.7b, mixtral-8x7b or "
                                "gpt-oss-20b");
     const mf_synth_size size = (mf_synth_size)size_i;
+    if (strcmp(dtype_s, "bf16") && strcmp(dtype_s, "fp8")) return cli_usage_error("synth", "--dtype takes bf16 or fp8");
+    const mf_dtype weights = strcmp(dtype_s, "fp8") ? MF_BF16 : MF_F8E4M3;
     const bool real = size >= MF_SYNTH_OLMOE_1B_7B;
     if ((!arch_s && !like && !real) || !out || seed < 0)
         return cli_usage_error("synth", "--arch (or --like, or a real model's --size), --seed and -o are required");
@@ -62,6 +69,7 @@ int cmd_synth(int argc, char **argv) {
         snprintf(path, sizeof path, "%s/config.json", like);
         if (mf_config_load(&cfg, path, &err)) return cli_fail(&err);
     }
-    if (mf_synth_write_like(out, (mf_arch)arch, size, like ? &cfg : NULL, (uint64_t)seed, &err)) return cli_fail(&err);
+    if (mf_synth_write_as(out, (mf_arch)arch, size, like ? &cfg : NULL, (uint64_t)seed, weights, &err))
+        return cli_fail(&err);
     return 0;
 }

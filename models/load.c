@@ -5,8 +5,10 @@
  * the policy's weight dtype cannot hold the stored values (an fp32
  * checkpoint under bf16, bf16 under fp16) is a tensor converted, once, into
  * a copy of that (never wider) dtype, and the mapped pages it came from are
- * given back. Norm weights and biases (O(hidden) values) are kept as
- * doubles. Hub names: per-expert mlp.experts.E.{gate,up,down}_proj,
+ * given back. FP8 weights (F8_E4M3 with their weight_scale_inv) stay as
+ * stored too: the kernels widen the codes with their block's scale as they
+ * pack panels (numerics' block-scaled mf_mat). Norm weights and biases
+ * (O(hidden) values) are kept as doubles. Hub names: per-expert mlp.experts.E.{gate,up,down}_proj,
  * Mixtral block_sparse_moe.{gate, experts.E.w1/w3/w2}, or the fused
  * mlp.experts.gate_up_proj [E, 2I, H] / down_proj [E, H, I]. */
 #include "archs.h"
@@ -43,7 +45,7 @@ static int fp8_scales_ok(loader *ld, const mf_st_tensor *t) {
         return mf_fail(ld->err, MF_EFORMAT, "%s: tensor %s is F8_E4M3, but config.json has no fp8 quantization_config",
                        ld->dir, t->name);
     if (ld->no_convert)
-        return mf_fail(ld->err, MF_EUNSUPPORTED, "%s: FP8 weights (%s) are dequantised on the CPU only", ld->dir,
+        return mf_fail(ld->err, MF_EUNSUPPORTED, "%s: FP8 weights (%s) are widened by the CPU's kernels only", ld->dir,
                        t->name);
     const mf_st_tensor *s = fp8_scales(ld, t);
     const int64_t ro = (t->shape[0] + b[0] - 1) / b[0], co = (t->shape[1] + b[1] - 1) / b[1];
@@ -117,41 +119,21 @@ static void release_pages(const void *p, size_t n) {
     if (b > a) madvise((void *)a, b - a, MADV_DONTNEED);
 }
 
-/* An FP8 weight dequantised once, as transformers' Fp8Dequantize does: each value fp32(q x scale_inv of its
- * block), then held in the policy's weight dtype (fp32 under fp32 and fp64, where the fp32 products are exact;
- * rounded on to bf16 or fp16 under those, as loading into a bf16 model casts them). The FP8 bytes' pages are given
- * back. Not yet the checkpoint's own format in memory: the kernels have no FP8 operand. */
-static const void *fp8_dequantized(loader *ld, const mf_st_tensor *t, mf_dtype *dt) {
-    mf_model *m = ld->m;
-    *dt = mf_weight_storage(MF_F32, m->weight_round);
-    for (size_t i = 0; i < m->n_owned; i++)
-        if (m->owned[i].src == t) return m->owned[i].data;
+/* An FP8 weight as stored: the e4m3 bytes in the mapping with their weight_scale_inv beside them, widened by the
+ * kernels as they pack panels to what transformers' Fp8Dequantize makes of them, fp32(q x scale_inv of its
+ * block), held in the policy's weight dtype (fp32 under fp32 and fp64, where the fp32 products are exact; rounded
+ * on to bf16 or fp16 under those, as loading into a bf16 model casts them). Nothing is copied. */
+static mf_mat fp8_view(loader *ld, const mf_st_tensor *t) {
+    const mf_model *m = ld->m;
     const mf_st_tensor *s = fp8_scales(ld, t);
-    const int R = (int)t->shape[0], C = (int)t->shape[1], b0 = m->cfg.fp8_block[0], b1 = m->cfg.fp8_block[1];
-    const int sc = (int)s->shape[1];
-    const size_t n = (size_t)R * C;
-    void *copy = mf_xmalloc(n * mf_dtype_size(*dt));
-#pragma omp parallel for if (n >= (1u << 20))
-    for (int r = 0; r < R; r++)
-        for (int c = 0; c < C; c++) {
-            const size_t i = (size_t)r * C + c;
-            const float scale = (float)mf_load_as_f64(s->data, s->dtype, (size_t)(r / b0) * sc + (size_t)(c / b1));
-            mf_store_from_f64(copy, *dt, i, (float)((float)mf_f8e4m3_to_f64(t->data[i]) * scale));
-        }
-    release_pages(t->data, t->nbytes);
-    m->owned = mf_xrealloc(m->owned, (m->n_owned + 1) * sizeof *m->owned);
-    m->owned[m->n_owned].src = t;
-    m->owned[m->n_owned].data = copy;
-    m->owned[m->n_owned].bytes = n * mf_dtype_size(*dt);
-    m->n_owned++;
-    return copy;
+    return mf_mat_fp8_block(t->data, (int)t->shape[0], (int)t->shape[1], s->data, s->dtype, m->cfg.fp8_block[0],
+                            m->cfg.fp8_block[1], mf_weight_storage(MF_F32, m->weight_round));
 }
 
 /* The base of tensor t in the dtype the model keeps it in: the mapping, or
  * the tensor's one converted copy (made on first use). */
 static const void *tensor_data(loader *ld, const mf_st_tensor *t, mf_dtype *dt) {
     mf_model *m = ld->m;
-    if (t->dtype == MF_F8E4M3) return fp8_dequantized(ld, t, dt);
     *dt = mf_weight_storage(t->dtype, m->weight_round);
     if (*dt == t->dtype || ld->no_convert) {
         *dt = t->dtype;
@@ -180,11 +162,15 @@ static int linear_from(loader *ld, mf_linear *L, const mf_st_tensor *t, size_t e
     if (bias_name && (rc = need(ld, &b, bias_name, 1, (int64_t)out))) return rc;
     if (ld->validate_only) return MF_OK;
     mf_model *m = ld->m;
-    mf_dtype dt;
-    const uint8_t *base = tensor_data(ld, t, &dt);
     L->out = out;
     L->in = in;
-    L->w = mf_mat_rows(base + elem_offset * mf_dtype_size(dt), dt, out, in);
+    if (t->dtype == MF_F8E4M3) {   /* 2-D, whole (need() checked it and its scales) */
+        L->w = fp8_view(ld, t);
+    } else {
+        mf_dtype dt;
+        const uint8_t *base = tensor_data(ld, t, &dt);
+        L->w = mf_mat_rows(base + elem_offset * mf_dtype_size(dt), dt, out, in);
+    }
     if (b) {
         L->bias = mf_xmalloc((size_t)out * sizeof(double));
         for (int i = 0; i < out; i++) L->bias[i] = mf_round_to(m->weight_round, mf_load_as_f64(b->data, b->dtype, (size_t)i));
@@ -479,6 +465,9 @@ static int load_all(loader *ld) {
     int rc;
     const mf_st_tensor *emb;
     if ((rc = need(ld, &emb, "model.embed_tokens.weight", 2, (int64_t)c->vocab, (int64_t)c->hidden))) return rc;
+    if (emb->dtype == MF_F8E4M3)   /* rows are read one by one, never through a product */
+        return mf_fail(ld->err, MF_EUNSUPPORTED, "%s: model.embed_tokens.weight is F8_E4M3: FP8 is taken for linear "
+                       "layers' weights only (DeepSeek-V3 keeps its embedding in bf16)", ld->dir);
     m->embed = emb;
     if (!ld->validate_only) m->n_params += (size_t)c->vocab * (size_t)c->hidden;
     for (int l = 0; l < c->n_layers; l++)
@@ -497,6 +486,12 @@ static int load_all(loader *ld) {
     return linear(ld, &m->head, "lm_head.weight", c->vocab, c->hidden, NULL);
 }
 
+/* Whether a tensor's name is an FP8 weight's scale spelling ("..._scale_inv"). */
+static bool is_scale_inv(const char *name) {
+    const size_t n = strlen(name), w = strlen("_scale_inv");
+    return n > w && !strcmp(name + n - w, "_scale_inv");
+}
+
 int mf_model_measure(const char *dir, mf_dtype weights, unsigned flags, mf_model_bytes *out, mf_error *err) {
     memset(out, 0, sizeof *out);
     mf_checkpoint *c;
@@ -507,17 +502,17 @@ int mf_model_measure(const char *dir, mf_dtype weights, unsigned flags, mf_model
         out->files += sf->map.size;
         for (size_t i = 0; i < sf->count; i++) {
             const mf_st_tensor *t = &sf->tensors[i];
-            const mf_dtype kept = mf_weight_storage(t->dtype == MF_F8E4M3 ? MF_F32 : t->dtype, weights);
+            const mf_dtype kept = mf_weight_storage(t->dtype, weights);
             const size_t nl = strlen(t->name);
-            const bool mx_blocks = t->dtype == MF_U8 && nl > 7 && !strcmp(t->name + nl - 7, "_blocks");
-            /* gpt-oss's fused experts are held relaid out (MXFP4 blocks: two bf16 values a byte) */
+            /* gpt-oss's fused bf16 experts are held laid out for the products (MXFP4 blocks and scales: in place) */
             const bool fused = t->ndim == 3 && mf_dtype_is_float(t->dtype) &&
                                ((nl > 20 && !strcmp(t->name + nl - 20, "experts.gate_up_proj")) ||
                                 (nl > 17 && !strcmp(t->name + nl - 17, "experts.down_proj")));
-            if (mx_blocks) out->converted += (uint64_t)mf_st_numel(t) * 2 * mf_dtype_size(mf_weight_storage(MF_BF16, weights));
-            else if (fused) out->converted += (uint64_t)mf_st_numel(t) * mf_dtype_size(kept);
-            else if (t->dtype == MF_F8E4M3) out->converted += (uint64_t)mf_st_numel(t) * mf_dtype_size(kept);
-            else if (!mf_dtype_is_float(t->dtype) || kept == t->dtype || (flags & MF_LOAD_NO_CONVERT)) out->in_place += t->nbytes;
+            /* FP8 codes and their scales are used where they lie, whatever the policy */
+            if (fused) out->converted += (uint64_t)mf_st_numel(t) * mf_dtype_size(kept);
+            else if (t->dtype == MF_F8E4M3 || is_scale_inv(t->name) || !mf_dtype_is_float(t->dtype) ||
+                     kept == t->dtype || (flags & MF_LOAD_NO_CONVERT))
+                out->in_place += t->nbytes;
             else out->converted += (uint64_t)mf_st_numel(t) * mf_dtype_size(kept);
         }
     }

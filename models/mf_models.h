@@ -371,6 +371,12 @@ int mf_synth_write(const char *dir, mf_arch arch, mf_synth_size size, uint64_t s
 /* The same with the shape (architecture and sizes) of `like`'s config. */
 int mf_synth_write_like(const char *dir, mf_arch arch, mf_synth_size size, const mf_config *like, uint64_t seed,
                         mf_error *err);
+/* The same with the linear weights in `weights`: MF_BF16, or MF_F8E4M3 for deepseek_v3 (DeepSeek-V3's FP8
+ * layout: e4m3 codes with an F32 weight_scale_inv per block, quantization_config weight_block_size [16, 16] at
+ * tiny, [128, 128] otherwise or like's own; embedding, router, norms and head stay bf16). deepseek_v3 is
+ * written at tiny and small (or like's sizes). */
+int mf_synth_write_as(const char *dir, mf_arch arch, mf_synth_size size, const mf_config *like, uint64_t seed,
+                      mf_dtype weights, mf_error *err);
 
 /* ---- the embedded default checkpoint (models/embedded.c) --------------- */
 

@@ -80,6 +80,9 @@ int mf_synth_size_from_name(const char *name) {
 
 static int synth_into(const char *dir, mf_arch arch, mf_synth_size size, const mf_config *like, uint64_t seed,
                       mf_error *err);
+static int write_prompts(const char *dir, mf_rng *rng, bool long_ones, int V, mf_error *err);
+static int synth_deepseek(const char *dir, mf_synth_size size, const mf_config *like, uint64_t seed, bool fp8,
+                          mf_error *err);
 
 /* Removes the files of dir (not below it) and dir. */
 static void remove_flat_dir(const char *dir) {
@@ -108,13 +111,23 @@ static bool dir_is_empty(const char *dir) {
  * exist only as an empty directory (synth never mixes its files with another checkpoint's). */
 int mf_synth_write_like(const char *dir, mf_arch arch, mf_synth_size size, const mf_config *like, uint64_t seed,
                         mf_error *err) {
+    return mf_synth_write_as(dir, arch, size, like, seed, MF_BF16, err);
+}
+
+int mf_synth_write_as(const char *dir, mf_arch arch, mf_synth_size size, const mf_config *like, uint64_t seed,
+                      mf_dtype weights, mf_error *err) {
     if (strlen(dir) > 4000) return mf_fail(err, MF_EINVAL, "%s: path too long", dir);
     const mf_arch shape = like ? like->arch : arch;
-    if (size < MF_SYNTH_OLMOE_1B_7B && shape > MF_ARCH_QWEN3_MOE && shape != MF_ARCH_GPT_OSS)
-        return mf_fail(err, MF_EUNSUPPORTED, "synth writes llama, olmoe, qwen2_moe, mixtral, qwen3_moe and gpt_oss "
-                       "checkpoints, not %s", mf_arch_name(shape));
+    if (size < MF_SYNTH_OLMOE_1B_7B && shape > MF_ARCH_DEEPSEEK_V3 && shape != MF_ARCH_GPT_OSS)
+        return mf_fail(err, MF_EUNSUPPORTED, "synth writes llama, olmoe, qwen2_moe, mixtral, qwen3_moe, deepseek_v3 "
+                       "and gpt_oss checkpoints, not %s", mf_arch_name(shape));
+    if (size >= MF_SYNTH_OLMOE_1B_7B && shape == MF_ARCH_DEEPSEEK_V3)
+        return mf_fail(err, MF_EUNSUPPORTED, "synth writes deepseek_v3 at the tiny and small sizes (or --like)");
     if (size == MF_SYNTH_SMALL && shape == MF_ARCH_GPT_OSS)
         return mf_fail(err, MF_EUNSUPPORTED, "synth writes gpt_oss at tiny and gpt-oss-20b sizes (not small)");
+    if (weights != MF_BF16 && !(weights == MF_F8E4M3 && shape == MF_ARCH_DEEPSEEK_V3 && size < MF_SYNTH_OLMOE_1B_7B))
+        return mf_fail(err, MF_EUNSUPPORTED, "synth writes %s weights for deepseek_v3 only (bf16 for every "
+                       "architecture)", mf_dtype_name(weights));
     const bool exists = mf_path_exists(dir);
     if (exists && !mf_is_dir(dir)) return mf_fail(err, MF_EINVAL, "%s: exists and is not a directory", dir);
     if (exists && !dir_is_empty(dir))
@@ -130,7 +143,8 @@ int mf_synth_write_like(const char *dir, mf_arch arch, mf_synth_size size, const
     snprintf(tmp, sizeof tmp, "%s.tmp.%ld", dir, (long)getpid());
     if (mf_is_dir(tmp)) remove_flat_dir(tmp);   /* a synth killed with our pid (pids repeat) */
     if (mkdir(tmp, 0777) != 0) return mf_fail(err, MF_EIO, "%s: cannot create directory: %s", tmp, strerror(errno));
-    rc = synth_into(tmp, arch, size, like, seed, err);
+    rc = shape == MF_ARCH_DEEPSEEK_V3 ? synth_deepseek(tmp, size, like, seed, weights == MF_F8E4M3, err)
+                                      : synth_into(tmp, arch, size, like, seed, err);
     if (!rc && exists && rmdir(dir) != 0) rc = mf_fail(err, MF_EIO, "%s: cannot replace the empty directory: %s", dir, strerror(errno));
     if (!rc && rename(tmp, dir) != 0) rc = mf_fail(err, MF_EIO, "%s: cannot rename the checkpoint into place: %s", dir, strerror(errno));
     if (rc) remove_flat_dir(tmp);
@@ -141,23 +155,6 @@ int mf_synth_write(const char *dir, mf_arch arch, mf_synth_size size, uint64_t s
     return mf_synth_write_like(dir, arch, size, NULL, seed, err);
 }
 
-/* prompts: tiny: three short sequences; small and the real sizes: four of 512 tokens (pp512) */
-static int write_prompts(const char *dir, synth *s, bool long_ones, int V, mf_error *err) {
-    const int nseq = long_ones ? 4 : 3;
-    static const int tiny_len[3] = {21, 13, 34};
-    mf_buf out = {0};
-    char path[4096];
-    for (int q = 0; q < nseq; q++) {
-        int T = long_ones ? 512 : tiny_len[q];
-        mf_buf_printf(&out, "{\"id\": \"s%d\", \"tokens\": [", q);
-        for (int t = 0; t < T; t++) mf_buf_printf(&out, t ? ", %d" : "%d", (int)(mf_rng_next(&s->rng) % (uint64_t)V));
-        mf_buf_puts(&out, "]}\n");
-    }
-    mf_path_join(path, sizeof path, dir, "tokens.jsonl");
-    int rc = mf_write_file_atomic(path, out.s, out.n, err);
-    mf_buf_free(&out);
-    return rc;
-}
 
 /* openai/gpt-oss-20b's dimensions (its Hub config.json): 24 layers alternating sliding (128) and full attention,
  * hidden 2880, 64 query and 8 key-value heads of 64, 32 experts of 2880 top-4, vocabulary 201088, YaRN factor 32
@@ -250,7 +247,7 @@ static int synth_gpt_oss(const char *dir, mf_synth_size size, const mf_config *l
     rc = mf_st_writer_write(s.st, path, err);
     mf_st_writer_free(s.st);
     if (rc) return rc;
-    return write_prompts(dir, &s, big, V, err);
+    return write_prompts(dir, &s.rng, big, V, err);
 }
 
 static int synth_into(const char *dir, mf_arch arch, mf_synth_size size, const mf_config *like, uint64_t seed,
@@ -393,5 +390,202 @@ static int synth_into(const char *dir, mf_arch arch, mf_synth_size size, const m
     mf_st_writer_free(s.st);
     if (rc) return rc;
 
-    return write_prompts(dir, &s, small || big, V, err);
+    return write_prompts(dir, &s.rng, small || big, V, err);
+}
+
+/* prompts: tiny: three short sequences; small: four of 512 tokens (pp512) */
+static int write_prompts(const char *dir, mf_rng *rng, bool long_ones, int V, mf_error *err) {
+    const int nseq = long_ones ? 4 : 3;
+    static const int tiny_len[3] = {21, 13, 34};
+    mf_buf out = {0};
+    for (int q = 0; q < nseq; q++) {
+        int T = long_ones ? 512 : tiny_len[q];
+        mf_buf_printf(&out, "{\"id\": \"s%d\", \"tokens\": [", q);
+        for (int t = 0; t < T; t++) mf_buf_printf(&out, t ? ", %d" : "%d", (int)(mf_rng_next(rng) % (uint64_t)V));
+        mf_buf_puts(&out, "]}\n");
+    }
+    char path[4096];
+    mf_path_join(path, sizeof path, dir, "tokens.jsonl");
+    int rc = mf_write_file_atomic(path, out.s, out.n, err);
+    mf_buf_free(&out);
+    return rc;
+}
+
+/* ---- deepseek_v3 (latent attention, grouped sigmoid router, shared experts; bf16 or FP8) --------------------- */
+
+/* x (|x| <= 448) as the nearest e4m3fn code, ties to even (a value of 3 fraction bits, exponent >= -6). */
+static uint8_t e4m3_code(double x) {
+    const uint8_t sign = signbit(x) ? 0x80 : 0;
+    double a = mf_round_to_format(fabs(x), 3, -6, 8);
+    if (a > 448) a = 448;
+    if (a == 0) return sign;
+    int e;
+    frexp(a, &e);
+    e -= 1;   /* a = 1.m x 2^e */
+    if (e < -6) return sign | (uint8_t)(a * 512.0);   /* subnormal: m x 2^-9 */
+    return sign | (uint8_t)((e + 7) << 3) | (uint8_t)((ldexp(a, -e) - 1.0) * 8.0);
+}
+
+/* A linear weight [rows, cols]: bf16, or FP8 as DeepSeek-V3 stores it: per block of b0 x b1 values the scale
+ * amax / 448 as an F32 "<name>_scale_inv" [ceil(rows / b0), ceil(cols / b1)], each value the e4m3 code of
+ * value / scale (so code x scale_inv is the value, to e4m3's precision). */
+static void linear_w(synth *s, const char *name, int64_t rows, int64_t cols, double std, const int *fp8_block) {
+    if (!fp8_block) {
+        tensor(s, name, rows, cols, 0.0, std);
+        return;
+    }
+    const int b0 = fp8_block[0], b1 = fp8_block[1];
+    const int64_t sr = (rows + b0 - 1) / b0, sc = (cols + b1 - 1) / b1;
+    const size_t n = (size_t)rows * (size_t)cols;
+    double *v = mf_xmalloc(n * sizeof(double));
+    for (size_t i = 0; i < n; i++) v[i] = std * mf_rng_normal(&s->rng);
+    float *scale = mf_xcalloc((size_t)(sr * sc), sizeof(float));
+    for (int64_t r = 0; r < rows; r++)
+        for (int64_t c = 0; c < cols; c++) {
+            float *m = &scale[(r / b0) * sc + c / b1];
+            *m = fmaxf(*m, (float)fabs(v[r * cols + c]));
+        }
+    for (int64_t i = 0; i < sr * sc; i++) scale[i] = scale[i] > 0 ? scale[i] / 448.0f : 1.0f;
+    uint8_t *q = mf_xmalloc(n);
+    for (int64_t r = 0; r < rows; r++)
+        for (int64_t c = 0; c < cols; c++) q[r * cols + c] = e4m3_code(v[r * cols + c] / scale[(r / b0) * sc + c / b1]);
+    const int64_t shape[2] = {rows, cols}, sshape[2] = {sr, sc};
+    char nm[512];
+    snprintf(nm, sizeof nm, "%s_scale_inv", name);
+    mf_st_writer_add(s->st, name, MF_F8E4M3, 2, shape, q);
+    mf_st_writer_add(s->st, nm, MF_F32, 2, sshape, scale);
+    free(v);
+    free(q);
+    free(scale);
+}
+
+/* first_k_dense_replace of a deepseek config: its leading dense layers */
+static int leading_dense(const mf_config *c) {
+    int k = 0;
+    while (k < c->n_layers && !c->layer_is_moe[k]) k++;
+    return k;
+}
+
+static int synth_deepseek(const char *dir, mf_synth_size size, const mf_config *like, uint64_t seed, bool fp8,
+                          mf_error *err) {
+    const bool small = size == MF_SYNTH_SMALL;
+    /* tiny: the dimensions of tests/fixtures/hf26/deepseek_v3; small: hidden 256, 4 layers */
+    int H = small ? 256 : 64, L = small ? 4 : 3, nh = 4, V = small ? 4096 : 384, q_lora = small ? 128 : 32,
+        kv_lora = small ? 128 : 32, nope = small ? 32 : 24, rope_d = small ? 32 : 16, vd = small ? 32 : 20,
+        E = 16, K = 4, I_moe = small ? 224 : 32, I_dense = small ? 688 : 96, n_shared = 1, G = 4, TG = 2, fkd = 1;
+    int block[2] = {small ? 128 : 16, small ? 128 : 16};
+    double scaling = 2.5;
+    if (like) {
+        H = like->hidden, L = like->n_layers, nh = like->n_heads, V = like->vocab, q_lora = like->q_lora_rank;
+        kv_lora = like->kv_lora_rank, nope = like->qk_nope_dim, rope_d = like->qk_rope_dim, vd = like->v_head_dim;
+        E = like->n_experts, K = like->top_k, I_moe = like->moe_intermediate, I_dense = like->intermediate;
+        n_shared = like->n_shared_experts, G = like->n_group, TG = like->topk_group, fkd = leading_dense(like);
+        scaling = like->routed_scaling;
+        if (like->fp8_block[0] > 0) block[0] = like->fp8_block[0], block[1] = like->fp8_block[1];
+        else block[0] = block[1] = 128;
+    }
+    const double std = 0.05;
+    const int *fb = fp8 ? block : NULL;
+    json_t *cfg = json_object();
+    json_t *archs = json_array();
+    json_array_append_new(archs, json_string("DeepseekV3ForCausalLM"));
+    json_object_set_new(cfg, "architectures", archs);
+    json_object_set_new(cfg, "model_type", json_string("deepseek_v3"));
+    json_object_set_new(cfg, "dtype", json_string("bfloat16"));
+    json_object_set_new(cfg, "vocab_size", json_integer(V));
+    json_object_set_new(cfg, "hidden_size", json_integer(H));
+    json_object_set_new(cfg, "intermediate_size", json_integer(I_dense));
+    json_object_set_new(cfg, "moe_intermediate_size", json_integer(I_moe));
+    json_object_set_new(cfg, "num_hidden_layers", json_integer(L));
+    json_object_set_new(cfg, "num_attention_heads", json_integer(nh));
+    json_object_set_new(cfg, "num_key_value_heads", json_integer(nh));
+    json_object_set_new(cfg, "q_lora_rank", q_lora > 0 ? json_integer(q_lora) : json_null());
+    json_object_set_new(cfg, "kv_lora_rank", json_integer(kv_lora));
+    json_object_set_new(cfg, "qk_nope_head_dim", json_integer(nope));
+    json_object_set_new(cfg, "qk_rope_head_dim", json_integer(rope_d));
+    json_object_set_new(cfg, "v_head_dim", json_integer(vd));
+    json_object_set_new(cfg, "n_routed_experts", json_integer(E));
+    json_object_set_new(cfg, "num_experts_per_tok", json_integer(K));
+    json_object_set_new(cfg, "n_shared_experts", json_integer(n_shared));
+    json_object_set_new(cfg, "n_group", json_integer(G));
+    json_object_set_new(cfg, "topk_group", json_integer(TG));
+    json_object_set_new(cfg, "first_k_dense_replace", json_integer(fkd));
+    json_object_set_new(cfg, "routed_scaling_factor", json_real(scaling));
+    json_object_set_new(cfg, "norm_topk_prob", json_true());
+    json_object_set_new(cfg, "hidden_act", json_string("silu"));
+    json_object_set_new(cfg, "max_position_embeddings", json_integer(4096));
+    json_object_set_new(cfg, "rms_norm_eps", json_real(1e-6));
+    json_object_set_new(cfg, "tie_word_embeddings", json_false());
+    json_object_set_new(cfg, "rope_interleave", json_true());
+    json_t *rope = json_object();
+    json_object_set_new(rope, "rope_type", json_string("default"));
+    json_object_set_new(rope, "rope_theta", json_real(10000.0));
+    json_object_set_new(cfg, "rope_parameters", rope);
+    if (fp8) {   /* DeepSeek-V3's own quantization_config */
+        json_t *qc = json_object(), *wbs = json_array();
+        json_object_set_new(qc, "activation_scheme", json_string("dynamic"));
+        json_object_set_new(qc, "fmt", json_string("e4m3"));
+        json_object_set_new(qc, "quant_method", json_string("fp8"));
+        json_array_append_new(wbs, json_integer(block[0]));
+        json_array_append_new(wbs, json_integer(block[1]));
+        json_object_set_new(qc, "weight_block_size", wbs);
+        json_object_set_new(cfg, "quantization_config", qc);
+    }
+    char path[4096], nm[256];
+    char *text = json_dumps(cfg, JSON_INDENT(2) | JSON_PRESERVE_ORDER);
+    json_decref(cfg);
+    mf_path_join(path, sizeof path, dir, "config.json");
+    int rc = mf_write_file_atomic(path, text, strlen(text), err);
+    free(text);
+    if (rc) return rc;
+
+    synth s = {mf_st_writer_new(), {{0}}, false, seed, 0};
+    mf_rng_seed(&s.rng, seed);
+#define LW(rows, cols, ...) (snprintf(nm, sizeof nm, __VA_ARGS__), linear_w(&s, nm, rows, cols, std, fb))
+    W(V, H, "model.embed_tokens.weight");
+    for (int l = 0; l < L; l++) {
+        NORM(H, "model.layers.%d.input_layernorm.weight", l);
+        NORM(H, "model.layers.%d.post_attention_layernorm.weight", l);
+        if (q_lora > 0) {
+            LW(q_lora, H, "model.layers.%d.self_attn.q_a_proj.weight", l);
+            NORM(q_lora, "model.layers.%d.self_attn.q_a_layernorm.weight", l);
+            LW(nh * (nope + rope_d), q_lora, "model.layers.%d.self_attn.q_b_proj.weight", l);
+        } else {
+            LW(nh * (nope + rope_d), H, "model.layers.%d.self_attn.q_proj.weight", l);
+        }
+        LW(kv_lora + rope_d, H, "model.layers.%d.self_attn.kv_a_proj_with_mqa.weight", l);
+        NORM(kv_lora, "model.layers.%d.self_attn.kv_a_layernorm.weight", l);
+        LW(nh * (nope + vd), kv_lora, "model.layers.%d.self_attn.kv_b_proj.weight", l);
+        LW(H, nh * vd, "model.layers.%d.self_attn.o_proj.weight", l);
+        if (l < fkd) {
+            LW(I_dense, H, "model.layers.%d.mlp.gate_proj.weight", l);
+            LW(I_dense, H, "model.layers.%d.mlp.up_proj.weight", l);
+            LW(H, I_dense, "model.layers.%d.mlp.down_proj.weight", l);
+            continue;
+        }
+        W(E, H, "model.layers.%d.mlp.gate.weight", l);   /* the router stays bf16, its bias fp32 */
+        float *bias = mf_xmalloc((size_t)E * sizeof(float));
+        for (int e = 0; e < E; e++) bias[e] = (float)(0.01 * mf_rng_normal(&s.rng));
+        snprintf(nm, sizeof nm, "model.layers.%d.mlp.gate.e_score_correction_bias", l);
+        mf_st_writer_add(s.st, nm, MF_F32, 1, (const int64_t[1]){E}, bias);
+        free(bias);
+        for (int e = 0; e < E; e++) {
+            LW(I_moe, H, "model.layers.%d.mlp.experts.%d.gate_proj.weight", l, e);
+            LW(I_moe, H, "model.layers.%d.mlp.experts.%d.up_proj.weight", l, e);
+            LW(H, I_moe, "model.layers.%d.mlp.experts.%d.down_proj.weight", l, e);
+        }
+        if (n_shared > 0) {
+            LW(n_shared * I_moe, H, "model.layers.%d.mlp.shared_experts.gate_proj.weight", l);
+            LW(n_shared * I_moe, H, "model.layers.%d.mlp.shared_experts.up_proj.weight", l);
+            LW(H, n_shared * I_moe, "model.layers.%d.mlp.shared_experts.down_proj.weight", l);
+        }
+    }
+#undef LW
+    NORM(H, "model.norm.weight");
+    W(V, H, "lm_head.weight");
+    mf_path_join(path, sizeof path, dir, "model.safetensors");
+    rc = mf_st_writer_write(s.st, path, err);
+    mf_st_writer_free(s.st);
+    if (rc) return rc;
+    return write_prompts(dir, &s.rng, small, V, err);
 }

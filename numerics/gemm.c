@@ -1,9 +1,12 @@
 /* Native CPU matrix products C[m, n] = A[m, k] . W^T with W read where it
  * lies: a weight in the mapped checkpoint (bf16, f16, f32 or f64, rows of k
- * values), or an activation with any strides. Nothing is converted ahead of
- * the product: each worker copies a panel of NR columns of W by KC values of
- * k into a small buffer in the kernel's layout (widening bf16 and f16 is
- * exact), runs every row of A against it, and moves on. The panel is a few
+ * values; or block-scaled FP8 / MXFP4 codes with their scales), or an
+ * activation with any strides. Nothing is converted ahead of the product:
+ * each worker copies a panel of NR columns of W by KC values of k into a
+ * small buffer in the kernel's layout (widening bf16 and f16 is exact; a
+ * block-scaled code becomes fp32(code x scale), rounded to the weights'
+ * dtype, the value a dequantised copy would hold), runs every row of A
+ * against it, and moves on. The panel is a few
  * dozen kilobytes, reused by all m rows, so its cost is 1/m of the product's.
  *
  * Every output is one fused multiply-add chain over k in ascending order,
@@ -24,6 +27,7 @@
 #include "mf_numerics.h"
 
 #include <math.h>
+#include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -83,12 +87,124 @@ const char *mf_gemm_kernel_name(void) { return path_names[current_path()]; }
 /* ---- matrices ---------------------------------------------------------------- */
 
 mf_mat mf_mat_rows(const void *data, mf_dtype dtype, int n, int k) {
-    mf_mat w = {data, dtype, n, k, (size_t)k, 1};
+    return (mf_mat){.data = data, .dtype = dtype, .n = n, .k = k, .rs = (size_t)k, .cs = 1};
+}
+
+mf_mat mf_mat_fp8_block(const uint8_t *codes, int n, int k, const void *scales, mf_dtype sdt, int bn, int bk,
+                        mf_dtype round) {
+    mf_mat w = mf_mat_rows(codes, MF_F8E4M3, n, k);
+    w.q = (mf_mat_scales){MF_WQ_FP8_BLOCK, scales, sdt, bn, bk, (size_t)((k + bk - 1) / bk), round};
     return w;
 }
 
+mf_mat mf_mat_mxfp4(const uint8_t *blocks, int n, int k, const uint8_t *scales, mf_dtype round) {
+    mf_mat w = mf_mat_rows(blocks, MF_U8, n, k);
+    w.q = (mf_mat_scales){MF_WQ_MXFP4, scales, MF_U8, 1, 32, (size_t)((k + 31) / 32), round};
+    return w;
+}
+
+/* ---- block-scaled codes, widened --------------------------------------------- */
+
+/* An e4m3fn byte's value as fp32 (exact): mf_f8e4m3_to_f64's, with its one quiet NaN for S.1111.111. */
+static float e4m3_value(unsigned b) {
+    if ((b & 0x7f) == 0x7f) return NAN;
+    const uint32_t sign = (uint32_t)(b & 0x80) << 24, e = (b >> 3) & 15u, m = b & 7u;
+    if (!e) {
+        const float v = (float)m * 0x1p-9f;   /* subnormal: m/8 x 2^-6 */
+        return sign ? -v : v;
+    }
+    return mf_bits_f32(sign | (e + 120) << 23 | m << 20);   /* (1 + m/8) 2^(e - 7) */
+}
+
+static float e4m3_lut[256];
+static pthread_once_t e4m3_once = PTHREAD_ONCE_INIT;
+static void e4m3_init(void) {
+    for (unsigned b = 0; b < 256; b++) e4m3_lut[b] = e4m3_value(b);
+}
+
+/* OCP e2m1 (fp4): 1 sign, 2 exponent (bias 1), 1 mantissa bit; no Inf or NaN. */
+static const float e2m1_f32[16] = {0.0f,  0.5f,  1.0f,  1.5f,  2.0f,  3.0f,  4.0f,  6.0f,
+                                   -0.0f, -0.5f, -1.0f, -1.5f, -2.0f, -3.0f, -4.0f, -6.0f};
+
+/* Scale q element i as fp32: an FP8 scale_inv as stored (read as transformers reads it, then fp32); a UE8M0
+ * byte as fp32(2^(b - 127)): 2^-127 (subnormal) for 0, +inf for 0xff. */
+static inline float scale_at(const mf_mat_scales *q, size_t i) {
+    if (q->kind == MF_WQ_FP8_BLOCK) return (float)mf_load_as_f64(q->data, q->dtype, i);
+    const uint32_t b = ((const uint8_t *)q->data)[i];
+    return mf_bits_f32(b ? b << 23 : 1u << 22);
+}
+
+/* The value rounded to the weights' dtype, as storing it into a tensor of that dtype and widening it does
+ * (mf_roundf_to is mf_round_to on an fp32 value, NaN included: tests/test_dtype.c). */
+__attribute__((always_inline)) static inline float round_w(mf_dtype r, float v) {
+    if (r == MF_BF16) return mf_bf16_to_f32(mf_f32_to_bf16(v));
+    return r == MF_F32 ? v : mf_roundf_to(r, v);
+}
+
+static inline float code_f32(const mf_mat *w, size_t i) {
+    const uint8_t *c = w->data;
+    if (w->q.kind == MF_WQ_FP8_BLOCK) return e4m3_value(c[i]);
+    return e2m1_f32[i & 1 ? c[i >> 1] >> 4 : c[i >> 1] & 15u];
+}
+
+/* dst[t * ds] = W(j, k0 + t) for t < kc of a block-scaled w: one scale load per block of k. */
+#define DEFINE_QROW(NAME, T)                                                                                           \
+    static void NAME(const mf_mat *w, int j, int k0, int kc, T *dst, size_t ds) {                                      \
+        const mf_mat_scales *q = &w->q;                                                                                \
+        const size_t srow = (size_t)(j / q->bn) * q->rs, base = (size_t)j * w->rs, cs = w->cs;                        \
+        const uint8_t *c = w->data;                                                                                    \
+        const mf_dtype r = q->round;                                                                                   \
+        if (q->kind == MF_WQ_FP8_BLOCK) pthread_once(&e4m3_once, e4m3_init);                                           \
+        for (int t = 0; t < kc;) {                                                                                     \
+            const int blk = (k0 + t) / q->bk;                                                                          \
+            const int end = (blk + 1) * q->bk - k0 < kc ? (blk + 1) * q->bk - k0 : kc;                                 \
+            const float s = scale_at(q, srow + (size_t)blk);                                                           \
+            if (q->kind == MF_WQ_FP8_BLOCK) {                                                                          \
+                const uint8_t *p = c + base + (size_t)k0 * cs;                                                         \
+                for (; t < end; t++) dst[(size_t)t * ds] = round_w(r, e4m3_lut[p[(size_t)t * cs]] * s);               \
+            } else {                                                                                                   \
+                for (; t < end; t++) {                                                                                 \
+                    const size_t i = base + (size_t)(k0 + t) * cs;                                                     \
+                    dst[(size_t)t * ds] = round_w(r, e2m1_f32[i & 1 ? c[i >> 1] >> 4 : c[i >> 1] & 15u] * s);         \
+                }                                                                                                      \
+            }                                                                                                          \
+        }                                                                                                              \
+    }
+DEFINE_QROW(q_row_f32, float)
+DEFINE_QROW(q_row_f64, double)
+
+void mf_mat_row_f32(const mf_mat *w, int j, int k0, int kc, float *dst) {
+    if (w->q.kind != MF_WQ_NONE) {
+        q_row_f32(w, j, k0, kc, dst, 1);
+        return;
+    }
+    for (int t = 0; t < kc; t++) dst[t] = (float)mf_mat_get(w, j, k0 + t);
+}
+
 double mf_mat_get(const mf_mat *w, int j, int kk) {
-    return mf_load_as_f64(w->data, w->dtype, (size_t)j * w->rs + (size_t)kk * w->cs);
+    const size_t i = (size_t)j * w->rs + (size_t)kk * w->cs;
+    if (w->q.kind == MF_WQ_NONE) return mf_load_as_f64(w->data, w->dtype, i);
+    const mf_mat_scales *q = &w->q;
+    return round_w(q->round, code_f32(w, i) * scale_at(q, (size_t)(j / q->bn) * q->rs + (size_t)(kk / q->bk)));
+}
+
+void mf_mat_row_bytes(const mf_mat *w, int j0, int rows, const void **codes, size_t *ncodes, const void **scales,
+                      size_t *nscales) {
+    const size_t first = (size_t)j0 * w->rs, count = (size_t)rows * w->rs;
+    *scales = NULL;
+    *nscales = 0;
+    if (w->q.kind == MF_WQ_MXFP4) {   /* two values a byte, rows start at even elements */
+        *codes = (const uint8_t *)w->data + first / 2;
+        *ncodes = (count + 1) / 2;
+    } else {
+        *codes = (const uint8_t *)w->data + first * mf_dtype_size(w->dtype);
+        *ncodes = count * mf_dtype_size(w->dtype);
+    }
+    if (w->q.kind == MF_WQ_NONE || rows <= 0) return;
+    const mf_mat_scales *q = &w->q;
+    const size_t r0 = (size_t)(j0 / q->bn), r1 = (size_t)((j0 + rows - 1) / q->bn), es = mf_dtype_size(q->dtype);
+    *scales = (const uint8_t *)q->data + r0 * q->rs * es;
+    *nscales = (r1 - r0 + 1) * q->rs * es;
 }
 
 /* ---- panels ------------------------------------------------------------------ */
@@ -97,12 +213,27 @@ double mf_mat_get(const mf_mat *w, int j, int kk) {
 #ifdef MF_HAVE_X86
 static bool pairs_block16(const uint16_t *w, size_t rs, int jb, int kc, int nr, uint32_t *dst, int *done_k);
 static int f32_block16(const uint16_t *w, size_t rs, int jb, int kc, int nr, float *dst);
+static int fp8_block16(const mf_mat *w, int j0, int jb, int k0, int kc, int nr, float *dst);
 #endif
 
 /* dst[kk * nr + jj] = W(j0 + jj, k0 + kk) for jj < nc, kk < kc; zero for jj >= nc. */
 static void panel_f32(const mf_mat *w, int j0, int nc, int k0, int kc, int nr, float *dst, bool vec) {
     if (nc < nr)
         for (int kk = 0; kk < kc; kk++) memset(dst + (size_t)kk * nr + nc, 0, (size_t)(nr - nc) * sizeof(float));
+    if (w->q.kind != MF_WQ_NONE) {   /* block-scaled codes, widened here */
+        int jfull = 0, kdone = 0;   /* columns [0, jfull) x values [0, kdone) done 16 x 16 at a time */
+#ifdef MF_HAVE_X86
+        const mf_mat_scales *q = &w->q;
+        if (vec && q->kind == MF_WQ_FP8_BLOCK && w->cs == 1 && q->bk % 16 == 0 && k0 % 16 == 0 &&
+            (q->round == MF_F32 || q->round == MF_BF16) && nc >= 16)
+            for (jfull = 0; jfull + 16 <= nc; jfull += 16) kdone = fp8_block16(w, j0, jfull, k0, kc, nr, dst);
+#endif
+        for (int jj = 0; jj < nc; jj++) {
+            const int ks = jj < jfull ? kdone : 0;
+            if (ks < kc) q_row_f32(w, j0 + jj, k0 + ks, kc - ks, dst + (size_t)ks * nr + jj, (size_t)nr);
+        }
+        return;
+    }
     int jfull = 0, kdone = 0;   /* columns [0, jfull) x values [0, kdone) done by the vector builder */
 #ifdef MF_HAVE_X86
     if (vec && w->dtype == MF_BF16 && w->cs == 1 && nc >= 16) {
@@ -149,6 +280,10 @@ static void panel_f64(const mf_mat *w, int j0, int nc, int k0, int kc, int nr, d
     (void)vec;
     if (nc < nr)
         for (int kk = 0; kk < kc; kk++) memset(dst + (size_t)kk * nr + nc, 0, (size_t)(nr - nc) * sizeof(double));
+    if (w->q.kind != MF_WQ_NONE) {
+        for (int jj = 0; jj < nc; jj++) q_row_f64(w, j0 + jj, k0, kc, dst + jj, (size_t)nr);
+        return;
+    }
     for (int jj = 0; jj < nc; jj++) {
         const size_t base = (size_t)(j0 + jj) * w->rs + (size_t)k0 * w->cs, cs = w->cs;
         double *d = dst + jj;
@@ -197,6 +332,8 @@ static inline int32_t dp_bits_of(double v) {
  * W(k0 + kk + 1) of column j0 + jj (zeros past nc and past k). False when a
  * value is not a dp-safe bf16. */
 static bool panel_pairs(const mf_mat *w, int j0, int nc, int k0, int kc, int kend, int nr, uint32_t *dst, bool vec) {
+    /* block-scaled codes take the fp32 kernel (the same bits): their widening is panel_f32's */
+    if (w->q.kind != MF_WQ_NONE) return false;
     const int pairs = (kc + 1) / 2;
     if (nc < nr)
         for (int p = 0; p < pairs; p++) memset(dst + (size_t)p * nr + nc, 0, (size_t)(nr - nc) * sizeof(uint32_t));
@@ -285,6 +422,56 @@ __attribute__((target("avx512f,avx512bw"))) static bool pairs_block16(const uint
     }
     *done_k = kk;
     return !bad;
+}
+
+/* 16 e4m3fn codes as fp32, e4m3_value's values bit for bit (its one quiet NaN, for either sign, included). */
+__attribute__((target("avx512f"))) static inline __m512 e4m3x16(__m128i bytes) {
+    const __m512i v = _mm512_cvtepu8_epi32(bytes), em = _mm512_and_si512(v, _mm512_set1_epi32(0x7f));
+    const __m512i sign = _mm512_slli_epi32(_mm512_and_si512(v, _mm512_set1_epi32(0x80)), 24);
+    const __m512i normal = _mm512_add_epi32(_mm512_slli_epi32(em, 20), _mm512_set1_epi32(120 << 23));
+    const __m512 sub = _mm512_mul_ps(_mm512_cvtepi32_ps(em), _mm512_set1_ps(0x1p-9f));   /* exponent 0: m x 2^-9 */
+    __m512i bits = _mm512_mask_mov_epi32(normal, _mm512_cmplt_epi32_mask(em, _mm512_set1_epi32(8)), _mm512_castps_si512(sub));
+    bits = _mm512_or_si512(bits, sign);
+    bits = _mm512_mask_mov_epi32(bits, _mm512_cmpeq_epi32_mask(em, _mm512_set1_epi32(0x7f)), _mm512_set1_epi32(0x7fc00000));
+    return _mm512_castsi512_ps(bits);
+}
+
+/* x rounded to bf16 (nearest even; NaN made quiet) and widened back: mf_f32_to_bf16's bits, 16 at a time. */
+__attribute__((target("avx512f"))) static inline __m512i bf16_roundx16(__m512 x) {
+    const __m512i u = _mm512_castps_si512(x), hi = _mm512_set1_epi32((int)0xffff0000u);
+    const __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(1));
+    const __m512i r = _mm512_and_si512(_mm512_add_epi32(u, _mm512_add_epi32(_mm512_set1_epi32(0x7fff), lsb)), hi);
+    const __mmask16 nan = _mm512_cmpgt_epu32_mask(_mm512_and_si512(u, _mm512_set1_epi32(0x7fffffff)),
+                                                  _mm512_set1_epi32(0x7f800000));
+    return _mm512_mask_mov_epi32(r, nan, _mm512_and_si512(_mm512_or_si512(u, _mm512_set1_epi32(0x400000)), hi));
+}
+
+/* The fp32 panel of 16-row by 16-value blocks of FP8 codes (rows j0 + jb ..), each 16 values inside one scale
+ * block (bk a multiple of 16, k0 too): what q_row_f32 computes, weights rounded to fp32 or bf16. Returns the
+ * values of k done. */
+__attribute__((target("avx512f"))) static int fp8_block16(const mf_mat *w, int j0, int jb, int k0, int kc, int nr,
+                                                          float *dst) {
+    const mf_mat_scales *q = &w->q;
+    const uint8_t *c = w->data;
+    const bool bf = q->round == MF_BF16;
+    float s[16];
+    int have = -1;   /* the scale block s[] holds */
+    int kk = 0;
+    for (; kk + 16 <= kc; kk += 16) {
+        const int blk = (k0 + kk) / q->bk;
+        if (blk != have)
+            for (int j = 0; j < 16; j++) s[j] = scale_at(q, (size_t)((j0 + jb + j) / q->bn) * q->rs + (size_t)blk);
+        have = blk;
+        __m512i r[16];
+        for (int j = 0; j < 16; j++) {
+            const __m128i b = _mm_loadu_si128((const __m128i *)(const void *)(c + (size_t)(j0 + jb + j) * w->rs + k0 + kk));
+            const __m512 v = _mm512_mul_ps(e4m3x16(b), _mm512_set1_ps(s[j]));
+            r[j] = bf ? bf16_roundx16(v) : _mm512_castps_si512(v);
+        }
+        transpose16(r);
+        for (int t = 0; t < 16; t++) _mm512_storeu_si512(dst + (size_t)(kk + t) * nr + jb, r[t]);
+    }
+    return kk;
 }
 
 /* The fp32 panel of 16-row by 16-value blocks of bf16 rows (widened). */

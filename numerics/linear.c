@@ -28,6 +28,7 @@ typedef struct emu_entry {
     int n, k;
     size_t rs, cs;
     mf_dtype dtype;
+    mf_mat_scales q;   /* a block-scaled weight's scale layout and rounding (the scales' bytes are in the digest) */
     /* what the decoding depends on: the operands' formats, the instruction's k and kind, the zero rule (a
      * schedule's address is no key: each trace parses its own) */
     mf_fmt a_fmt, b_fmt;
@@ -50,9 +51,14 @@ static size_t slot_of(const char *digest) {
     return h % EMU_CACHE_SLOTS;
 }
 
+static bool same_scales(const mf_mat_scales *x, const mf_mat_scales *y) {
+    return x->kind == y->kind && (x->kind == MF_WQ_NONE || (x->dtype == y->dtype && x->bn == y->bn && x->bk == y->bk &&
+                                                             x->rs == y->rs && x->round == y->round));
+}
+
 static bool same_key(const emu_entry *e, const char *digest, const mf_mat *b, int n, const mf_kschedule *ks) {
     return e->pack && !strcmp(e->digest, digest) && e->n == n && e->k == b->k && e->rs == b->rs && e->cs == b->cs &&
-           e->dtype == b->dtype && e->a_fmt == ks->instr.a_fmt && e->b_fmt == ks->instr.b_fmt &&
+           e->dtype == b->dtype && same_scales(&e->q, &b->q) && e->a_fmt == ks->instr.a_fmt && e->b_fmt == ks->instr.b_fmt &&
            e->instr_k == ks->instr.k && e->kind == ks->instr.kind && e->zero_excluded == ks->instr.zero_products_excluded &&
            mf_emu_bpack_current(e->pack);
 }
@@ -81,6 +87,8 @@ static bool cache_add(const char *digest, const mf_mat *b, int n, const mf_ksche
         emu_entry *e = &emu_cache.slots[i];
         memcpy(e->digest, digest, 33);
         e->n = n, e->k = b->k, e->rs = b->rs, e->cs = b->cs, e->dtype = b->dtype, e->pack = pack;
+        e->q = b->q;
+        e->q.data = NULL;   /* the key is the digest, never an address */
         e->a_fmt = ks->instr.a_fmt, e->b_fmt = ks->instr.b_fmt, e->instr_k = ks->instr.k, e->kind = ks->instr.kind;
         e->zero_excluded = ks->instr.zero_products_excluded;
         emu_cache.bytes += bytes;
@@ -101,6 +109,7 @@ static void emulate(const mf_kschedule *ks, const mf_mm *mm, const double *ad, c
     const int nb = N < EMU_COLS ? N : EMU_COLS;
     uint64_t *A = mf_xmalloc((size_t)M * K * sizeof(uint64_t)), *B = mf_xmalloc((size_t)K * nb * sizeof(uint64_t));
     uint64_t *C = mf_xmalloc((size_t)M * nb * sizeof(uint64_t));
+    float *rows = b->q.kind != MF_WQ_NONE ? mf_xmalloc((size_t)K * nb * sizeof(float)) : NULL;
     for (int i = 0; i < M; i++)
         for (int k = 0; k < K; k++) {
             double v = ad ? ad[(size_t)i * lda + k] : af[(size_t)i * lda + k];
@@ -112,12 +121,29 @@ static void emulate(const mf_kschedule *ks, const mf_mm *mm, const double *ad, c
         const int w = N - j0 < nb ? N - j0 : nb;
         char digest[33];
         const mf_emu_bpack *cached = NULL;
-        if (cacheable) {
-            mf_digest_buffer((const char *)b->data + (size_t)j0 * b->rs * mf_dtype_size(b->dtype),
-                             (size_t)w * K * mf_dtype_size(b->dtype), digest);
+        if (cacheable) {   /* the codes' bytes, and a block-scaled weight's scales with them */
+            const void *codes, *scales;
+            size_t nc, ns;
+            mf_mat_row_bytes(b, j0, w, &codes, &nc, &scales, &ns);
+            mf_digest_state *d = mf_digest_new();
+            mf_digest_update(d, codes, nc);
+            if (ns) {   /* with where the block rows begin: the same bytes shifted are other values */
+                const int phase = j0 % b->q.bn;
+                mf_digest_update(d, scales, ns);
+                mf_digest_update(d, &phase, sizeof phase);
+            }
+            mf_digest_final(d, digest);
             cached = cache_find(digest, b, w, ks);
         }
-        if (!cached) {
+        if (!cached && b->q.kind != MF_WQ_NONE) {   /* block-scaled: widened a row at a time, transposed in tiles */
+            for (int j = 0; j < w; j++) mf_mat_row_f32(b, j0 + j, 0, K, rows + (size_t)j * K);
+            for (int kt = 0; kt < K; kt += 32)
+                for (int j = 0; j < w; j++) {
+                    const float *r = rows + (size_t)j * K;
+                    for (int k = kt; k < K && k < kt + 32; k++)
+                        B[(size_t)k * w + j] = bf ? mf_f32_to_bf16(r[k]) : mf_f32_to_f16(r[k]);
+                }
+        } else if (!cached) {
             for (int k = 0; k < K; k++)
                 for (int j = 0; j < w; j++) {
                     const double v = mf_mat_get(b, j0 + j, k);
@@ -142,6 +168,7 @@ static void emulate(const mf_kschedule *ks, const mf_mm *mm, const double *ad, c
     free(A);
     free(B);
     free(C);
+    free(rows);
 }
 
 /* epilogue: the fp32 sums (+ bias in fp32), then one rounding to the output

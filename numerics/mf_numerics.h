@@ -3,8 +3,9 @@
  * Every matrix product of a model is C[M,N] = A[M,K] . W[N,K]^T with W read
  * where it lies (mf_mat): a weight in the mapped checkpoint, in its own
  * dtype, or an activation with any strides. The kernels widen W's values as
- * they load them (bf16 and f16 to fp32 or fp64 is exact); nothing is copied
- * whole into a wider type.
+ * they load them (bf16 and f16 to fp32 or fp64 is exact; block-scaled FP8
+ * and MXFP4 codes times their block's scale, as dequantising them would);
+ * nothing is copied whole into a wider type.
  *
  * The CPU's own arithmetic ("native") is defined here exactly, so results do
  * not depend on the instruction set or the number of threads: each output
@@ -16,19 +17,62 @@
 
 #include "mf_core.h"
 
+/* Block-scaled weights: a checkpoint's narrow codes kept as stored, with their
+ * block scales beside them, widened by the kernels as they pack panels (never
+ * copied whole into a wider type). Element (j, kk) of such a matrix is
+ *     round_to(round, fp32(fp32(code(j, kk)) x fp32(S[j / bn][kk / bk])))
+ * the fp32 product of the code's value and its block's scale, then rounded to
+ * `round` (F32: as is; BF16, F16: nearest even), which is what dequantising
+ * the tensor once and loading it into a model of that dtype gives.
+ *  MF_WQ_FP8_BLOCK  codes: F8_E4M3 bytes (mf_mat.dtype MF_F8E4M3), one a value; S: float (F32, BF16 or F16)
+ *                   [ceil(n / bn), ceil(k / bk)], DeepSeek-V3's weight_scale_inv with its
+ *                   quantization_config weight_block_size [bn, bk] ([128, 128]); transformers' Fp8Dequantize.
+ *  MF_WQ_MXFP4      codes: OCP MXFP4 e2m1 nibbles, two a byte (mf_mat.dtype MF_U8): element index
+ *                   i = j * rs + kk * cs (rs, cs count values) is the low nibble of byte i / 2 when i is even,
+ *                   the high one when odd; S: UE8M0 bytes [n, ceil(k / 32)] (bn = 1, bk = 32), scale
+ *                   fp32(2^(b - 127)) with 0xff as +inf, as transformers' convert_moe_packed_tensors computes it
+ *                   (torch.ldexp multiplies by 2^e in fp32); gpt-oss's *_blocks and *_scales.
+ * A view of such a matrix starts at a block boundary (row 0 of S is its first block row) and, for MXFP4, at
+ * an even element. */
+typedef enum mf_wq { MF_WQ_NONE, MF_WQ_FP8_BLOCK, MF_WQ_MXFP4 } mf_wq;
+
+typedef struct mf_mat_scales {
+    mf_wq kind;           /* MF_WQ_NONE: a plain matrix; the rest is unused */
+    const void *data;     /* S [rows, rs]: S[r][c] is element r * rs + c */
+    mf_dtype dtype;       /* F32 / BF16 / F16 (FP8), U8 (MXFP4) */
+    int bn, bk;           /* rows and k-values one scale covers */
+    size_t rs;
+    mf_dtype round;       /* F32, BF16 or F16: the policy's weight dtype */
+} mf_mat_scales;
+
 /* A matrix W[n, k] as stored: element (j, kk) is element j * rs + kk * cs of
- * `data`, of dtype BF16, F16, F32 or F64. */
+ * `data`, of dtype BF16, F16, F32 or F64, or the code of a block-scaled
+ * weight (q.kind != MF_WQ_NONE). */
 typedef struct mf_mat {
     const void *data;
     mf_dtype dtype;
     int n, k;
     size_t rs, cs;
+    mf_mat_scales q;
 } mf_mat;
 
 /* Row-major [n, k] (a safetensors weight [out, in]). */
 mf_mat mf_mat_rows(const void *data, mf_dtype dtype, int n, int k);
+/* Row-major FP8 codes [n, k] with their scales S [ceil(n / bn), ceil(k / bk)] of float dtype sdt, values
+ * rounded to `round` (F32, BF16 or F16). */
+mf_mat mf_mat_fp8_block(const uint8_t *codes, int n, int k, const void *scales, mf_dtype sdt, int bn, int bk,
+                        mf_dtype round);
+/* Row-major MXFP4 [n, k] (k even): n rows of k / 2 bytes, scales [n, ceil(k / 32)] UE8M0 bytes. */
+mf_mat mf_mat_mxfp4(const uint8_t *blocks, int n, int k, const uint8_t *scales, mf_dtype round);
 /* Element (j, kk) as double (exact; for tests and slow paths). */
 double mf_mat_get(const mf_mat *w, int j, int kk);
+/* Elements (j, k0 .. k0 + kc - 1) as fp32 (w's values must be fp32 values: any dtype but an F64 holding wider
+ * ones): a block-scaled row widened one scale at a time. */
+void mf_mat_row_f32(const mf_mat *w, int j, int k0, int kc, float *dst);
+/* The bytes of rows [j0, j0 + rows) of w as stored, codes and scales (a row-major w's digest covers both):
+ * the codes at *codes (*ncodes bytes), the scales' rows at *scales (*nscales bytes; 0 for a plain w). */
+void mf_mat_row_bytes(const mf_mat *w, int j0, int rows, const void **codes, size_t *ncodes, const void **scales,
+                      size_t *nscales);
 
 /* Causal shortcuts for attention, where row i is query position i:
  * MF_TRI_COLS: only C[i, j] with j <= i is wanted (Q.K^T); the rest is left

@@ -237,3 +237,51 @@ BF16_CASE(deepseek_v2_group)
 BF16_CASE(glm4_moe)
 BF16_CASE(gpt_oss)
 BF16_CASE(gpt_oss_mxfp4)
+
+/* `moeflip synth --arch deepseek_v3 --dtype fp8` writes transformers' own FP8 layout: the tiny size has the
+ * fixture's dimensions, and every tensor of the checkpoint transformers 5.17 wrote (tests/fixtures/hf26/
+ * deepseek_v3_fp8) is there with the same dtype and shape, and nothing else. Its codes times their block's
+ * scale are the bf16 twin's weights (same seed, same normal draws) to e4m3's precision: within half an e4m3
+ * step of the block's largest value, 2^-4 x amax, plus bf16's own rounding. */
+Test(conformance26_synth, fp8_synth_has_the_layout_transformers_writes) {
+    char fp8[600], bf16[600], err[2048];
+    snprintf(fp8, sizeof fp8, "%s/synth-fp8", temp_dir());
+    snprintf(bf16, sizeof bf16, "%s/synth-bf16", temp_dir());
+    cr_assert_eq(run_moeflip(err, sizeof err, "synth --arch deepseek_v3 --dtype fp8 --seed 4 -o %s", fp8), 0, "%s", err);
+    cr_assert_eq(run_moeflip(err, sizeof err, "synth --arch deepseek_v3 --seed 4 -o %s", bf16), 0, "%s", err);
+    cr_assert_neq(run_moeflip(err, sizeof err, "synth --arch olmoe --dtype fp8 --seed 4 -o %s/x", temp_dir()), 0,
+                  "fp8 is for deepseek_v3 only");
+    mf_error e = {0};
+    mf_checkpoint *hf, *ours, *twin;
+    cr_assert_eq(mf_checkpoint_open(&hf, fixture("hf26/deepseek_v3_fp8"), &e), MF_OK, "%s", e.msg);
+    cr_assert_eq(mf_checkpoint_open(&ours, fp8, &e), MF_OK, "%s", e.msg);
+    cr_assert_eq(mf_checkpoint_open(&twin, bf16, &e), MF_OK, "%s", e.msg);
+    cr_assert_eq(ours->files[0]->count, hf->files[0]->count);
+    int fp8_tensors = 0;
+    for (size_t i = 0; i < hf->files[0]->count; i++) {
+        const mf_st_tensor *h = &hf->files[0]->tensors[i], *o = mf_checkpoint_find(ours, h->name);
+        cr_assert_not_null(o, "synth lacks %s", h->name);
+        cr_assert_eq(o->dtype, h->dtype, "%s: %s, transformers wrote %s", h->name, mf_dtype_name(o->dtype),
+                     mf_dtype_name(h->dtype));
+        cr_assert_eq(o->ndim, h->ndim, "%s", h->name);
+        for (int d = 0; d < h->ndim; d++) cr_assert_eq(o->shape[d], h->shape[d], "%s dim %d", h->name, d);
+        if (o->dtype != MF_F8E4M3) continue;
+        fp8_tensors++;
+        char sn[512];
+        snprintf(sn, sizeof sn, "%s_scale_inv", o->name);
+        const mf_st_tensor *s = mf_checkpoint_find(ours, sn), *t = mf_checkpoint_find(twin, o->name);
+        cr_assert(s && t && t->dtype == MF_BF16, "%s", sn);
+        const int64_t R = o->shape[0], C = o->shape[1], sc = s->shape[1];
+        for (int64_t r = 0; r < R; r++)
+            for (int64_t c = 0; c < C; c++) {
+                const double scale = mf_load_as_f64(s->data, MF_F32, (size_t)((r / 16) * sc + c / 16));
+                const double v = mf_f8e4m3_to_f64(o->data[r * C + c]) * scale, want = mf_load_as_f64(t->data, MF_BF16, (size_t)(r * C + c));
+                cr_assert_leq(fabs(v - want), 448 * scale * 0x1p-4 + fabs(want) * 0x1p-8, "%s[%lld, %lld] = %g, bf16 twin %g",
+                              o->name, (long long)r, (long long)c, v, want);
+            }
+    }
+    cr_assert_eq(fp8_tensors, 120);
+    mf_checkpoint_close(hf);
+    mf_checkpoint_close(ours);
+    mf_checkpoint_close(twin);
+}

@@ -51,7 +51,7 @@ static mf_mat make_w(wkind kind, int n, int k, const float *wf, void **store) {
         for (int j = 0; j < n; j++)
             for (int kk = 0; kk < k; kk++) d[(size_t)kk * n + j] = wf[(size_t)j * k + kk];
         *store = d;
-        m = (mf_mat){d, MF_F64, n, k, 1, (size_t)n};
+        m = (mf_mat){.data = d, .dtype = MF_F64, .n = n, .k = k, .rs = 1, .cs = (size_t)n};
         return m;
     }
     }

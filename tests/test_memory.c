@@ -4,7 +4,10 @@
  * cannot fit says so, with both figures, before it allocates. The model is
  * big enough (about 270 MB of bf16) that the old loader's fp32 panels (2x)
  * or fp64 panels (4x) could not pass. The peak is the child's ru_maxrss,
- * measured by the kernel. */
+ * measured by the kernel. The same holds for an FP8 checkpoint (DeepSeek-V3's
+ * layout, about 130 MB): its e4m3 codes and block scales are used as stored,
+ * where the loader once made bf16 (2x) or fp32 (4x) copies of them, and the
+ * estimate a trace checks before it loads counts them at their own size. */
 #include <criterion/criterion.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -82,6 +85,83 @@ static void check_rss(const char *precision) {
     /* and it is the weights that are resident: more than half of them were touched */
     cr_assert_geq(rss, ckpt / 2, "%s trace: peak RSS %.1f MB, less than half the %.1f MB of weights", precision,
                   rss / 1e6, ckpt / 1e6);
+}
+
+/* deepseek_v3, hidden 1024, 5 layers (the first dense), 16 experts of width 512 (top-4) and a shared one,
+ * vocabulary 2048, linear weights FP8 in 128 x 128 blocks: 121 MB of e4m3 codes, 8 MB of bf16 (embedding, head,
+ * routers, norms). 32 tokens choose 128 experts a layer: every weight is touched. */
+static const char *big_fp8_model(void) {
+    static char dir[512];
+    if (dir[0]) return dir;
+    const char *base = temp_dir();
+    char like[600];
+    snprintf(like, sizeof like, "%s/like-fp8", base);
+    mkdir(like, 0755);
+    write_text(like, "config.json",
+               "{\"model_type\": \"deepseek_v3\", \"vocab_size\": 2048, \"hidden_size\": 1024, \"intermediate_size\": 2048,"
+               " \"moe_intermediate_size\": 512, \"num_hidden_layers\": 5, \"num_attention_heads\": 8,"
+               " \"num_key_value_heads\": 8, \"q_lora_rank\": 256, \"kv_lora_rank\": 256, \"qk_nope_head_dim\": 64,"
+               " \"qk_rope_head_dim\": 32, \"v_head_dim\": 64, \"n_routed_experts\": 16, \"num_experts_per_tok\": 4,"
+               " \"n_shared_experts\": 1, \"n_group\": 4, \"topk_group\": 2, \"first_k_dense_replace\": 1,"
+               " \"max_position_embeddings\": 512, \"rms_norm_eps\": 1e-6, \"tie_word_embeddings\": false}");
+    snprintf(dir, sizeof dir, "%s/model-fp8", base);
+    char err[2048];
+    cr_assert_eq(run_moeflip(err, sizeof err, "synth --like %s --dtype fp8 --seed 5 -o %s", like, dir), 0, "%s", err);
+    char line[1024] = "{\"id\": \"p\", \"tokens\": [";
+    for (int t = 0; t < 32; t++) snprintf(line + strlen(line), sizeof line - strlen(line), "%s%d", t ? ", " : "", (t * 977 + 13) % 2048);
+    strcat(line, "]}\n");
+    write_text(dir, "p32.jsonl", line);
+    return dir;
+}
+
+static void check_rss_fp8(const char *precision) {
+    const char *dir = big_fp8_model();
+    char path[700], cmd[2400];
+    snprintf(path, sizeof path, "%s/model.safetensors", dir);
+    const long ckpt = file_bytes(path);
+    cr_assert_gt(ckpt, 120L << 20, "the model must be big enough to tell 1x from 2x (%ld bytes)", ckpt);
+    snprintf(cmd, sizeof cmd, "'%s' trace -q --model '%s' --input '%s/p32.jsonl' --out '%s/run-fp8-%s' --precision %s "
+             "--record logits --threads 2", MF_TEST_BIN, dir, dir, temp_dir(), precision, precision);
+    int status;
+    const long rss = peak_rss_of(cmd, &status);
+    cr_assert_eq(status, 0, "%s", cmd);
+    /* bf16 copies of the FP8 weights alone would be 1.85x the file */
+    const long bound = ckpt + ckpt * 15 / 100 + (64L << 20);
+    cr_assert_leq(rss, bound, "%s trace of an FP8 checkpoint: peak RSS %.1f MB for a %.1f MB checkpoint (bound %.1f MB)",
+                  precision, rss / 1e6, ckpt / 1e6, bound / 1e6);
+    cr_assert_geq(rss, ckpt / 2, "%s trace: peak RSS %.1f MB, less than half the %.1f MB of weights", precision,
+                  rss / 1e6, ckpt / 1e6);
+}
+
+Test(memory, fp8_bf16_trace_rss_is_the_checkpoint_plus_activations, .timeout = 300) { check_rss_fp8("bf16"); }
+Test(memory, fp8_fp32_trace_rss_is_the_checkpoint_plus_activations, .timeout = 300) { check_rss_fp8("fp32"); }
+
+/* The estimate before loading: FP8 codes and their scales are in place (the file's tensors, byte for byte),
+ * nothing converted, under every policy whose weight dtype holds the bf16 tensors as stored. */
+Test(memory, fp8_estimate_counts_the_weights_at_their_own_size, .timeout = 300) {
+    const char *dir = big_fp8_model();
+    char path[700];
+    snprintf(path, sizeof path, "%s/model.safetensors", dir);
+    const long ckpt = file_bytes(path);
+    const mf_dtype policies[3] = {MF_BF16, MF_F32, MF_F64};
+    for (int i = 0; i < 3; i++) {
+        mf_model_bytes mb;
+        mf_error err = {0};
+        cr_assert_eq(mf_model_measure(dir, policies[i], 0, &mb, &err), MF_OK, "%s", err.msg);
+        /* the routers' e_score_correction_bias, F32 [16] in a bf16 checkpoint, count as 4 x 16 bf16 copies */
+        cr_assert_leq(mb.converted, 4 * 16 * 2, "%s: %llu bytes counted as converted", mf_dtype_name(policies[i]),
+                      (unsigned long long)mb.converted);
+        cr_assert(mb.in_place <= (uint64_t)ckpt && mb.in_place > (uint64_t)ckpt - (64u << 10),
+                  "%s: %llu bytes in place of a %ld-byte file (its header is the rest)", mf_dtype_name(policies[i]),
+                  (unsigned long long)mb.in_place, ckpt);
+        cr_assert_eq(mb.files, (uint64_t)ckpt);
+    }
+    /* fp16 cannot hold bf16 values: only the bf16 tensors (embedding, head, routers, norms) become copies */
+    mf_model_bytes mb;
+    mf_error err = {0};
+    cr_assert_eq(mf_model_measure(dir, MF_F16, 0, &mb, &err), MF_OK, "%s", err.msg);
+    cr_assert(mb.converted > 0 && mb.converted < (uint64_t)ckpt / 10, "fp16: %llu bytes converted",
+              (unsigned long long)mb.converted);
 }
 
 Test(memory, bf16_trace_rss_is_the_checkpoint_plus_activations, .timeout = 300) { check_rss("bf16"); }

@@ -26,9 +26,11 @@ export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 export OMPI_MCA_btl_vader_single_copy_mechanism=${OMPI_MCA_btl_vader_single_copy_mechanism:-none}
 W=$(mktemp -d /tmp/moeflip-mpi-gpu.XXXXXX)
 trap 'rm -rf "$W"' EXIT
-# the model's 32 passages 16 times over (ids made unique): long enough a job for nvidia-smi to see it
+# the model's 32 passages REPEAT times over (ids made unique; default 4): long enough a job for nvidia-smi to see
+# it, short enough that the three full exports (logits included: 186 MB of JSON lines per 32 passages) stay quick
 P="$W/prompts.jsonl"
-for k in 1 2 3 4 5 6 7 8 9 10 11 12 13 14 15 16; do sed "s/\"id\": *\"/\"id\": \"r$k-/" "$MODEL/prompts.jsonl"; done > "$P"
+k=0
+while [ "$k" -lt "${REPEAT:-4}" ]; do k=$((k + 1)); sed "s/\"id\": *\"/\"id\": \"r$k-/" "$MODEL/prompts.jsonl"; done > "$P"
 fail=0
 echo "mpi_gpu_check: $GPUS GPU(s), $RANKS ranks, $(mpirun --version | head -n1)"
 

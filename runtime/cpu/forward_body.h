@@ -135,8 +135,10 @@ static void FN(attn_core)(const fwd *f, mf_dtype D, const ACT *q, size_t q_strid
     for (int h = 0; h < nh; h++) {
         const int kh = h / group;
         /* K_kh [Tc, qk_dim] and V_kh^T [v_dim, Tc] read in place, from the cache */
-        const mf_mat kp = {kc + (size_t)kh * qk_dim, ACT_DTYPE, Tc, qk_dim, k_stride, 1};
-        const mf_mat vp = {vc + (size_t)kh * v_dim, ACT_DTYPE, v_dim, Tc, 1, v_stride};
+        const mf_mat kp = {.data = kc + (size_t)kh * qk_dim, .dtype = ACT_DTYPE, .n = Tc, .k = qk_dim,
+                           .rs = k_stride, .cs = 1};
+        const mf_mat vp = {.data = vc + (size_t)kh * v_dim, .dtype = ACT_DTYPE, .n = v_dim, .k = Tc,
+                           .rs = 1, .cs = v_stride};
         ACT *s = mf_xmalloc((size_t)T * Tc * sizeof(ACT));
         /* from position 0 the scores are causal within the new rows; one row against the cache sees all of it */
         MATMUL(&mm1, q + (size_t)h * qk_dim, T, q_stride, &kp, s, (size_t)Tc, P0 == 0 ? MF_TRI_COLS : MF_TRI_NONE);

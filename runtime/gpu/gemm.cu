@@ -213,8 +213,7 @@ __global__ static void k_emu(gk_gemm g, int *flag) {
  * subtract of a "magic" M = 1.5 * 2^52 * Q in the right rounding mode (the
  * sum's last place is Q, so rounding it toward zero, or down, is the
  * truncation; the subtraction is exact). A chunk's terms, so truncated, add
- * up exactly in double (at most 37 bits above Q). Per product: one multiply,
- * three adds, a sign, an exponent sum and a max.
+ * up exactly (k_emu_tiled counts them in units of Q, in ints: see there).
  *   NVIDIA fused: E = max(c's exponent, the products'); terms (c among them)
  *     truncated toward zero at Q = 2^(E - F); the sum rounded toward zero to
  *     fp32 (__double2float_rz, subnormals included) is k_emu's normalisation.
@@ -229,12 +228,6 @@ __global__ static void k_emu(gk_gemm g, int *flag) {
 /* M = 1.5 * 2^x: its last place is 2^(x - 52) */
 __device__ static double magic(int x) { return __longlong_as_double((long long)(1023 + x) << 52 | (1ll << 51)); }
 
-/* x truncated toward zero to a multiple of the last place of m (m > 0) */
-__device__ static double trunc_to(double x, double m) {
-    const double ms = copysign(m, x);
-    return __dadd_rz(x, ms) - ms;
-}
-
 /* x rounded down (toward minus infinity) to a multiple of the last place of m */
 __device__ static double floor_to(double x, double m) { return __dadd_rd(x, m) - m; }
 
@@ -244,31 +237,45 @@ __device__ static int f32_exp(float v) {
     return e == 0 ? -126 : e - 127;
 }
 
-/* One operand: its value (0 for a non-finite one, which is flagged), exponent and sign (as bit 31) */
-__device__ static void em_decode(uint16_t bits, int fmt, int zero_e, double *v, int *e, unsigned *sg, bool *bad) {
+/* One operand: its magnitude (0 for a non-finite one, which is flagged), exponent and sign (0, or -2 for a
+ * negative one: (sa ^ sb) | 1 is then the product's sign as +-1) */
+__device__ static void em_decode(uint16_t bits, int fmt, int zero_e, double *v, int *e, int *sg, bool *bad) {
+    const uint16_t mag = bits & 0x7fffu;
     if (fmt == GK_F16) {
         const int ex = (bits >> 10) & 0x1f;
         *bad |= ex == 0x1f;
-        *v = ex == 0x1f ? 0.0 : (double)mf_f16_to_f32(bits);
-        *e = (bits & 0x7fffu) == 0 ? zero_e : ex == 0x1f ? -126 : ex == 0 ? -14 : ex - 15;
+        *v = ex == 0x1f ? 0.0 : (double)mf_f16_to_f32(mag);
+        *e = mag == 0 ? zero_e : ex == 0x1f ? -126 : ex == 0 ? -14 : ex - 15;
     } else {
         const int ex = (bits >> 7) & 0xff;
         *bad |= ex == 0xff;
-        *v = ex == 0xff ? 0.0 : (double)mf_bf16_to_f32(bits);
-        *e = (bits & 0x7fffu) == 0 ? zero_e : ex == 0xff ? -126 : ex == 0 ? -126 : ex - 127;
+        *v = ex == 0xff ? 0.0 : (double)mf_bf16_to_f32(mag);
+        *e = mag == 0 ? zero_e : ex == 0xff ? -126 : ex == 0 ? -126 : ex - 127;
     }
-    *sg = (unsigned)(bits & 0x8000u) << 16;
+    *sg = bits & 0x8000u ? -2 : 0;
 }
 
 /* The high word of M = 1.5 * 2^x (its low word is zero) */
 __device__ static int magic_hi(int x) { return (1023 + x) << 20 | 1 << 19; }
 
 /* CHUNK: the products fused at once (the instruction's k over its halves, or AMD's group), a compile-time
- * constant so that the loops over them unroll into immediate shared-memory offsets */
-template <int CHUNK> __global__ static void __launch_bounds__(256) k_emu_tiled(gk_gemm g, int *flag) {
-    __shared__ double Av[EM_B][EM_K + 1], Bv[EM_B][EM_K + 1];
-    __shared__ int Ae[EM_B][EM_K + 1], Be[EM_B][EM_K + 1];
-    __shared__ unsigned As[EM_B][EM_K + 1], Bs[EM_B][EM_K + 1];
+ * constant so that the loops over them unroll into immediate shared-memory offsets. PARTS: the int counts a
+ * chunk's sum is kept in (one per CHUNK / PARTS products; each count is below CHUNK / PARTS * 2^(F+2), plus
+ * 2^(F+1) for NVIDIA's c in the first, and must fit in 31 bits).
+ *
+ * A product's term is counted, not added: with M = 1.5 * 2^52 * Q, fma_rz(|a|, |b|, M) lies in [2^52 Q, 2^53 Q),
+ * where the last place is Q, so it is M plus |a b| truncated to a multiple of Q, and its low word is that multiple
+ * (under 2^(F+2), as the product is below 4 * 2^E and Q = 2^(E - F)). The signed counts add up exactly; the chunk's
+ * sum is their total times Q, the same double the terms' own sum was. Per product: one double fma, one logic
+ * operation for the sign, one integer multiply-add, the exponent's add-and-max, and shared-memory loads of two
+ * (values) or four (exponents, signs) k at once: rows are padded to 16 bytes, not to an odd count of words, which
+ * costs no extra wavefronts for the 16 distinct rows a warp reads. */
+#define EM_KD (EM_K + 2)       /* a row of doubles: 144 bytes */
+#define EM_KI (EM_K + 4)       /* a row of ints: 80 bytes */
+template <int CHUNK, int PARTS> __global__ static void __launch_bounds__(256, 2) k_emu_tiled(gk_gemm g, int *flag) {
+    __shared__ __align__(16) double Av[EM_B][EM_KD], Bv[EM_B][EM_KD];
+    __shared__ __align__(16) int Ae[EM_B][EM_KI], Be[EM_B][EM_KI];
+    __shared__ __align__(16) int As[EM_B][EM_KI], Bs[EM_B][EM_KI];
     int e, r0, r1;
     if (!tile_rows(&g, blockIdx.y, EM_B, &e, &r0, &r1)) return;
     const int b = blockIdx.z, tx = threadIdx.x, ty = threadIdx.y, tid = ty * 16 + tx, n0 = blockIdx.x * EM_B;
@@ -276,18 +283,40 @@ template <int CHUNK> __global__ static void __launch_bounds__(256) k_emu_tiled(g
     const uint16_t *B = (const uint16_t *)g.B + (size_t)b * g.b_bstride + (size_t)e * g.b_bstride * (g.offsets != NULL);
     const bool nv = g.emu_kind == GK_EMU_NV_FUSED;
     const int zero_e = nv && g.emu_zero_excluded ? -1000000 : -126;
-    const int Kq = (g.K + g.emu_k - 1) / g.emu_k * g.emu_k, chunk = CHUNK, F = g.emu_frac;
+    const int Kq = (g.K + g.emu_k - 1) / g.emu_k * g.emu_k, chunk = CHUNK, F = nv ? g.emu_frac : 24;
+    constexpr int PART = CHUNK / PARTS;
     float acc[EM_T][EM_T];
     for (int i = 0; i < EM_T; i++)
         for (int j = 0; j < EM_T; j++) acc[i][j] = 0.0f;
     bool bad = false;
+    /* Staging: each thread brings four consecutive k of one row of A and of B (one 8-byte load each: rows hold
+     * Kp values, a multiple of 16, and the host checks the alignment). Loading the next step's during this one's
+     * products measured the same (429 ms a forward either way, emu:cdna3 at OLMoE-1B-7B dims) and spilled more. */
+    const int sr = tid >> 2, sk = (tid & 3) * 4;
+    const bool a_in = r0 + sr < r1, b_in = n0 + sr < g.N;
+    const uint2 *a_src = (const uint2 *)(A + (size_t)(a_in ? r0 + sr : 0) * g.Kp + sk);
+    const uint2 *b_src = (const uint2 *)(B + (size_t)(b_in ? n0 + sr : 0) * g.Kp + sk);
+    const uint2 zero2 = make_uint2(0u, 0u);
     for (int k0 = 0; k0 < Kq; k0 += EM_K) {
-        for (int x = tid; x < EM_B * EM_K; x += 256) {
-            const int rr = x / EM_K, kk = x % EM_K, ar = r0 + rr, bc = n0 + rr, kg = k0 + kk;
-            const uint16_t ab = ar < r1 && kg < g.Kp ? A[(size_t)ar * g.Kp + kg] : 0;
-            const uint16_t bb = bc < g.N && kg < g.Kp ? B[(size_t)bc * g.Kp + kg] : 0;
-            em_decode(ab, g.fmt, zero_e, &Av[rr][kk], &Ae[rr][kk], &As[rr][kk], &bad);
-            em_decode(bb, g.fmt, zero_e, &Bv[rr][kk], &Be[rr][kk], &Bs[rr][kk], &bad);
+        {
+            const uint2 a_raw = a_in && k0 + sk < g.Kp ? a_src[k0 / 4] : zero2;
+            const uint2 b_raw = b_in && k0 + sk < g.Kp ? b_src[k0 / 4] : zero2;
+            const uint16_t av4[4] = {(uint16_t)a_raw.x, (uint16_t)(a_raw.x >> 16), (uint16_t)a_raw.y, (uint16_t)(a_raw.y >> 16)};
+            const uint16_t bv4[4] = {(uint16_t)b_raw.x, (uint16_t)(b_raw.x >> 16), (uint16_t)b_raw.y, (uint16_t)(b_raw.y >> 16)};
+            double va[4], vb[4];
+            int ea[4], eb[4], sa[4], sb[4];
+            for (int q = 0; q < 4; q++) {
+                em_decode(av4[q], g.fmt, zero_e, &va[q], &ea[q], &sa[q], &bad);
+                em_decode(bv4[q], g.fmt, zero_e, &vb[q], &eb[q], &sb[q], &bad);
+            }
+            *(double2 *)&Av[sr][sk] = make_double2(va[0], va[1]);
+            *(double2 *)&Av[sr][sk + 2] = make_double2(va[2], va[3]);
+            *(double2 *)&Bv[sr][sk] = make_double2(vb[0], vb[1]);
+            *(double2 *)&Bv[sr][sk + 2] = make_double2(vb[2], vb[3]);
+            *(int4 *)&Ae[sr][sk] = make_int4(ea[0], ea[1], ea[2], ea[3]);
+            *(int4 *)&Be[sr][sk] = make_int4(eb[0], eb[1], eb[2], eb[3]);
+            *(int4 *)&As[sr][sk] = make_int4(sa[0], sa[1], sa[2], sa[3]);
+            *(int4 *)&Bs[sr][sk] = make_int4(sb[0], sb[1], sb[2], sb[3]);
         }
         __syncthreads();
         for (int c0 = 0; c0 < EM_K && k0 + c0 < Kq; c0 += chunk) {
@@ -295,53 +324,62 @@ template <int CHUNK> __global__ static void __launch_bounds__(256) k_emu_tiled(g
             for (int i = 0; i < EM_T; i++)
                 for (int j = 0; j < EM_T; j++) E[i][j] = nv ? (acc[i][j] == 0.0f ? -126 : f32_exp(acc[i][j])) : INT_MIN;
 #pragma unroll
-            for (int kk = c0; kk < c0 + CHUNK; kk++) {
-                int ea[EM_T], eb[EM_T];
-                for (int i = 0; i < EM_T; i++) ea[i] = Ae[ty + 16 * i][kk];
-                for (int j = 0; j < EM_T; j++) eb[j] = Be[tx + 16 * j][kk];
+            for (int kk = c0; kk < c0 + CHUNK; kk += 4) {
+                int4 ea[EM_T], eb[EM_T];
+                for (int i = 0; i < EM_T; i++) ea[i] = *(const int4 *)&Ae[ty + 16 * i][kk];
+                for (int j = 0; j < EM_T; j++) eb[j] = *(const int4 *)&Be[tx + 16 * j][kk];
                 for (int i = 0; i < EM_T; i++)
-                    for (int j = 0; j < EM_T; j++) E[i][j] = max(E[i][j], ea[i] + eb[j]);
+                    for (int j = 0; j < EM_T; j++)
+                        E[i][j] = max(max(max(max(E[i][j], ea[i].x + eb[j].x), ea[i].y + eb[j].y), ea[i].z + eb[j].z),
+                                      ea[i].w + eb[j].w);
             }
-            int Mh[EM_T][EM_T];
-            double S[EM_T][EM_T];
+            double M[EM_T][EM_T];   /* E is read back from M's exponent below: registers are short */
+            int S[PARTS][EM_T][EM_T];
             for (int i = 0; i < EM_T; i++)
                 for (int j = 0; j < EM_T; j++) {
-                    bad |= !nv && E[i][j] > 125;   /* past the model's exact range (NVIDIA's E holds c's too) */
+                    bad |= E[i][j] > 125;   /* past the model's exact range (NVIDIA's E holds c's too) */
                     /* NVIDIA: Q = 2^(E - F); AMD: the products' Q = 2^(Ep - 24) */
-                    Mh[i][j] = magic_hi(52 + E[i][j] - (nv ? F : 24));
-                    /* kept in a register: recomputing it from E at every product cost four integer operations */
-                    asm volatile("" : "+r"(Mh[i][j]));
-                    S[i][j] = nv ? trunc_to((double)acc[i][j], __hiloint2double(Mh[i][j], 0)) : 0.0;
+                    M[i][j] = __hiloint2double(magic_hi(52 + E[i][j] - F), 0);
+                    for (int p = 0; p < PARTS; p++) S[p][i][j] = 0;
+                    if (nv) {   /* c's term, truncated toward zero at Q like the products' */
+                        const int n = __double2loint(__dadd_rz(fabs((double)acc[i][j]), M[i][j]));
+                        S[0][i][j] = acc[i][j] < 0.0f ? -n : n;
+                    }
                 }
 #pragma unroll
-            for (int kk = c0; kk < c0 + CHUNK; kk++) {
-                double av[EM_T], bv[EM_T];
-                unsigned as[EM_T], bs[EM_T];
+            for (int kk = c0; kk < c0 + CHUNK; kk += 2) {
+                const int p = (kk - c0) / PART;   /* a constant once unrolled */
+                double2 av[EM_T], bv[EM_T];
+                int2 as[EM_T], bs[EM_T];
                 for (int i = 0; i < EM_T; i++) {
-                    av[i] = Av[ty + 16 * i][kk];
-                    as[i] = As[ty + 16 * i][kk];
+                    av[i] = *(const double2 *)&Av[ty + 16 * i][kk];
+                    as[i] = *(const int2 *)&As[ty + 16 * i][kk];
                 }
                 for (int j = 0; j < EM_T; j++) {
-                    bv[j] = Bv[tx + 16 * j][kk];
-                    bs[j] = Bs[tx + 16 * j][kk];
+                    bv[j] = *(const double2 *)&Bv[tx + 16 * j][kk];
+                    bs[j] = *(const int2 *)&Bs[tx + 16 * j][kk];
                 }
-                /* the product rounded toward zero once, after the product's own sign's magic is added
-                 * (a fused multiply-add: the product is exact), then the magic taken off: exact */
                 for (int i = 0; i < EM_T; i++)
                     for (int j = 0; j < EM_T; j++) {
-                        const double ms = __hiloint2double((int)((as[i] ^ bs[j]) | (unsigned)Mh[i][j]), 0);
-                        S[i][j] += __fma_rz(av[i], bv[j], ms) - ms;
+                        const int n0_ = __double2loint(__fma_rz(av[i].x, bv[j].x, M[i][j]));
+                        const int n1_ = __double2loint(__fma_rz(av[i].y, bv[j].y, M[i][j]));
+                        S[p][i][j] += n0_ * ((as[i].x ^ bs[j].x) | 1);
+                        S[p][i][j] += n1_ * ((as[i].y ^ bs[j].y) | 1);
                     }
             }
             for (int i = 0; i < EM_T; i++)
                 for (int j = 0; j < EM_T; j++) {
+                    /* the chunk's exact sum: the counts (each exact in double, and so their sum) times Q */
+                    double count = (double)S[0][i][j];
+                    for (int p = 1; p < PARTS; p++) count += (double)S[p][i][j];
+                    const int Ep = ((__double2hiint(M[i][j]) >> 20) & 0x7ff) - 1023 - 52 + F;
+                    const double sum = count * __hiloint2double((1023 + Ep - F) << 20, 0);
                     if (nv) {
-                        bad |= E[i][j] > 125;
-                        acc[i][j] = __double2float_rz(S[i][j]) + 0.0f;   /* truncated to zero: +0 */
+                        acc[i][j] = __double2float_rz(sum) + 0.0f;   /* truncated to zero: +0 */
                     } else {
                         const int ec = acc[i][j] == 0.0f ? -126 : f32_exp(acc[i][j]);
-                        const int EE = E[i][j] > ec ? E[i][j] : ec;
-                        const double s31 = floor_to(S[i][j], magic(52 + EE - 31));
+                        const int EE = Ep > ec ? Ep : ec;
+                        const double s31 = floor_to(sum, magic(52 + EE - 31));
                         const double c24 = floor_to((double)acc[i][j], magic(52 + EE - 24));
                         acc[i][j] = __double2float_rn(s31 + c24);
                     }
@@ -617,6 +655,13 @@ static int blas_gemm(gk_ctx *c, const gk_gemm *g, char *msg, size_t msg_n) {
 }
 #endif
 
+#if defined(GPU_CUDA)
+/* k_emu_tiled's counts fit in an int when PARTS of them share a chunk (see the kernel) */
+static bool tiled_fits(int chunk, int parts, int F) {
+    return F + 2 < 31 && (double)(chunk / parts) * ldexp(1.0, F + 2) + ldexp(1.0, F + 1) < 0x1p31;
+}
+#endif
+
 extern "C" int GPU_FN(gemm)(gk_ctx *c, const gk_gemm *g, char *msg, size_t msg_n) {
     if (g->M <= 0 || g->N <= 0) return 0;
     bool fused = false;   /* the engine wrote D itself */
@@ -644,11 +689,17 @@ extern "C" int GPU_FN(gemm)(gk_ctx *c, const gk_gemm *g, char *msg, size_t msg_n
         }
 #if defined(GPU_CUDA)
         /* MF_GPU_EMU_SIMPLE=1: the one-output-per-thread kernel, for checks */
-        if (!getenv("MF_GPU_EMU_SIMPLE") && (g->emu_chunk == 4 || g->emu_chunk == 8 || g->emu_chunk == 16)) {
+        const int F = g->emu_kind == GK_EMU_NV_FUSED ? g->emu_frac : 24;
+        const bool aligned = g->Kp % 4 == 0 && g->a_bstride % 4 == 0 && g->b_bstride % 4 == 0 &&
+                             (uintptr_t)g->A % 8 == 0 && (uintptr_t)g->B % 8 == 0;
+        if (!getenv("MF_GPU_EMU_SIMPLE") && aligned && ((g->emu_chunk == 4 && tiled_fits(4, 1, F)) ||
+                                             (g->emu_chunk == 8 && tiled_fits(8, 1, F)) ||
+                                             (g->emu_chunk == 16 && tiled_fits(16, 2, F)))) {
             dim3 grid((g->N + EM_B - 1) / EM_B, row_tiles(g, EM_B), g->batch), block(16, 16);
-            if (g->emu_chunk == 4) k_emu_tiled<4><<<grid, block, 0, c->stream>>>(*g, c->flag);
-            else if (g->emu_chunk == 8) k_emu_tiled<8><<<grid, block, 0, c->stream>>>(*g, c->flag);
-            else k_emu_tiled<16><<<grid, block, 0, c->stream>>>(*g, c->flag);
+            if (g->emu_chunk == 4) k_emu_tiled<4, 1><<<grid, block, 0, c->stream>>>(*g, c->flag);
+            else if (g->emu_chunk == 8) k_emu_tiled<8, 1><<<grid, block, 0, c->stream>>>(*g, c->flag);
+            else if (tiled_fits(16, 1, F)) k_emu_tiled<16, 1><<<grid, block, 0, c->stream>>>(*g, c->flag);
+            else k_emu_tiled<16, 2><<<grid, block, 0, c->stream>>>(*g, c->flag);
             break;
         }
 #endif

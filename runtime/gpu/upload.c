@@ -173,6 +173,8 @@ static int alloc_weight(gpu *G, gw *w, mf_error *err) {
 
 static int linear_segs(gpu *G, segs *S, gw *w, const mf_linear *L, mf_error *err) {
     if (!w->n) return MF_OK;
+    if (L->w.q.kind != MF_WQ_NONE)   /* the loader refuses FP8 for a GPU; a block-scaled view must never get here */
+        return mf_fail(err, MF_EUNSUPPORTED, "%s: block-scaled (FP8/MXFP4) weights are not uploaded to a GPU", G->desc);
     int rc = alloc_weight(G, w, err);
     const size_t per = (size_t)w->n * w->kp * dt_size(w->dt);
     for (int e = 0; e < w->experts && !rc; e++)
