@@ -208,12 +208,11 @@ static void add_owned(mf_model *m, const mf_st_tensor *src, void *data, size_t b
 }
 
 /* gpt-oss's experts (GptOssExperts): gate_up_proj [E, H, 2I] ("x @ W", gate the even columns, up the odd ones)
- * with gate_up_proj_bias [E, 2I], down_proj [E, I, H] with down_proj_bias [E, H]; or, with an mxfp4
+ * with gate_up_proj_bias [E, 2I], down_proj [E, I, H] with down_proj_bias [E, H]: held as one copy per tensor
+ * in the policy's weight dtype, laid out as the products read weights (per expert the gate's I rows [I, H], the
+ * up's I rows [I, H], and the down's H rows [H, I]), the file's pages given back. Or, with an mxfp4
  * quantization_config, gate_up_proj_blocks / _scales [E, 2I, H/32, ...] and down_proj_blocks / _scales [E, H,
- * I/32, ...] (models/mxfp4.c), whose rows are the outputs already. Either way the model holds one copy per tensor
- * in the policy's weight dtype (bf16 as stored, or what the MXFP4 values give: bf16), laid out as the products
- * read weights: per expert the gate's I rows [I, H], the up's I rows [I, H], and the down's H rows [H, I]. The
- * file's pages are given back. */
+ * I/32, ...] (checked in models/mxfp4.c), whose rows are the outputs already: views of the mapped blocks. */
 static int gpt_oss_experts(loader *ld, mf_layer *L, int l) {
     mf_model *m = ld->m;
     const mf_config *c = &m->cfg;
@@ -239,32 +238,41 @@ static int gpt_oss_experts(loader *ld, mf_layer *L, int l) {
         if ((rc = need(ld, &gu, gu_n, 3, (int64_t)E, (int64_t)H, (int64_t)2 * I))) return rc;
         if ((rc = need(ld, &dn, dn_n, 3, (int64_t)E, (int64_t)I, (int64_t)H))) return rc;
     }
-    if (ld->validate_only) return MF_OK;
+    if (ld->validate_only) {   /* the scales' values too: every failure before anything is allocated */
+        if (c->mxfp4 && (rc = mf_mxfp4_check_values(gu, gus, E, 2 * I, H, ld->dir, ld->err))) return rc;
+        if (c->mxfp4 && (rc = mf_mxfp4_check_values(dn, dns, E, H, I, ld->dir, ld->err))) return rc;
+        return MF_OK;
+    }
     if (ld->no_convert)
         return mf_fail(ld->err, MF_EUNSUPPORTED, "%s: gpt_oss runs on the CPU only for now (--device cpu): its fused "
                        "experts (%s) are laid out for the CPU's products at load", ld->dir, gu_n);
-    const mf_dtype dt = mf_weight_storage(c->mxfp4 ? MF_BF16 : gu->dtype, m->weight_round);
-    const size_t sz = mf_dtype_size(dt), n_gu = (size_t)E * 2 * I * H, n_dn = (size_t)E * H * I;
-    uint8_t *gcopy = mf_xmalloc(n_gu * sz), *dcopy = mf_xmalloc(n_dn * sz);
-    if (c->mxfp4) {   /* decoded rows are outputs: gate_up's row 2i is gate i, row 2i + 1 up i */
-        uint8_t *tmp = mf_xmalloc(n_gu * sz);
-        rc = mf_mxfp4_decode(gu, gus, gus->name, E, 2 * I, H, dt, tmp, ld->dir, ld->err);
-        if (!rc) rc = mf_mxfp4_decode(dn, dns, dns->name, E, H, I, dt, dcopy, ld->dir, ld->err);
-        if (rc) {
-            free(tmp);
-            free(gcopy);
-            free(dcopy);
-            return rc;
+    L->exp_gate = mf_xcalloc((size_t)E, sizeof(mf_linear));
+    L->exp_up = mf_xcalloc((size_t)E, sizeof(mf_linear));
+    L->exp_down = mf_xcalloc((size_t)E, sizeof(mf_linear));
+    if (c->mxfp4) {
+        /* the blocks as they lie (numerics' MXFP4 view: the products widen each code with its scale, to the
+         * values transformers' dequantisation gives, rounded to the policy's weight dtype); gate_up's output row
+         * 2i is gate i, row 2i + 1 up i: every other row of the expert's [2I, H] */
+        const mf_dtype round = mf_weight_storage(MF_F32, m->weight_round);
+        const size_t gb_row = (size_t)H / 2, gs_row = (size_t)H / 32, db_row = (size_t)I / 2, ds_row = (size_t)I / 32;
+        for (int e = 0; e < E; e++) {
+            const uint8_t *blk = gu->data + (size_t)e * 2 * I * gb_row, *sc = gus->data + (size_t)e * 2 * I * gs_row;
+            mf_mat w = mf_mat_mxfp4(blk, 2 * I, H, sc, round);
+            w.n = I;
+            w.rs = 2 * (size_t)H;
+            w.q.rs = 2 * gs_row;
+            L->exp_gate[e].w = w;
+            w.data = blk + gb_row;
+            w.q.data = sc + gs_row;
+            L->exp_up[e].w = w;
+            L->exp_down[e].w = mf_mat_mxfp4(dn->data + (size_t)e * H * db_row, H, I, dns->data + (size_t)e * H * ds_row,
+                                            round);
         }
-#pragma omp parallel for if (n_gu >= (1u << 20))
-        for (int e = 0; e < E; e++)
-            for (int r = 0; r < 2 * I; r++)
-                memcpy(gcopy + (((size_t)e * 2 + (r & 1)) * I + (size_t)(r >> 1)) * H * sz,
-                       tmp + ((size_t)e * 2 * I + r) * H * sz, (size_t)H * sz);
-        free(tmp);
-        release_pages(gu->data, gu->nbytes);
-        release_pages(dn->data, dn->nbytes);
-    } else {   /* transposed: input h of gate i is gate_up[e][h][2i], of down output h is down[e][i][h] */
+    } else {
+        const mf_dtype dt = mf_weight_storage(gu->dtype, m->weight_round);
+        const size_t sz = mf_dtype_size(dt), n_gu = (size_t)E * 2 * I * H, n_dn = (size_t)E * H * I;
+        uint8_t *gcopy = mf_xmalloc(n_gu * sz), *dcopy = mf_xmalloc(n_dn * sz);
+        /* transposed: input h of gate i is gate_up[e][h][2i], of down output h is down[e][i][h] */
 #pragma omp parallel for if (n_gu >= (1u << 20))
         for (int e = 0; e < E; e++) {
             for (int h = 0; h < H; h++)
@@ -278,21 +286,20 @@ static int gpt_oss_experts(loader *ld, mf_layer *L, int l) {
         }
         release_pages(gu->data, gu->nbytes);
         release_pages(dn->data, dn->nbytes);
+        add_owned(m, gu, gcopy, n_gu * sz);
+        add_owned(m, dn, dcopy, n_dn * sz);
+        for (int e = 0; e < E; e++) {
+            L->exp_gate[e].w = mf_mat_rows(gcopy + (size_t)e * 2 * I * H * sz, dt, I, H);
+            L->exp_up[e].w = mf_mat_rows(gcopy + ((size_t)e * 2 + 1) * I * H * sz, dt, I, H);
+            L->exp_down[e].w = mf_mat_rows(dcopy + (size_t)e * H * I * sz, dt, H, I);
+        }
     }
-    add_owned(m, gu, gcopy, n_gu * sz);
-    add_owned(m, dn, dcopy, n_dn * sz);
-    L->exp_gate = mf_xcalloc((size_t)E, sizeof(mf_linear));
-    L->exp_up = mf_xcalloc((size_t)E, sizeof(mf_linear));
-    L->exp_down = mf_xcalloc((size_t)E, sizeof(mf_linear));
     for (int e = 0; e < E; e++) {
         mf_linear *g = &L->exp_gate[e], *u = &L->exp_up[e], *d = &L->exp_down[e];
         g->out = u->out = I;
         g->in = u->in = H;
         d->out = H;
         d->in = I;
-        g->w = mf_mat_rows(gcopy + (size_t)e * 2 * I * H * sz, dt, I, H);
-        u->w = mf_mat_rows(gcopy + ((size_t)e * 2 + 1) * I * H * sz, dt, I, H);
-        d->w = mf_mat_rows(dcopy + (size_t)e * H * I * sz, dt, H, I);
         g->bias = mf_xmalloc((size_t)I * sizeof(double));
         u->bias = mf_xmalloc((size_t)I * sizeof(double));
         d->bias = mf_xmalloc((size_t)H * sizeof(double));

@@ -35,36 +35,24 @@ int mf_mxfp4_check(const mf_st_tensor *blocks, const mf_st_tensor *scales, const
     return MF_OK;
 }
 
-int mf_mxfp4_decode(const mf_st_tensor *blocks, const mf_st_tensor *scales, const char *scales_name, int E, int rows,
-                    int cols, mf_dtype dt, void *dst, const char *origin, mf_error *err) {
+int mf_mxfp4_check_values(const mf_st_tensor *blocks, const mf_st_tensor *scales, int E, int rows, int cols,
+                          const char *origin, mf_error *err) {
     const int G = cols / 32;
     const uint8_t *b = blocks->data, *s = scales->data;
-    /* the scales first: every failure is found before anything is written */
     for (size_t g = 0; g < (size_t)E * rows * G; g++) {
         const int sc = s[g];
         if (sc == 255)
             return mf_fail(err, MF_EFORMAT, "%s: %s: expert %zu, row %zu, block %zu: scale 255 is E8M0's NaN (not a "
-                           "weight scale)", origin, scales_name, g / ((size_t)rows * G), g / G % rows, g % G);
+                           "weight scale)", origin, scales->name, g / ((size_t)rows * G), g / G % rows, g % G);
         if (sc >= 253) {   /* below 253 even 6 x 2^(sc - 127) stays under 2^128: only these can overflow */
             for (int j = 0; j < 16; j++) {
                 const uint8_t byte = b[g * 16 + j];
                 const double m = fmax(fabs(e2m1[byte & 15]), fabs(e2m1[byte >> 4]));
                 if (ldexp(m, sc - 127) >= ldexp(1.0, 128))
                     return mf_fail(err, MF_EFORMAT, "%s: %s: expert %zu, row %zu, block %zu: scale %d makes the value "
-                                   "%g x 2^%d overflow (inf in transformers' dequantisation)", origin, scales_name,
+                                   "%g x 2^%d overflow (inf in transformers' dequantisation)", origin, scales->name,
                                    g / ((size_t)rows * G), g / G % rows, g % G, sc, m, sc - 127);
             }
-        }
-    }
-    const size_t n_groups = (size_t)E * rows * G;
-#pragma omp parallel for if (n_groups >= 65536)
-    for (size_t g = 0; g < n_groups; g++) {
-        const int ex = s[g] - 127;
-        const uint8_t *q = b + g * 16;
-        const size_t at = g * 32;   /* groups are laid out row by row, 32 inputs each */
-        for (int j = 0; j < 16; j++) {
-            mf_store_from_f64(dst, dt, at + 2 * (size_t)j, mf_round_to(MF_BF16, ldexp(e2m1[q[j] & 15], ex)));
-            mf_store_from_f64(dst, dt, at + 2 * (size_t)j + 1, mf_round_to(MF_BF16, ldexp(e2m1[q[j] >> 4], ex)));
         }
     }
     return MF_OK;
