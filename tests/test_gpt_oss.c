@@ -226,3 +226,15 @@ Test(gpt_oss, import_refuses_it_by_name) {
     cr_assert_eq(mf_model_load(&m, dir, MF_BF16, MF_LOAD_NO_CONVERT, &e), MF_EUNSUPPORTED);
     cr_assert(strstr(e.msg, "gpt_oss runs on the CPU only"), "%s", e.msg);
 }
+
+/* What a load will hold, from the headers: MXFP4 blocks and scales are used in place (numerics' MXFP4 views), the
+ * fused bf16 experts are the one converted copy (relaid out: their own bytes again). */
+Test(gpt_oss, measure_counts_mxfp4_in_place_and_the_fused_copy) {
+    mf_model_bytes b;
+    mf_error err = {0};
+    cr_assert_eq(mf_model_measure(write_ckpt(MXFP4), MF_BF16, 0, &b, &err), MF_OK, "%s", err.msg);
+    cr_assert_eq(b.converted, 0);
+    cr_assert_eq(mf_model_measure(write_ckpt(PLAIN), MF_BF16, 0, &b, &err), MF_OK, "%s", err.msg);
+    cr_assert_eq(b.converted, (uint64_t)E * (2 * I * H + I * H) * 2, "the gate_up and down copies: %llu",
+                 (unsigned long long)b.converted);
+}
