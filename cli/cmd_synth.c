@@ -8,14 +8,17 @@
 
 static const char *help =
     "usage: moeflip synth --arch NAME --seed S -o DIR [--size tiny|small] [--dtype bf16|fp8]\n"
-    "       moeflip synth --size olmoe-1b-7b|qwen1.5-moe-a2.7b|mixtral-8x7b|deepseek-v2-lite|glm-4.5-air --seed S -o DIR\n"
+    "       moeflip synth --size olmoe-1b-7b|qwen1.5-moe-a2.7b|mixtral-8x7b|deepseek-v2-lite|glm-4.5-air|gpt-oss-20b\n"
+    "                     --seed S -o DIR\n"
     "       moeflip synth --like CKPT --seed S -o DIR     (CKPT's architecture and sizes, random weights)\n"
     "\n"
     "Writes config.json, model.safetensors (bf16, Hugging Face Hub names) and tokens.jsonl into DIR.\n"
-    "NAME: llama, olmoe, qwen2_moe, mixtral, qwen3_moe, deepseek_v3. tiny: hidden 64, 3 layers, vocab 384;\n"
+    "NAME: llama, olmoe, qwen2_moe, mixtral, qwen3_moe, deepseek_v3, gpt_oss (tiny only). tiny: hidden 64,\n"
+    "3 layers, vocab 384;\n"
     "small: hidden 256, 4 layers, vocab 4096 (olmoe: 16 experts, top-4, ~14M parameters), four\n"
     "512-token prompts. The real sizes take the model's own architecture and dimensions (6.9B, 14.3B,\n"
-    "46.7B, 15.7B and 106.9B parameters; uniform random weights of deviation 0.8/sqrt(hidden), four 512-token prompts), for GPU\n"
+    "46.7B, 15.7B, 106.9B and 20.9B parameters; gpt-oss-20b with bf16 experts in its fused layout; uniform random\n"
+    "weights of deviation 0.8/sqrt(hidden), four 512-token prompts), for GPU\n"
     "benchmarks, and CPU ones at real size; their tensors are generated as the file is written, one at a\n"
     "time (memory: the largest tensor).\n"
     "--dtype fp8 (deepseek_v3, tiny, small or --like): linear weights as DeepSeek-V3 ships them, F8_E4M3 codes\n"
@@ -49,7 +52,8 @@ int cmd_synth(int argc, char **argv) {
     if (optind < argc) return cli_usage_error("synth", "unexpected argument %s", argv[optind]);
     const int size_i = mf_synth_size_from_name(size_s);
     if (size_i < 0)
-        return cli_usage_error("synth", "--size takes tiny, small, olmoe-1b-7b, qwen1.5-moe-a2.7b, mixtral-8x7b, deepseek-v2-lite or glm-4.5-air");
+        return cli_usage_error("synth", "--size takes tiny, small, olmoe-1b-7b, qwen1.5-moe-a2.7b, mixtral-8x7b, "
+                               "deepseek-v2-lite, glm-4.5-air or gpt-oss-20b");
     const mf_synth_size size = (mf_synth_size)size_i;
     if (strcmp(dtype_s, "bf16") && strcmp(dtype_s, "fp8")) return cli_usage_error("synth", "--dtype takes bf16 or fp8");
     const mf_dtype weights = strcmp(dtype_s, "fp8") ? MF_BF16 : MF_F8E4M3;

@@ -1,6 +1,7 @@
 /* Dispatch, expert FFN and combine. */
 #include "mf_experts.h"
 
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -35,20 +36,69 @@ void mf_dispatch_free(mf_dispatch *d) {
     memset(d, 0, sizeof *d);
 }
 
+/* gpt-oss's gated value from gate and up values g, u of act dtype D: PyTorch's ops on D tensors with Python
+ * float scalars (the scalars as fp32 in an fp32-opmath run, each result rounded to D). */
+static double clamped_swiglu(const mf_ffn *f, mf_dtype D, double g, double u) {
+    const bool f64 = D == MF_F64;
+    const double lim = f64 ? f->limit : (double)(float)f->limit, alpha = f64 ? f->alpha : (double)(float)f->alpha;
+    g = mf_round_to(D, fmin(g, lim));
+    u = mf_round_to(D, fmax(fmin(u, lim), -lim));
+    const double ga = mf_round_to(D, f64 ? g * alpha : (double)(float)(g * alpha));
+    const double glu = mf_round_to(D, g * mf_round_to(D, mf_sigmoid(ga)));
+    return mf_round_to(D, mf_round_to(D, u + 1.0) * glu);
+}
+
+/* v + b as PyTorch's add_ of a bias into a tensor of dtype D: an fp32 sum rounded to D (exact in fp64). */
+static double add_rounded(mf_dtype D, double v, double b) {
+    return D == MF_F64 ? v + b : mf_round_to(D, (double)(float)(v + b));
+}
+
+/* The clamped (gpt-oss) experts' projection: grouped_mm's product rounded to the output dtype, then the bias
+ * added to it in place (transformers 5.17's _grouped_linear: out.add_(bias)), two roundings where a linear
+ * layer's bias takes one. */
+static void linear_then_bias(const mf_mm *m, const mf_linear *L, const double *x, int M, double *y) {
+    mf_linear nb = *L;
+    nb.bias = NULL;
+    mf_linear_apply(m, &nb, x, M, y);
+    if (L->bias)
+        for (size_t r = 0; r < (size_t)M; r++)
+            for (int j = 0; j < L->out; j++) y[r * L->out + j] = add_rounded(m->out, y[r * L->out + j], L->bias[j]);
+}
+
+static void linear_then_bias_f32(const mf_mm *m, const mf_linear *L, const float *x, int M, float *y) {
+    mf_linear nb = *L;
+    nb.bias = NULL;
+    mf_linear_apply_f32(m, &nb, x, M, y);
+    if (L->bias)
+        for (size_t r = 0; r < (size_t)M; r++)
+            for (int j = 0; j < L->out; j++)
+                y[r * L->out + j] = (float)add_rounded(m->out, y[r * L->out + j], L->bias[j]);
+}
+
 void mf_ffn_apply(const mf_mm *mm, const mf_ffn *f, mf_dtype act_dtype, const double *x, int M, double *y) {
     const int I = f->gate->out;
     double *g = mf_xmalloc((size_t)M * I * sizeof(double));
     double *u = mf_xmalloc((size_t)M * I * sizeof(double));
     mf_mm m = *mm;
     m.out = act_dtype;
-    mf_linear_apply(&m, f->gate, x, M, g);
-    mf_linear_apply(&m, f->up, x, M, u);
+    if (f->clamped) {
+        linear_then_bias(&m, f->gate, x, M, g);
+        linear_then_bias(&m, f->up, x, M, u);
+    } else {
+        mf_linear_apply(&m, f->gate, x, M, g);
+        mf_linear_apply(&m, f->up, x, M, u);
+    }
 #pragma omp parallel for num_threads(mm->threads) if (mm->threads > 1 && (size_t)M * I >= 8192)
     for (size_t i = 0; i < (size_t)M * I; i++) {
+        if (f->clamped) {
+            g[i] = clamped_swiglu(f, act_dtype, g[i], u[i]);
+            continue;
+        }
         double a = mf_round_to(act_dtype, mf_act_apply(f->act, g[i]));
         g[i] = mf_round_to(act_dtype, a * u[i]);
     }
-    mf_linear_apply(&m, f->down, g, M, y);
+    if (f->clamped) linear_then_bias(&m, f->down, g, M, y);
+    else mf_linear_apply(&m, f->down, g, M, y);
     free(g);
     free(u);
 }
@@ -79,14 +129,24 @@ void mf_ffn_apply_f32(const mf_mm *mm, const mf_ffn *f, mf_dtype act_dtype, cons
     float *u = mf_xmalloc((size_t)M * I * sizeof(float));
     mf_mm m = *mm;
     m.out = act_dtype;
-    mf_linear_apply_f32(&m, f->gate, x, M, g);
-    mf_linear_apply_f32(&m, f->up, x, M, u);
+    if (f->clamped) {
+        linear_then_bias_f32(&m, f->gate, x, M, g);
+        linear_then_bias_f32(&m, f->up, x, M, u);
+    } else {
+        mf_linear_apply_f32(&m, f->gate, x, M, g);
+        mf_linear_apply_f32(&m, f->up, x, M, u);
+    }
 #pragma omp parallel for num_threads(mm->threads) if (mm->threads > 1 && (size_t)M * I >= 8192)
     for (size_t i = 0; i < (size_t)M * I; i++) {
+        if (f->clamped) {
+            g[i] = (float)clamped_swiglu(f, act_dtype, g[i], u[i]);
+            continue;
+        }
         const float a = (float)mf_round_to(act_dtype, mf_act_apply(f->act, g[i]));
         g[i] = mf_roundf_to(act_dtype, a * u[i]);
     }
-    mf_linear_apply_f32(&m, f->down, g, M, y);
+    if (f->clamped) linear_then_bias_f32(&m, f->down, g, M, y);
+    else mf_linear_apply_f32(&m, f->down, g, M, y);
     free(g);
     free(u);
 }

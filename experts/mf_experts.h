@@ -26,10 +26,16 @@ void mf_dispatch_free(mf_dispatch *d);
 typedef struct mf_ffn {
     const mf_linear *gate, *up, *down;
     mf_act act;
+    /* gpt-oss's clamped SwiGLU (GptOssExperts) in place of act: g = min(gate x, limit), u = clamp(up x, -limit,
+     * limit), h = (u + 1) * (g * sigmoid(g * alpha)); each projection's product is rounded to the act dtype and
+     * its bias then added and rounded again (grouped_mm, then add_(bias)) */
+    bool clamped;
+    double alpha, limit;
 } mf_ffn;
 
 /* y[M, H] = down(round(round(act(gate x)) * round(up x))), every product
- * and elementwise result rounded to `act_dtype` (HF's cast points). */
+ * and elementwise result rounded to `act_dtype` (HF's cast points); the clamped form rounds each of its steps
+ * (the clamps, g * alpha in fp32 opmath, the sigmoid, g * sigmoid, u + 1, the product) to act_dtype. */
 void mf_ffn_apply(const mf_mm *mm, const mf_ffn *f, mf_dtype act_dtype, const double *x, int M, double *y);
 
 typedef struct mf_combine_spec {

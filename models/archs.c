@@ -68,11 +68,19 @@ const mf_arch_desc mf_arch_table[MF_ARCH_COUNT] = {
         .bias_on_o = false, .deepseek_family = true, .attn = MF_ATTN_GQA, .partial_rotary = 0.5,
         .n_shared = 1, .n_group = 1, .topk_group = 1, .first_k_dense = 1, .routed_scaling = 1.0,
     },
+    /* transformers 5.17's GptOssConfig defaults (gpt-oss-120b's shape; config.c reads the rest) */
+    [MF_ARCH_GPT_OSS] = {
+        .model_type = "gpt_oss", .vocab = 201088, .hidden = 2880, .intermediate = 2880, .layers = 36, .heads = 64,
+        .kv_heads = 8, .max_pos = 131072, .rms_eps = 1e-5, .rope_theta = 150000.0, .is_moe = true,
+        .n_experts = 128, .top_k = 4, .moe_intermediate_key = "intermediate_size", .route = MF_ROUTE_TOPK_SOFTMAX,
+        .qk_norm = MF_QK_NORM_NONE, .bias_key = "attention_bias", .bias_default = true, .bias_on_o = true,
+        .gpt_oss = true,
+    },
 };
 
 const char *mf_arch_name(mf_arch a) { return a < MF_ARCH_COUNT ? mf_arch_table[a].model_type : "unknown"; }
 
-const char *mf_arch_list(void) { return "llama, olmoe, qwen2_moe, mixtral, qwen3_moe, deepseek_v3, deepseek_v2, glm4_moe"; }
+const char *mf_arch_list(void) { return "llama, olmoe, qwen2_moe, mixtral, qwen3_moe, deepseek_v3, deepseek_v2, glm4_moe, gpt_oss"; }
 
 int mf_arch_from_name(const char *model_type) {
     for (int a = 0; a < MF_ARCH_COUNT; a++)

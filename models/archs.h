@@ -31,6 +31,7 @@ typedef struct mf_arch_desc {
     int q_lora_rank, kv_lora_rank, qk_rope_dim, qk_nope_dim, v_head_dim;
     int n_shared, n_group, topk_group, first_k_dense;
     double routed_scaling;
+    bool gpt_oss;                       /* gpt-oss: sinks, layer_types, clamped SwiGLU experts, biased top-k router */
 } mf_arch_desc;
 
 extern const mf_arch_desc mf_arch_table[MF_ARCH_COUNT];

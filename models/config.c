@@ -251,6 +251,59 @@ static int parse_deepseek_family(ctx *c, mf_config *cfg, const mf_arch_desc *d) 
     return MF_OK;
 }
 
+/* GptOssConfig: without rope_parameters (or v4's rope_scaling) the class sets YaRN, factor 32, beta_fast 32,
+ * beta_slow 1, truncate false, original_max_position_embeddings 4096, on rope_theta (default 150000). */
+static int gpt_oss_default_rope(ctx *c, mf_config *cfg) {
+    json_t *params = json_object_get(c->root, "rope_parameters"), *scaling = json_object_get(c->root, "rope_scaling");
+    if ((params && !json_is_null(params)) || (scaling && !json_is_null(scaling))) return MF_OK;
+    mf_rope *r = &cfg->rope;
+    r->type = MF_ROPE_YARN;
+    r->factor = 32.0;
+    r->beta_fast = 32.0;
+    r->beta_slow = 1.0;
+    r->truncate = false;
+    r->original_max_pos = 4096;
+    return MF_OK;
+}
+
+/* gpt-oss's parts beyond the shared keys (transformers 5.17 GptOssConfig and GptOssExperts): attention sinks,
+ * the clamped SwiGLU, the top-k-then-softmax router with a bias, experts of intermediate_size with biases, every
+ * layer MoE, RMSNorm weights applied in fp32. 5.17's GptOssExperts fixes alpha 1.702 and limit 7.0 and reads no
+ * key for them: a swiglu_limit in config.json (the Hub's says 7.0) changes nothing there, nor here. */
+static int parse_gpt_oss(mf_config *cfg) {
+    cfg->attn_sinks = true;
+    cfg->clamped_swiglu = true;
+    cfg->norm_weight_fp32 = true;
+    cfg->mlp_bias = true;
+    cfg->norm_topk_prob = false;   /* no such key: the softmax over the k is the rule itself */
+    cfg->swiglu_alpha = 1.702;
+    cfg->swiglu_limit = 7.0;
+    return MF_OK;
+}
+
+/* gpt-oss's layer_types (default: sliding_attention at even layers, full_attention at odd ones) and
+ * sliding_window (default 128; null: none, which a sliding layer cannot have). */
+static int gpt_oss_layer_types(ctx *c, mf_config *cfg, json_t *lt, int *window) {
+    int rc;
+    if ((rc = get_int(c, c->root, "sliding_window", 128, window))) return rc;
+    if (json_is_null(json_object_get(c->root, "sliding_window"))) *window = 0;
+    if (lt && !json_is_null(lt)) {
+        if (!json_is_array(lt) || (int)json_array_size(lt) != cfg->n_layers)
+            return mf_fail(c->err, MF_EFORMAT, "%s: \"layer_types\" must be an array of %d entries (one a layer)",
+                           c->origin, cfg->n_layers);
+        for (int l = 0; l < cfg->n_layers; l++) {
+            const char *s = json_string_value(json_array_get(lt, (size_t)l));
+            if (!s || (strcmp(s, "full_attention") && strcmp(s, "sliding_attention")))
+                return mf_fail(c->err, MF_EUNSUPPORTED, "%s: layer_types[%d] must be full_attention or "
+                               "sliding_attention", c->origin, l);
+            cfg->layer_sliding[l] = strcmp(s, "sliding_attention") == 0;
+        }
+    } else {
+        for (int l = 0; l < cfg->n_layers; l++) cfg->layer_sliding[l] = (l + 1) % 2 != 0;
+    }
+    return MF_OK;
+}
+
 int mf_config_parse(mf_config *cfg, const char *text, size_t len, const char *origin, mf_error *err) {
     memset(cfg, 0, sizeof *cfg);
     json_error_t jerr;
@@ -284,6 +337,8 @@ int mf_config_parse(mf_config *cfg, const char *text, size_t len, const char *or
     INT("num_hidden_layers", d->layers, &cfg->n_layers);
     INT("num_attention_heads", d->heads, &cfg->n_heads);
     INT("num_key_value_heads", d->kv_heads ? d->kv_heads : cfg->n_heads, &cfg->n_kv_heads);
+    /* GptOssConfig: an explicit null means num_attention_heads (absent: the class default 8) */
+    if (d->gpt_oss && json_is_null(json_object_get(root, "num_key_value_heads"))) cfg->n_kv_heads = cfg->n_heads;
     INT("max_position_embeddings", d->max_pos, &cfg->max_pos);
     if (cfg->vocab <= 0 || cfg->hidden <= 0 || cfg->n_layers <= 0 || cfg->n_heads <= 0 || cfg->n_kv_heads <= 0 ||
         cfg->intermediate < 0) {
@@ -299,13 +354,16 @@ int mf_config_parse(mf_config *cfg, const char *text, size_t len, const char *or
                      cfg->n_heads, cfg->n_kv_heads);
         goto done;
     }
-    INT("head_dim", cfg->hidden / cfg->n_heads, &cfg->head_dim);
+    INT("head_dim", d->gpt_oss ? 64 : cfg->hidden / cfg->n_heads, &cfg->head_dim);
+    /* GptOssConfig: head_dim defaults to 64; only an explicit null gives hidden_size / num_attention_heads */
+    if (d->gpt_oss && json_is_null(json_object_get(root, "head_dim"))) cfg->head_dim = cfg->hidden / cfg->n_heads;
     if (cfg->head_dim <= 0 || cfg->head_dim % 2) {
         rc = mf_fail(err, MF_EFORMAT, "%s: head_dim %d must be positive and even", origin, cfg->head_dim);
         goto done;
     }
     if ((rc = get_num(&c, root, "rms_norm_eps", d->rms_eps, &cfg->rms_eps))) goto done;
     if ((rc = parse_rope(&c, cfg, d->rope_theta, d->partial_rotary > 0 ? d->partial_rotary : 1.0))) goto done;
+    if (d->gpt_oss && (rc = gpt_oss_default_rope(&c, cfg))) goto done;
     /* values that can only give NaN or infinities: RMSNorm divides by sqrt(mean + eps), RoPE raises theta to
      * negative powers */
     if (!(cfg->rms_eps > 0 && isfinite(cfg->rms_eps))) {
@@ -331,6 +389,7 @@ int mf_config_parse(mf_config *cfg, const char *text, size_t len, const char *or
     else if (!strcmp(as, "gelu")) cfg->act = MF_ACT_GELU;
     else if (!strcmp(as, "gelu_pytorch_tanh") || !strcmp(as, "gelu_new") || !strcmp(as, "gelu_fast"))
         cfg->act = MF_ACT_GELU_TANH;
+    else if (d->gpt_oss) cfg->act = MF_ACT_SILU;   /* GptOssExperts never reads hidden_act */
     else {
         rc = mf_fail(err, MF_EUNSUPPORTED, "%s: hidden_act \"%s\" is not supported (silu, gelu, gelu_pytorch_tanh)",
                      origin, as);
@@ -354,9 +413,13 @@ int mf_config_parse(mf_config *cfg, const char *text, size_t len, const char *or
         json_t *qm = json_object_get(qc, "quant_method"), *fmt = json_object_get(qc, "fmt");
         json_t *wbs = json_object_get(qc, "weight_block_size");
         const char *method = json_is_string(qm) ? json_string_value(qm) : "(none)";
+        if (d->gpt_oss && strcmp(method, "mxfp4") == 0) {
+            cfg->mxfp4 = true;   /* the experts' blocks and scales are checked against the config when loading */
+            goto quant_done;
+        }
         if (strcmp(method, "fp8") != 0) {
             rc = mf_fail(err, MF_EUNSUPPORTED, "%s: quantization_config quant_method \"%s\" is not supported (fp8, "
-                         "DeepSeek-V3's block-scaled e4m3)", origin, method);
+                         "DeepSeek-V3's block-scaled e4m3; mxfp4, gpt-oss's experts)", origin, method);
             goto done;
         }
         if ((fmt && !(json_is_string(fmt) && !strcmp(json_string_value(fmt), "e4m3"))) || !json_is_array(wbs) ||
@@ -371,6 +434,7 @@ int mf_config_parse(mf_config *cfg, const char *text, size_t len, const char *or
         cfg->fp8_block[0] = (int)json_integer_value(json_array_get(wbs, 0));
         cfg->fp8_block[1] = (int)json_integer_value(json_array_get(wbs, 1));
     }
+quant_done:
     cfg->attn = MF_ATTN_GQA;
     cfg->rope_style = MF_ROPE_HALF;
     cfg->attn_scale = pow((double)cfg->head_dim, -0.5);   /* head_dim ** -0.5, a Python float */
@@ -378,6 +442,7 @@ int mf_config_parse(mf_config *cfg, const char *text, size_t len, const char *or
     if (d->deepseek_family) {
         if ((rc = parse_deepseek_family(&c, cfg, d))) goto done;
     } else if (d->is_moe) {
+        if (d->gpt_oss && (rc = parse_gpt_oss(cfg))) goto done;
         int ne_a, ne_b = -1;
         INT("num_experts", -1, &ne_a);
         /* attribute_map: num_local_experts is an alias except for Qwen2-MoE, whose class has no such mapping */
@@ -388,7 +453,8 @@ int mf_config_parse(mf_config *cfg, const char *text, size_t len, const char *or
         INT("num_experts_per_tok", d->top_k, &cfg->top_k);
         if (strcmp(d->moe_intermediate_key, "intermediate_size") == 0) cfg->moe_intermediate = cfg->intermediate;
         else INT(d->moe_intermediate_key, d->moe_intermediate, &cfg->moe_intermediate);
-        if ((rc = get_bool(&c, root, "norm_topk_prob", d->norm_topk_prob, &cfg->norm_topk_prob))) goto done;
+        if (!d->gpt_oss && (rc = get_bool(&c, root, "norm_topk_prob", d->norm_topk_prob, &cfg->norm_topk_prob)))
+            goto done;
         cfg->route_rule = d->route;
         if (d->route == MF_ROUTE_SOFTMAX_TOPK_RENORM) cfg->norm_topk_prob = true;
         cfg->has_shared_expert = d->has_shared;
@@ -462,6 +528,8 @@ int mf_config_parse(mf_config *cfg, const char *text, size_t len, const char *or
         for (int l = 0; l < cfg->n_layers; l++) cfg->layer_sliding[l] = l % 2 == 0 && l < mwl;
     } else if (cfg->arch == MF_ARCH_QWEN3_MOE && use_sw) {
         for (int l = 0; l < cfg->n_layers; l++) cfg->layer_sliding[l] = true;
+    } else if (d->gpt_oss) {
+        if ((rc = gpt_oss_layer_types(&c, cfg, lt, &window))) goto done;
     } else if (d->sliding_all && window > 0) {
         for (int l = 0; l < cfg->n_layers; l++) cfg->layer_sliding[l] = true;
     }

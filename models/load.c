@@ -12,6 +12,7 @@
  * Mixtral block_sparse_moe.{gate, experts.E.w1/w3/w2}, or the fused
  * mlp.experts.gate_up_proj [E, 2I, H] / down_proj [E, H, I]. */
 #include "archs.h"
+#include "mxfp4.h"
 
 #include <jansson.h>
 #include <stdarg.h>
@@ -198,12 +199,127 @@ static int vector(loader *ld, double **dst, const char *name, int n) {
 #define NAME(...) (snprintf(nm, sizeof nm, __VA_ARGS__), nm)
 #define NAME2(...) (snprintf(nm2, sizeof nm2, __VA_ARGS__), nm2)
 
+static void add_owned(mf_model *m, const mf_st_tensor *src, void *data, size_t bytes) {
+    m->owned = mf_xrealloc(m->owned, (m->n_owned + 1) * sizeof *m->owned);
+    m->owned[m->n_owned].src = src;
+    m->owned[m->n_owned].data = data;
+    m->owned[m->n_owned].bytes = bytes;
+    m->n_owned++;
+}
+
+/* gpt-oss's experts (GptOssExperts): gate_up_proj [E, H, 2I] ("x @ W", gate the even columns, up the odd ones)
+ * with gate_up_proj_bias [E, 2I], down_proj [E, I, H] with down_proj_bias [E, H]: held as one copy per tensor
+ * in the policy's weight dtype, laid out as the products read weights (per expert the gate's I rows [I, H], the
+ * up's I rows [I, H], and the down's H rows [H, I]), the file's pages given back. Or, with an mxfp4
+ * quantization_config, gate_up_proj_blocks / _scales [E, 2I, H/32, ...] and down_proj_blocks / _scales [E, H,
+ * I/32, ...] (checked in models/mxfp4.c), whose rows are the outputs already: views of the mapped blocks. */
+static int gpt_oss_experts(loader *ld, mf_layer *L, int l) {
+    mf_model *m = ld->m;
+    const mf_config *c = &m->cfg;
+    const int E = c->n_experts, I = c->moe_intermediate, H = c->hidden;
+    char gu_n[256], dn_n[256], nm[300], nm2[300];
+    snprintf(gu_n, sizeof gu_n, "model.layers.%d.mlp.experts.gate_up_proj", l);
+    snprintf(dn_n, sizeof dn_n, "model.layers.%d.mlp.experts.down_proj", l);
+    const mf_st_tensor *gb, *db, *gu = NULL, *dn = NULL, *gus = NULL, *dns = NULL;
+    int rc;
+    if ((rc = need(ld, &gb, NAME("%s_bias", gu_n), 2, (int64_t)E, (int64_t)2 * I))) return rc;
+    if ((rc = need(ld, &db, NAME("%s_bias", dn_n), 2, (int64_t)E, (int64_t)H))) return rc;
+    if (c->mxfp4) {
+        gu = mf_checkpoint_find(m->ckpt, NAME("%s_blocks", gu_n));
+        gus = mf_checkpoint_find(m->ckpt, NAME2("%s_scales", gu_n));
+        if ((rc = mf_mxfp4_check(gu, gus, nm, nm2, E, 2 * I, H, ld->dir, ld->err))) return rc;
+        dn = mf_checkpoint_find(m->ckpt, NAME("%s_blocks", dn_n));
+        dns = mf_checkpoint_find(m->ckpt, NAME2("%s_scales", dn_n));
+        if ((rc = mf_mxfp4_check(dn, dns, nm, nm2, E, H, I, ld->dir, ld->err))) return rc;
+    } else {
+        if (mf_checkpoint_find(m->ckpt, NAME("%s_blocks", gu_n)))
+            return mf_fail(ld->err, MF_EFORMAT, "%s: tensor %s is MXFP4, but config.json has no mxfp4 "
+                           "quantization_config", ld->dir, nm);
+        if ((rc = need(ld, &gu, gu_n, 3, (int64_t)E, (int64_t)H, (int64_t)2 * I))) return rc;
+        if ((rc = need(ld, &dn, dn_n, 3, (int64_t)E, (int64_t)I, (int64_t)H))) return rc;
+    }
+    if (ld->validate_only) {   /* the scales' values too: every failure before anything is allocated */
+        if (c->mxfp4 && (rc = mf_mxfp4_check_values(gu, gus, E, 2 * I, H, ld->dir, ld->err))) return rc;
+        if (c->mxfp4 && (rc = mf_mxfp4_check_values(dn, dns, E, H, I, ld->dir, ld->err))) return rc;
+        return MF_OK;
+    }
+    if (ld->no_convert)
+        return mf_fail(ld->err, MF_EUNSUPPORTED, "%s: gpt_oss runs on the CPU only for now (--device cpu): its fused "
+                       "experts (%s) are laid out for the CPU's products at load", ld->dir, gu_n);
+    L->exp_gate = mf_xcalloc((size_t)E, sizeof(mf_linear));
+    L->exp_up = mf_xcalloc((size_t)E, sizeof(mf_linear));
+    L->exp_down = mf_xcalloc((size_t)E, sizeof(mf_linear));
+    if (c->mxfp4) {
+        /* the blocks as they lie (numerics' MXFP4 view: the products widen each code with its scale, to the
+         * values transformers' dequantisation gives, rounded to the policy's weight dtype); gate_up's output row
+         * 2i is gate i, row 2i + 1 up i: every other row of the expert's [2I, H] */
+        const mf_dtype round = mf_weight_storage(MF_F32, m->weight_round);
+        const size_t gb_row = (size_t)H / 2, gs_row = (size_t)H / 32, db_row = (size_t)I / 2, ds_row = (size_t)I / 32;
+        for (int e = 0; e < E; e++) {
+            const uint8_t *blk = gu->data + (size_t)e * 2 * I * gb_row, *sc = gus->data + (size_t)e * 2 * I * gs_row;
+            mf_mat w = mf_mat_mxfp4(blk, 2 * I, H, sc, round);
+            w.n = I;
+            w.rs = 2 * (size_t)H;
+            w.q.rs = 2 * gs_row;
+            L->exp_gate[e].w = w;
+            w.data = blk + gb_row;
+            w.q.data = sc + gs_row;
+            L->exp_up[e].w = w;
+            L->exp_down[e].w = mf_mat_mxfp4(dn->data + (size_t)e * H * db_row, H, I, dns->data + (size_t)e * H * ds_row,
+                                            round);
+        }
+    } else {
+        const mf_dtype dt = mf_weight_storage(gu->dtype, m->weight_round);
+        const size_t sz = mf_dtype_size(dt), n_gu = (size_t)E * 2 * I * H, n_dn = (size_t)E * H * I;
+        uint8_t *gcopy = mf_xmalloc(n_gu * sz), *dcopy = mf_xmalloc(n_dn * sz);
+        /* transposed: input h of gate i is gate_up[e][h][2i], of down output h is down[e][i][h] */
+#pragma omp parallel for if (n_gu >= (1u << 20))
+        for (int e = 0; e < E; e++) {
+            for (int h = 0; h < H; h++)
+                for (int r = 0; r < 2 * I; r++)
+                    mf_store_from_f64(gcopy, dt, (((size_t)e * 2 + (r & 1)) * I + (size_t)(r >> 1)) * H + h,
+                                      mf_load_as_f64(gu->data, gu->dtype, ((size_t)e * H + h) * 2 * I + r));
+            for (int i = 0; i < I; i++)
+                for (int h = 0; h < H; h++)
+                    mf_store_from_f64(dcopy, dt, ((size_t)e * H + h) * I + i,
+                                      mf_load_as_f64(dn->data, dn->dtype, ((size_t)e * I + i) * H + h));
+        }
+        release_pages(gu->data, gu->nbytes);
+        release_pages(dn->data, dn->nbytes);
+        add_owned(m, gu, gcopy, n_gu * sz);
+        add_owned(m, dn, dcopy, n_dn * sz);
+        for (int e = 0; e < E; e++) {
+            L->exp_gate[e].w = mf_mat_rows(gcopy + (size_t)e * 2 * I * H * sz, dt, I, H);
+            L->exp_up[e].w = mf_mat_rows(gcopy + ((size_t)e * 2 + 1) * I * H * sz, dt, I, H);
+            L->exp_down[e].w = mf_mat_rows(dcopy + (size_t)e * H * I * sz, dt, H, I);
+        }
+    }
+    for (int e = 0; e < E; e++) {
+        mf_linear *g = &L->exp_gate[e], *u = &L->exp_up[e], *d = &L->exp_down[e];
+        g->out = u->out = I;
+        g->in = u->in = H;
+        d->out = H;
+        d->in = I;
+        g->bias = mf_xmalloc((size_t)I * sizeof(double));
+        u->bias = mf_xmalloc((size_t)I * sizeof(double));
+        d->bias = mf_xmalloc((size_t)H * sizeof(double));
+        for (int i = 0; i < I; i++) {
+            g->bias[i] = mf_round_to(m->weight_round, mf_load_as_f64(gb->data, gb->dtype, (size_t)e * 2 * I + 2 * i));
+            u->bias[i] = mf_round_to(m->weight_round, mf_load_as_f64(gb->data, gb->dtype, (size_t)e * 2 * I + 2 * i + 1));
+        }
+        for (int h = 0; h < H; h++) d->bias[h] = mf_round_to(m->weight_round, mf_load_as_f64(db->data, db->dtype, (size_t)e * H + h));
+    }
+    m->n_params += (size_t)E * (3 * (size_t)I * H + 2 * (size_t)I + (size_t)H);
+    return MF_OK;
+}
+
 static int load_experts(loader *ld, mf_layer *L, int l) {
     const mf_config *c = &ld->m->cfg;
     const mf_arch_desc *d = &mf_arch_table[c->arch];
     const int E = c->n_experts, I = c->moe_intermediate, H = c->hidden;
     char nm[256];
     int rc;
+    if (c->clamped_swiglu) return gpt_oss_experts(ld, L, l);
     if (!ld->validate_only) {
         L->exp_gate = mf_xcalloc((size_t)E, sizeof(mf_linear));
         L->exp_up = mf_xcalloc((size_t)E, sizeof(mf_linear));
@@ -287,6 +403,7 @@ static int load_gqa(loader *ld, mf_layer *L, int l) {
                qkvb ? NAME2("model.layers.%d.self_attn.v_proj.bias", l) : NULL));
     TRY(linear(ld, &L->o, NAME("model.layers.%d.self_attn.o_proj.weight", l), H, nq,
                c->attn_bias_o ? NAME2("model.layers.%d.self_attn.o_proj.bias", l) : NULL));
+    if (c->attn_sinks) TRY(vector(ld, &L->sinks, NAME("model.layers.%d.self_attn.sinks", l), c->n_heads));
     if (c->qk_norm == MF_QK_NORM_FULL) {
         TRY(vector(ld, &L->q_norm, NAME("model.layers.%d.self_attn.q_norm.weight", l), nq));
         TRY(vector(ld, &L->k_norm, NAME("model.layers.%d.self_attn.k_norm.weight", l), nkv));
@@ -322,7 +439,9 @@ static int load_layer(loader *ld, mf_layer *L, int l) {
     }
     const char *router = "model.layers.%d.mlp.gate.weight";
     if (d->mixtral_names && !mf_checkpoint_find(ld->m->ckpt, NAME(router, l))) router = "model.layers.%d.block_sparse_moe.gate.weight";
-    TRY(linear(ld, &L->router, NAME(router, l), c->n_experts, H, NULL));
+    if (d->gpt_oss) router = "model.layers.%d.mlp.router.weight";   /* GptOssTopKRouter: a linear with a bias */
+    TRY(linear(ld, &L->router, NAME(router, l), c->n_experts, H,
+               d->gpt_oss ? NAME2("model.layers.%d.mlp.router.bias", l) : NULL));
     TRY(load_experts(ld, L, l));
     if (c->route_rule == MF_ROUTE_SIGMOID_GROUP)
         TRY(vector_as_stored(ld, &L->e_bias, NAME("model.layers.%d.mlp.gate.e_score_correction_bias", l), c->n_experts));
@@ -391,9 +510,15 @@ int mf_model_measure(const char *dir, mf_dtype weights, unsigned flags, mf_model
         for (size_t i = 0; i < sf->count; i++) {
             const mf_st_tensor *t = &sf->tensors[i];
             const mf_dtype kept = mf_weight_storage(t->dtype, weights);
+            const size_t nl = strlen(t->name);
+            /* gpt-oss's fused bf16 experts are held laid out for the products (MXFP4 blocks and scales: in place) */
+            const bool fused = t->ndim == 3 && mf_dtype_is_float(t->dtype) &&
+                               ((nl > 20 && !strcmp(t->name + nl - 20, "experts.gate_up_proj")) ||
+                                (nl > 17 && !strcmp(t->name + nl - 17, "experts.down_proj")));
             /* FP8 codes and their scales are used where they lie, whatever the policy */
-            if (t->dtype == MF_F8E4M3 || is_scale_inv(t->name) || !mf_dtype_is_float(t->dtype) || kept == t->dtype ||
-                (flags & MF_LOAD_NO_CONVERT))
+            if (fused) out->converted += (uint64_t)mf_st_numel(t) * mf_dtype_size(kept);
+            else if (t->dtype == MF_F8E4M3 || is_scale_inv(t->name) || !mf_dtype_is_float(t->dtype) ||
+                     kept == t->dtype || (flags & MF_LOAD_NO_CONVERT))
                 out->in_place += t->nbytes;
             else out->converted += (uint64_t)mf_st_numel(t) * mf_dtype_size(kept);
         }
@@ -485,6 +610,7 @@ void mf_model_free(mf_model *m) {
         free(L->q_a_norm);
         free(L->kv_a_norm);
         free(L->e_bias);
+        free(L->sinks);
     }
     free(m->layers);
     free(m->final_norm);

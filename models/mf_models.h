@@ -112,7 +112,7 @@ const mf_st_tensor *mf_checkpoint_find(const mf_checkpoint *c, const char *name)
 
 typedef enum mf_arch {
     MF_ARCH_LLAMA, MF_ARCH_OLMOE, MF_ARCH_QWEN2_MOE, MF_ARCH_MIXTRAL, MF_ARCH_QWEN3_MOE,
-    MF_ARCH_DEEPSEEK_V3, MF_ARCH_DEEPSEEK_V2, MF_ARCH_GLM4_MOE, MF_ARCH_COUNT
+    MF_ARCH_DEEPSEEK_V3, MF_ARCH_DEEPSEEK_V2, MF_ARCH_GLM4_MOE, MF_ARCH_GPT_OSS, MF_ARCH_COUNT
 } mf_arch;
 
 /* How attention projects its queries, keys and values. */
@@ -143,6 +143,7 @@ typedef enum mf_route_rule {
     MF_ROUTE_SOFTMAX_TOPK_RENORM, /* Mixtral: always renormalise the top-k */
     MF_ROUTE_SIGMOID_GROUP,       /* DeepSeek-V3, GLM-4.5: sigmoid + correction bias, best groups, top-k; scaled */
     MF_ROUTE_SOFTMAX_GREEDY,      /* DeepSeek-V2: softmax, top-k (optionally within the best groups); scaled */
+    MF_ROUTE_TOPK_SOFTMAX,        /* gpt-oss: top-k of the (biased) logits, softmax over those k */
 } mf_route_rule;
 
 typedef struct mf_rope {
@@ -199,6 +200,13 @@ typedef struct mf_config {
     /* quantization_config: DeepSeek-V3's fine-grained FP8 (quant_method fp8, fmt e4m3): linear weights stored
      * F8_E4M3 with an F32 weight_scale_inv per fp8_block[0] x fp8_block[1] block; 0 0 when not quantized */
     int fp8_block[2];
+    /* gpt-oss (MF_ARCH_GPT_OSS) */
+    bool attn_sinks;                 /* a learned logit per head in each softmax's denominator (self_attn.sinks) */
+    bool clamped_swiglu;             /* experts: gate clamped above, up both sides at swiglu_limit, then
+                                      * (up + 1) * gate * sigmoid(swiglu_alpha * gate); biases on every projection */
+    double swiglu_alpha, swiglu_limit;
+    bool norm_weight_fp32;           /* RMSNorm returns (w * y32) cast once (gpt-oss), not w * y32.to(dtype) (Llama) */
+    bool mxfp4;                      /* quantization_config quant_method mxfp4: experts as *_blocks and *_scales */
     char digest[33];                 /* of config.json's bytes */
 } mf_config;
 
@@ -225,6 +233,7 @@ typedef struct mf_layer {
     mf_linear q_a, q_b, kv_a, kv_b;           /* q = q_b(norm(q_a x)) (or the q above), kv_a: [kv_lora + rope, H] */
     double *q_a_norm, *kv_a_norm;
     double *e_bias;                           /* e_score_correction_bias [E], as stored (fp32), or NULL */
+    double *sinks;                            /* gpt-oss attention sinks [n_heads], or NULL */
 } mf_layer;
 
 /* A tensor the model holds converted (its checkpoint values rounded to the
@@ -352,10 +361,11 @@ char *mf_tokenizer_decode(const mf_tokenizer *t, const int32_t *ids, int n);
  * tensors are generated as the file is written, one at a time. */
 typedef enum mf_synth_size {
     MF_SYNTH_TINY, MF_SYNTH_SMALL, MF_SYNTH_OLMOE_1B_7B, MF_SYNTH_QWEN15_MOE_A27B, MF_SYNTH_MIXTRAL_8X7B,
-    MF_SYNTH_DEEPSEEK_V2_LITE, MF_SYNTH_GLM45_AIR
+    MF_SYNTH_DEEPSEEK_V2_LITE, MF_SYNTH_GLM45_AIR,
+    MF_SYNTH_GPT_OSS_20B   /* openai/gpt-oss-20b's dimensions (20.9B parameters), bf16 experts in its fused layout */
 } mf_synth_size;
-/* "tiny", "small", "olmoe-1b-7b", "qwen1.5-moe-a2.7b", "mixtral-8x7b", "deepseek-v2-lite", "glm-4.5-air";
- * -1 when unknown */
+/* "tiny", "small", "olmoe-1b-7b", "qwen1.5-moe-a2.7b", "mixtral-8x7b", "deepseek-v2-lite", "glm-4.5-air",
+ * "gpt-oss-20b"; -1 when unknown */
 int mf_synth_size_from_name(const char *name);
 /* What `synth --size` of DeepSeek-V2-Lite or GLM-4.5-Air would write, without writing it: the config.json text
  * (malloc'ed) and the parameter count of its tensors. */

@@ -1,7 +1,7 @@
 /* Deterministic random-weight checkpoints in Hub layout (bf16), for every
  * architecture, at two sizes: tiny (tests) and small (benchmarks; the OLMoE
  * one has ~14M parameters: hidden 256, 4 layers, 16 experts, top-4), and at
- * the dimensions of three real models for GPU benchmarks. */
+ * the dimensions of four real models for benchmarks. */
 #include "archs.h"
 
 #include <dirent.h>
@@ -64,9 +64,16 @@ static void tensor(synth *s, const char *name, int64_t rows, int64_t cols, doubl
     free(buf);
 }
 
+/* A 3-D real-size tensor (gpt-oss's fused experts), made as the file is written. */
+static void tensor3(synth *s, const char *name, int64_t a, int64_t b, int64_t c, double mean, double std) {
+    const int64_t shape[3] = {a, b, c};
+    const big_fill f = {splitmix(s->seed ^ splitmix(++s->tensors)), mean, std * sqrt(3.0)};
+    mf_st_writer_add_generated(s->st, name, MF_BF16, 3, shape, fill_big, &f, sizeof f);
+}
+
 int mf_synth_size_from_name(const char *name) {
     static const char *names[] = {"tiny",         "small",            "olmoe-1b-7b", "qwen1.5-moe-a2.7b",
-                                  "mixtral-8x7b", "deepseek-v2-lite", "glm-4.5-air"};
+                                  "mixtral-8x7b", "deepseek-v2-lite", "glm-4.5-air", "gpt-oss-20b"};
     for (int i = 0; i < (int)(sizeof names / sizeof names[0]); i++)
         if (!strcmp(name, names[i])) return i;
     return -1;
@@ -116,11 +123,13 @@ int mf_synth_write_as(const char *dir, mf_arch arch, mf_synth_size size, const m
                       mf_dtype weights, mf_error *err) {
     if (strlen(dir) > 4000) return mf_fail(err, MF_EINVAL, "%s: path too long", dir);
     const mf_arch shape = like ? like->arch : arch;
-    if (size < MF_SYNTH_OLMOE_1B_7B && shape > MF_ARCH_DEEPSEEK_V3)
-        return mf_fail(err, MF_EUNSUPPORTED, "synth writes llama, olmoe, qwen2_moe, mixtral, qwen3_moe and deepseek_v3 "
-                       "checkpoints, not %s", mf_arch_name(shape));
+    if (size < MF_SYNTH_OLMOE_1B_7B && shape > MF_ARCH_DEEPSEEK_V3 && shape != MF_ARCH_GPT_OSS)
+        return mf_fail(err, MF_EUNSUPPORTED, "synth writes llama, olmoe, qwen2_moe, mixtral, qwen3_moe, deepseek_v3 "
+                       "and gpt_oss checkpoints, not %s", mf_arch_name(shape));
     if (size >= MF_SYNTH_OLMOE_1B_7B && shape == MF_ARCH_DEEPSEEK_V3)
         return mf_fail(err, MF_EUNSUPPORTED, "synth writes deepseek_v3 at the tiny and small sizes (or --like)");
+    if (size == MF_SYNTH_SMALL && shape == MF_ARCH_GPT_OSS)
+        return mf_fail(err, MF_EUNSUPPORTED, "synth writes gpt_oss at tiny and gpt-oss-20b sizes (not small)");
     if (weights != MF_BF16 && !(weights == MF_F8E4M3 && shape == MF_ARCH_DEEPSEEK_V3 && size < MF_SYNTH_OLMOE_1B_7B))
         return mf_fail(err, MF_EUNSUPPORTED, "synth writes %s weights for deepseek_v3 only (bf16 for every "
                        "architecture)", mf_dtype_name(weights));
@@ -149,6 +158,100 @@ int mf_synth_write_as(const char *dir, mf_arch arch, mf_synth_size size, const m
 
 int mf_synth_write(const char *dir, mf_arch arch, mf_synth_size size, uint64_t seed, mf_error *err) {
     return mf_synth_write_like(dir, arch, size, NULL, seed, err);
+}
+
+/* openai/gpt-oss-20b's dimensions (its Hub config.json): 24 layers alternating sliding (128) and full attention,
+ * hidden 2880, 64 query and 8 key-value heads of 64, 32 experts of 2880 top-4, vocabulary 201088, YaRN factor 32
+ * on 4096 positions with truncate false, rope_theta 150000, swiglu_limit 7. The Hub's experts are MXFP4; these are
+ * bf16 (as openai/gpt-oss-20b dequantised), in the fused layout: gate_up_proj [E, H, 2I] (gate the even columns),
+ * down_proj [E, I, H], with biases, attention sinks and the router's bias. */
+static int synth_gpt_oss(const char *dir, mf_synth_size size, const mf_config *like, uint64_t seed, mf_error *err) {
+    int H = 2880, L = 24, nh = 64, nkv = 8, hd = 64, V = 201088, E = 32, K = 4, I = 2880, window = 128;
+    const bool big = size >= MF_SYNTH_OLMOE_1B_7B;
+    if (like) {   /* --like a gpt_oss checkpoint */
+        H = like->hidden, L = like->n_layers, nh = like->n_heads, nkv = like->n_kv_heads, hd = like->head_dim;
+        V = like->vocab, E = like->n_experts, K = like->top_k, I = like->moe_intermediate;
+        window = like->sliding_window > 0 ? like->sliding_window : 128;
+    } else if (!big) {   /* tiny (tests): the fixtures' shape */
+        H = 64, L = 3, nh = 4, nkv = 2, hd = 16, V = 384, E = 8, K = 4, I = 32, window = 8;
+    }
+    const double std = big ? 0.8 / sqrt((double)H) : 0.05;
+    json_t *cfg = json_object();
+    json_t *archs = json_array();
+    json_array_append_new(archs, json_string("GptOssForCausalLM"));
+    json_object_set_new(cfg, "architectures", archs);
+    json_object_set_new(cfg, "model_type", json_string("gpt_oss"));
+    json_object_set_new(cfg, "dtype", json_string("bfloat16"));
+    json_object_set_new(cfg, "attention_bias", json_true());
+    json_object_set_new(cfg, "head_dim", json_integer(hd));
+    json_object_set_new(cfg, "hidden_act", json_string("silu"));
+    json_object_set_new(cfg, "hidden_size", json_integer(H));
+    json_object_set_new(cfg, "intermediate_size", json_integer(I));
+    json_t *lt = json_array();
+    for (int l = 0; l < L; l++)
+        json_array_append_new(lt, json_string(like ? (like->layer_sliding[l] ? "sliding_attention" : "full_attention")
+                                                   : l % 2 ? "full_attention" : "sliding_attention"));
+    json_object_set_new(cfg, "layer_types", lt);
+    json_object_set_new(cfg, "max_position_embeddings", json_integer(131072));
+    json_object_set_new(cfg, "num_attention_heads", json_integer(nh));
+    json_object_set_new(cfg, "num_experts_per_tok", json_integer(K));
+    json_object_set_new(cfg, "num_hidden_layers", json_integer(L));
+    json_object_set_new(cfg, "num_key_value_heads", json_integer(nkv));
+    json_object_set_new(cfg, "num_local_experts", json_integer(E));
+    json_object_set_new(cfg, "rms_norm_eps", json_real(1e-5));
+    json_t *rope = json_object();
+    json_object_set_new(rope, "beta_fast", json_real(32.0));
+    json_object_set_new(rope, "beta_slow", json_real(1.0));
+    json_object_set_new(rope, "factor", json_real(32.0));
+    json_object_set_new(rope, "original_max_position_embeddings", json_integer(4096));
+    json_object_set_new(rope, "rope_type", json_string("yarn"));
+    json_object_set_new(rope, "truncate", json_false());
+    json_object_set_new(cfg, "rope_scaling", rope);
+    json_object_set_new(cfg, "rope_theta", json_integer(150000));
+    json_object_set_new(cfg, "sliding_window", json_integer(window));
+    json_object_set_new(cfg, "swiglu_limit", json_real(7.0));
+    json_object_set_new(cfg, "tie_word_embeddings", json_false());
+    json_object_set_new(cfg, "vocab_size", json_integer(V));
+    char path[4096], nm[256];
+    char *text = json_dumps(cfg, JSON_INDENT(2) | JSON_PRESERVE_ORDER);
+    json_decref(cfg);
+    mf_path_join(path, sizeof path, dir, "config.json");
+    int rc = mf_write_file_atomic(path, text, strlen(text), err);
+    free(text);
+    if (rc) return rc;
+    synth s = {mf_st_writer_new(), {{0}}, big, seed, 0, false, 0};
+    mf_rng_seed(&s.rng, seed);
+    W(V, H, "model.embed_tokens.weight");
+    for (int l = 0; l < L; l++) {
+        NORM(H, "model.layers.%d.input_layernorm.weight", l);
+        NORM(H, "model.layers.%d.post_attention_layernorm.weight", l);
+        W(nh * hd, H, "model.layers.%d.self_attn.q_proj.weight", l);
+        W(nkv * hd, H, "model.layers.%d.self_attn.k_proj.weight", l);
+        W(nkv * hd, H, "model.layers.%d.self_attn.v_proj.weight", l);
+        W(H, nh * hd, "model.layers.%d.self_attn.o_proj.weight", l);
+        BIAS(nh * hd, "model.layers.%d.self_attn.q_proj.bias", l);
+        BIAS(nkv * hd, "model.layers.%d.self_attn.k_proj.bias", l);
+        BIAS(nkv * hd, "model.layers.%d.self_attn.v_proj.bias", l);
+        BIAS(H, "model.layers.%d.self_attn.o_proj.bias", l);
+        BIAS(nh, "model.layers.%d.self_attn.sinks", l);
+        W(E, H, "model.layers.%d.mlp.router.weight", l);
+        BIAS(E, "model.layers.%d.mlp.router.bias", l);
+        snprintf(nm, sizeof nm, "model.layers.%d.mlp.experts.gate_up_proj", l);
+        tensor3(&s, nm, E, H, 2 * I, 0.0, std);
+        snprintf(nm, sizeof nm, "model.layers.%d.mlp.experts.gate_up_proj_bias", l);
+        tensor(&s, nm, E, 2 * I, 0.0, 0.1);
+        snprintf(nm, sizeof nm, "model.layers.%d.mlp.experts.down_proj", l);
+        tensor3(&s, nm, E, I, H, 0.0, std);
+        snprintf(nm, sizeof nm, "model.layers.%d.mlp.experts.down_proj_bias", l);
+        tensor(&s, nm, E, H, 0.0, 0.1);
+    }
+    NORM(H, "model.norm.weight");
+    W(V, H, "lm_head.weight");
+    mf_path_join(path, sizeof path, dir, "model.safetensors");
+    rc = mf_st_writer_write(s.st, path, err);
+    mf_st_writer_free(s.st);
+    if (rc) return rc;
+    return write_prompts(dir, &s.rng, big, V, err);
 }
 
 /* The four prompts of 512 tokens every real size gets (pp512). */
@@ -304,6 +407,8 @@ int mf_synth_plan(mf_synth_size size, char **config_json, uint64_t *n_params, mf
 static int synth_into(const char *dir, mf_arch arch, mf_synth_size size, const mf_config *like, uint64_t seed,
                       mf_error *err) {
     if (size == MF_SYNTH_DEEPSEEK_V2_LITE || size == MF_SYNTH_GLM45_AIR) return synth_family26(dir, size, seed, NULL, NULL, err);
+    if (size == MF_SYNTH_GPT_OSS_20B || (like ? like->arch : arch) == MF_ARCH_GPT_OSS)
+        return synth_gpt_oss(dir, size == MF_SYNTH_GPT_OSS_20B ? size : MF_SYNTH_TINY, like, seed, err);
     const bool small = size == MF_SYNTH_SMALL;
     int H = small ? 256 : 64, L = small ? 4 : 3, nh = 4, V = small ? 4096 : 384;
     int nkv = (arch == MF_ARCH_OLMOE) ? nh : 2, hd = H / nh;

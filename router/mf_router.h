@@ -17,6 +17,10 @@ typedef enum mf_route_kind {
     /* DeepSeek-V2: p = softmax(logits); top-k of p, within the topk_group groups of largest max(p) when
      * group_limited (the others' p masked to 0); weights p of the k times scale, never renormalised. */
     MF_ROUTE_KIND_SOFTMAX_GREEDY,
+    /* gpt-oss: the logits (the router's bias included) rank; the top-k's weights are the softmax over those k
+     * logits alone (in opmath, rounded to weight_out), never scaled. probs receives the softmax over all E (for
+     * margins in probability units only: it weighs nothing). */
+    MF_ROUTE_KIND_TOPK_SOFTMAX,
 } mf_route_kind;
 
 typedef struct mf_route_spec {
@@ -39,7 +43,8 @@ typedef struct mf_route_out {
     double margin_prob;  /* the same in probability units; the grouped kinds: of the select row */
     bool tie;            /* k-th and (k+1)-th probabilities (select-row scores) are equal */
     double *select;      /* [E] or NULL: receives the scores the final top-k ranked (the grouped kinds: biased and
-                          * group-masked, -inf or 0 outside the groups; softmax top-k: the probabilities) */
+                          * group-masked, -inf or 0 outside the groups; softmax top-k: the probabilities; top-k then
+                          * softmax: the logits) */
 } mf_route_out;
 
 /* Indices of the k largest values in canonical order. */
@@ -55,11 +60,17 @@ void mf_route(const mf_route_spec *spec, const double *logits, double *probs, mf
 
 /* The weights of the k experts ids (rank order) from the probabilities probs [E] of one token, as mf_route
  * gives them for its own choice: the experts' probabilities, renormalised over the k iff norm_topk (summed in
- * rank order), times the scale of the scaled kinds, rounded to weight_out. mf_route computes its weights here;
+ * rank order), times the scale of the scaled kinds, rounded to weight_out (TOPK_SOFTMAX: use
+ * mf_route_weights_logits, its weights come from the logits). mf_route computes its weights here;
  * routing replay (a run dispatching another run's experts with its own router's weights) does too. */
 void mf_route_weights(const mf_route_spec *spec, const double *probs, const uint16_t *ids, double *weights);
 
-/* probs [E] from raw logits as mf_route computes them: softmax, or the sigmoid scores of SIGMOID_GROUP. */
+/* TOPK_SOFTMAX's weights for the k experts ids (rank order) of one token's logits [E]: softmax over their k
+ * logits in opmath, rounded to weight_out. */
+void mf_route_weights_logits(const mf_route_spec *spec, const double *logits, const uint16_t *ids, double *weights);
+
+/* probs [E] from raw logits as mf_route computes them: softmax (TOPK_SOFTMAX: over all E), or the sigmoid scores
+ * of SIGMOID_GROUP. */
 void mf_route_scores(const mf_route_spec *spec, const double *logits, double *probs);
 
 /* The group of expert e under spec (0 when the router has no groups). */

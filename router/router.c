@@ -87,8 +87,38 @@ static void grouped_select(const mf_route_spec *spec, const double *scores, doub
         if (!kept[e / per]) sel[e] = masked;
 }
 
+void mf_route_weights_logits(const mf_route_spec *spec, const double *logits, const uint16_t *ids, double *weights) {
+    const int k = spec->top_k > 0 ? spec->top_k : 1;
+    double v[k];
+    for (int i = 0; i < k; i++) v[i] = 0;
+    for (int i = 0; i < spec->top_k; i++) v[i] = logits[ids[i]];
+    /* torch.softmax over the k values, dtype the logits': the values widened to opmath, max subtracted, exp,
+     * summed, divided, the result rounded to weight_out */
+    mf_softmax(v, spec->top_k, spec->opmath, weights);
+    for (int i = 0; i < spec->top_k; i++) weights[i] = mf_round_to(spec->weight_out, weights[i]);
+}
+
 void mf_route(const mf_route_spec *spec, const double *logits, double *probs, mf_route_out *out) {
     const int E = spec->n_experts, k = spec->top_k;
+    if (spec->kind == MF_ROUTE_KIND_TOPK_SOFTMAX) {
+        mf_softmax(logits, E, spec->opmath, probs);
+        if (out->select)
+            for (int e = 0; e < E; e++) out->select[e] = logits[e];
+        uint16_t ids[k + 1 <= E ? k + 1 : E];
+        const int kk = k + 1 <= E ? k + 1 : k;
+        mf_topk(logits, E, kk, ids);
+        for (int i = 0; i < k; i++) out->ids[i] = ids[i];
+        if (kk > k) {
+            out->margin_logit = logits[ids[k - 1]] - logits[ids[k]];
+            out->margin_prob = probs[ids[k - 1]] - probs[ids[k]];
+            out->tie = logits[ids[k - 1]] == logits[ids[k]];
+        } else {
+            out->margin_prob = out->margin_logit = 0;
+            out->tie = false;
+        }
+        mf_route_weights_logits(spec, logits, out->ids, out->weights);
+        return;
+    }
     if (spec->kind != MF_ROUTE_KIND_SOFTMAX_TOPK) {
         mf_route_scores(spec, logits, probs);
         double sel_own[E];

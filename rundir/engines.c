@@ -673,6 +673,9 @@ int mf_import_engine(mf_engine eng, const char *const *files, int n_files, const
     if (!mf_path_join(path, sizeof path, model_dir, "config.json")) return mf_fail(err, MF_EINVAL, "path too long");
     int rc = mf_config_load(&cfg, path, err);
     if (rc) return rc;
+    if (cfg.arch == MF_ARCH_GPT_OSS)
+        return mf_fail(err, MF_EUNSUPPORTED, "%s: importing captures of gpt_oss is not supported yet: its experts and "
+                       "weights follow its own router (top-k of the biased logits, softmax over the k)", model_dir);
     if (cfg.route_rule != MF_ROUTE_SOFTMAX_TOPK && cfg.route_rule != MF_ROUTE_SOFTMAX_TOPK_RENORM)
         return mf_fail(err, MF_EUNSUPPORTED, "%s: importing captures of %s is not supported: its experts cannot be "
                        "derived from router logits alone (the router ranks biased sigmoid scores within groups)",

@@ -160,7 +160,8 @@ static json_t *build_manifest(const mf_run_info *in) {
     static const char *const rules[] = {[MF_ROUTE_SOFTMAX_TOPK] = "softmax_topk",
                                         [MF_ROUTE_SOFTMAX_TOPK_RENORM] = "softmax_topk_renorm",
                                         [MF_ROUTE_SIGMOID_GROUP] = "sigmoid_bias_group_topk",
-                                        [MF_ROUTE_SOFTMAX_GREEDY] = "softmax_greedy"};
+                                        [MF_ROUTE_SOFTMAX_GREEDY] = "softmax_greedy",
+                                        [MF_ROUTE_TOPK_SOFTMAX] = "topk_softmax"};
     json_object_set_new(router, "rule", json_string(rules[c->route_rule]));
     json_object_set_new(router, "norm_topk_prob", json_boolean(c->norm_topk_prob));
     if (c->route_rule == MF_ROUTE_SIGMOID_GROUP || c->route_rule == MF_ROUTE_SOFTMAX_GREEDY) {
@@ -945,7 +946,8 @@ static int check_manifest(mf_run *r, json_t *man, const char *path, mf_error *er
     /* a grouped router's rule and groups (runs from before them have neither: softmax top-k, no groups) */
     json_t *router = json_object_get(man, "router");
     const char *rule = json_string_value(json_object_get(router, "rule"));
-    r->has_select = rule && (!strcmp(rule, "sigmoid_bias_group_topk") || !strcmp(rule, "softmax_greedy"));
+    r->has_select = rule && (!strcmp(rule, "sigmoid_bias_group_topk") || !strcmp(rule, "softmax_greedy") ||
+                             !strcmp(rule, "topk_softmax"));
     r->n_group = 1;
     if (json_object_get(router, "n_group") &&
         (rc = want_int(router, "router.", "n_group", 1, MF_MAX_EXPERTS, &r->n_group, path, err)))

@@ -289,3 +289,77 @@ Test(config, synth_sizes_of_2026_models) {
         }
     }
 }
+
+/* GptOssConfig (transformers 5.17): gpt-oss-120b's shape by default, head_dim 64 unless null, layer_types alternating
+ * sliding (even layers) and full, sliding_window 128, YaRN factor 32 on 4096 positions (truncate false) when no
+ * rope keys are given, attention_bias true (q/k/v and o), the clamped SwiGLU's alpha 1.702 and limit 7.0 (fixed in
+ * GptOssExperts), the top-k then softmax router, sinks, every layer MoE. */
+Test(config, gpt_oss_class_defaults) {
+    mf_config c = parse_ok("{\"model_type\": \"gpt_oss\"}");
+    cr_assert_eq(c.arch, MF_ARCH_GPT_OSS);
+    cr_assert(c.vocab == 201088 && c.hidden == 2880 && c.n_layers == 36 && c.n_heads == 64 && c.n_kv_heads == 8);
+    cr_assert_eq(c.head_dim, 64);
+    cr_assert(c.n_experts == 128 && c.top_k == 4 && c.moe_intermediate == 2880 && c.n_moe_layers == 36);
+    cr_assert_eq(c.route_rule, MF_ROUTE_TOPK_SOFTMAX);
+    cr_assert(c.attn_bias_qkv && c.attn_bias_o && c.attn_sinks && c.clamped_swiglu && c.mlp_bias && c.norm_weight_fp32);
+    cr_assert_float_eq(c.swiglu_alpha, 1.702, 0);
+    cr_assert_float_eq(c.swiglu_limit, 7.0, 0);
+    cr_assert(c.layer_sliding[0] && !c.layer_sliding[1] && c.layer_sliding[34] && !c.layer_sliding[35]);
+    cr_assert_eq(c.sliding_window, 128);
+    cr_assert_eq(c.rope.type, MF_ROPE_YARN);
+    cr_assert(c.rope.factor == 32 && c.rope.beta_fast == 32 && c.rope.beta_slow == 1 && !c.rope.truncate &&
+              c.rope.original_max_pos == 4096 && c.rope.theta == 150000);
+    cr_assert_float_eq(c.rms_eps, 1e-5, 0);
+    cr_assert_eq(c.max_pos, 131072);
+    cr_assert(!c.tie_embeddings && !c.mxfp4);
+    cr_assert_float_eq(c.attn_scale, 0.125, 0);
+}
+
+/* openai/gpt-oss-20b's config.json as the Hub has it (v4 rope spelling, MXFP4 experts). */
+Test(config, gpt_oss_20b_hub_config) {
+    mf_config c = parse_ok(
+        "{\"architectures\": [\"GptOssForCausalLM\"], \"attention_bias\": true, \"attention_dropout\": 0.0,"
+        " \"eos_token_id\": 200002, \"experts_per_token\": 4, \"head_dim\": 64, \"hidden_act\": \"silu\","
+        " \"hidden_size\": 2880, \"initial_context_length\": 4096, \"initializer_range\": 0.02,"
+        " \"intermediate_size\": 2880, \"layer_types\": [\"sliding_attention\", \"full_attention\","
+        " \"sliding_attention\", \"full_attention\", \"sliding_attention\", \"full_attention\", \"sliding_attention\","
+        " \"full_attention\", \"sliding_attention\", \"full_attention\", \"sliding_attention\", \"full_attention\","
+        " \"sliding_attention\", \"full_attention\", \"sliding_attention\", \"full_attention\", \"sliding_attention\","
+        " \"full_attention\", \"sliding_attention\", \"full_attention\", \"sliding_attention\", \"full_attention\","
+        " \"sliding_attention\", \"full_attention\"], \"max_position_embeddings\": 131072, \"model_type\": \"gpt_oss\","
+        " \"num_attention_heads\": 64, \"num_experts_per_tok\": 4, \"num_hidden_layers\": 24, \"num_key_value_heads\": 8,"
+        " \"num_local_experts\": 32, \"output_router_logits\": false, \"pad_token_id\": 199999,"
+        " \"quantization_config\": {\"modules_to_not_convert\": [\"model.layers.*.self_attn\", \"model.layers.*.mlp.router\","
+        " \"model.embed_tokens\", \"lm_head\"], \"quant_method\": \"mxfp4\"}, \"rms_norm_eps\": 1e-05,"
+        " \"rope_scaling\": {\"beta_fast\": 32.0, \"beta_slow\": 1.0, \"factor\": 32.0,"
+        " \"original_max_position_embeddings\": 4096, \"rope_type\": \"yarn\", \"truncate\": false},"
+        " \"rope_theta\": 150000, \"router_aux_loss_coef\": 0.9, \"sliding_window\": 128, \"swiglu_limit\": 7.0,"
+        " \"tie_word_embeddings\": false, \"use_cache\": true, \"vocab_size\": 201088}");
+    cr_assert(c.n_layers == 24 && c.n_experts == 32 && c.top_k == 4 && c.mxfp4);
+    cr_assert(c.layer_sliding[22] && !c.layer_sliding[23] && c.sliding_window == 128);
+    cr_assert(c.rope.type == MF_ROPE_YARN && c.rope.factor == 32 && !c.rope.truncate && c.rope.original_max_pos == 4096);
+}
+
+Test(config, gpt_oss_nulls_and_errors) {
+    mf_config n = parse_ok("{\"model_type\": \"gpt_oss\", \"hidden_size\": 256, \"num_attention_heads\": 8,"
+                           " \"head_dim\": null, \"num_key_value_heads\": null, \"num_hidden_layers\": 4,"
+                           " \"layer_types\": [\"full_attention\", \"full_attention\", \"sliding_attention\","
+                           " \"full_attention\"], \"sliding_window\": 16, \"swiglu_alpha\": 1.5, \"swiglu_limit\": 0.6,"
+                           " \"rope_parameters\": {\"rope_type\": \"default\", \"rope_theta\": 10000.0}}");
+    cr_assert_eq(n.head_dim, 32, "null head_dim: hidden_size / num_attention_heads");
+    cr_assert_eq(n.n_kv_heads, 8, "null num_key_value_heads: num_attention_heads");
+    cr_assert(!n.layer_sliding[0] && !n.layer_sliding[1] && n.layer_sliding[2] && n.sliding_window == 16);
+    cr_assert(n.swiglu_alpha == 1.702 && n.swiglu_limit == 7.0, "5.17's GptOssExperts reads neither key");
+    cr_assert_eq(n.rope.type, MF_ROPE_DEFAULT);
+    mf_config c;
+    mf_error err = {0};
+    const char *lt = "{\"model_type\": \"gpt_oss\", \"num_hidden_layers\": 2, \"layer_types\": [\"full_attention\"]}";
+    cr_assert_eq(mf_config_parse(&c, lt, strlen(lt), "x.json", &err), MF_EFORMAT);
+    cr_assert(strstr(err.msg, "layer_types"), "%s", err.msg);
+    const char *sw = "{\"model_type\": \"gpt_oss\", \"num_hidden_layers\": 2, \"sliding_window\": null}";
+    cr_assert_eq(mf_config_parse(&c, sw, strlen(sw), "x.json", &err), MF_EFORMAT);
+    cr_assert(strstr(err.msg, "sliding_window"), "%s", err.msg);
+    const char *q = "{\"model_type\": \"qwen3_moe\", \"quantization_config\": {\"quant_method\": \"mxfp4\"}}";
+    cr_assert_eq(mf_config_parse(&c, q, strlen(q), "x.json", &err), MF_EUNSUPPORTED);
+    cr_assert(strstr(err.msg, "mxfp4"), "%s", err.msg);
+}

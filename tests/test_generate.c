@@ -98,6 +98,9 @@ Test(generate, deepseek_v3_fp8) { matches_hf("hf26/deepseek_v3_fp8"); }
 Test(generate, deepseek_v2_greedy) { matches_hf("hf26/deepseek_v2_greedy"); }
 Test(generate, deepseek_v2_group) { matches_hf("hf26/deepseek_v2_group"); }
 Test(generate, glm4_moe) { matches_hf("hf26/glm4_moe"); }
+/* gpt-oss: sinks and sliding windows (8) in the cache, the biased top-k router, MXFP4 experts */
+Test(generate, gpt_oss) { matches_hf("hf26/gpt_oss"); }
+Test(generate, gpt_oss_mxfp4) { matches_hf("hf26/gpt_oss_mxfp4"); }
 
 /* generation_config.json's eos_token_id stops it after the first of them it generates (kept, as Hugging Face
  * keeps it); config.json's where there is no generation_config.json. */

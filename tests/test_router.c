@@ -168,3 +168,38 @@ Test(experts, combine_rounds_once_in_slot_order) {
     cr_assert_eq(out[0], 1.0 + 0x1p-6, "one rounding of 1 + 3*2^-8");
     mf_dispatch_free(&d);
 }
+
+/* gpt-oss: the logits (bias included) rank; the weights are the softmax over the k chosen logits only.
+ * Logits 0.5, -1, 2, 1, top-2: experts 2 and 3, weights e^2 / (e^2 + e) = 1 / (1 + e^-1) and 1 / (1 + e); the
+ * recorded selection row is the logits; margin 1 - 0.5 in logits. In bf16 the weights round to 0.73046875 and
+ * 0.26953125 (187 x 2^-8, 138 x 2^-9). */
+Test(router, topk_softmax_gpt_oss) {
+    double lg[4] = {0.5, -1, 2, 1}, p[4], w[2], sel[4];
+    uint16_t ids[2];
+    mf_route_spec spec = {.kind = MF_ROUTE_KIND_TOPK_SOFTMAX, .n_experts = 4, .top_k = 2, .opmath = MF_F64,
+                          .weight_out = MF_F64};
+    mf_route_out out = {.ids = ids, .weights = w, .select = sel};
+    mf_route(&spec, lg, p, &out);
+    cr_assert(ids[0] == 2 && ids[1] == 3, "%d %d", ids[0], ids[1]);
+    cr_assert_float_eq(w[0], 1.0 / (1.0 + exp(-1.0)), 1e-15);
+    cr_assert_float_eq(w[1], 1.0 / (1.0 + exp(1.0)), 1e-15);
+    cr_assert_float_eq(out.margin_logit, 0.5, 0);
+    for (int e = 0; e < 4; e++) cr_assert_eq(sel[e], lg[e]);
+    cr_assert(!out.tie);
+    spec.opmath = MF_F32;
+    spec.weight_out = MF_BF16;
+    mf_route(&spec, lg, p, &out);
+    cr_assert_eq(w[0], 0.73046875);
+    cr_assert_eq(w[1], 0.26953125);
+    double t[3] = {3, 1, 3};   /* a tie at the boundary: the lower index first, equal weights */
+    spec.n_experts = 3;
+    spec.top_k = 1;
+    mf_route(&spec, t, p, &out);
+    cr_assert(ids[0] == 0 && out.tie && w[0] == 1.0);
+    uint16_t two[2] = {2, 1};   /* replay: another run's experts, this router's weights for them */
+    spec.top_k = 2;
+    spec.weight_out = MF_F64;
+    spec.opmath = MF_F64;
+    mf_route_weights_logits(&spec, t, two, w);
+    cr_assert_float_eq(w[0], 1.0 / (1.0 + exp(-2.0)), 1e-15);
+}

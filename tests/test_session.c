@@ -15,7 +15,9 @@ static const char *const models[] = {"hf/llama", "hf/olmoe", "hf/qwen2_moe", "hf
                                      "hf/qwen3_moe_yarn_v4cfg", "hf/olmoe_dynamic", "hf/llama_tied_llama3",
                                      /* latent attention (both q paths, both RoPEs), partial rotary, FP8 */
                                      "hf26/deepseek_v3", "hf26/deepseek_v3_noqlora", "hf26/deepseek_v2_group",
-                                     "hf26/glm4_moe", "hf26/deepseek_v3_fp8"};
+                                     "hf26/glm4_moe", "hf26/deepseek_v3_fp8",
+                                     /* sinks, sliding windows of 8 (< 19 positions), fused and MXFP4 experts */
+                                     "hf26/gpt_oss", "hf26/gpt_oss_mxfp4"};
 
 static void same(const char *what, const void *a, const void *b, size_t bytes, const char *model, const char *prec,
                  int pos) {

@@ -85,7 +85,8 @@ SUMMARY = {}
 
 def case_defs(compact=False):
     """compact: vocabulary 128, expert width 16 and dense width 64 in the DeepSeek-family cases (about half the
-    bytes: the repository's fixtures share a size budget), gpt-oss unchanged (MXFP4 needs widths of 32)."""
+    bytes: the repository's fixtures share a size budget); gpt-oss: vocabulary 128, expert width 32 (MXFP4 needs
+    widths of 32)."""
     C = {}
     if compact:
         global BASE
@@ -156,9 +157,12 @@ def case_defs(compact=False):
              "use_qk_norm True (per head), q/k/v biases, 16 routed experts top-4 in 4 groups (topk_group 2) with "
              "sigmoid + non-zero e_score_correction_bias, norm_topk_prob True, routed_scaling_factor 2.5, "
              "1 shared expert, first_k_dense_replace 1.")
-    oss = dict(BASE, vocab_size=384, num_key_value_heads=2, head_dim=16, intermediate_size=64, num_local_experts=8,
+    # transformers 5.17's GptOssExperts fixes limit 7.0 (no config key): init_model puts some expert biases near
+    # +-7 so the clamp acts. Compact: vocabulary 128 and expert width 32 (MXFP4 blocks need 32 inputs).
+    oss = dict(BASE, num_key_value_heads=2, head_dim=16, intermediate_size=32 if compact else 64,
+               num_local_experts=8,
                num_experts_per_tok=4, sliding_window=8, max_position_embeddings=64, attention_bias=True,
-               layer_types=["sliding_attention", "full_attention", "sliding_attention"], swiglu_limit=0.6,
+               layer_types=["sliding_attention", "full_attention", "sliding_attention"],
                rms_norm_eps=1e-5,
                rope_parameters={"rope_type": "yarn", "rope_theta": 150000.0, "factor": 4.0, "beta_fast": 32.0,
                                 "beta_slow": 1.0, "truncate": False, "original_max_position_embeddings": 16})
@@ -168,7 +172,8 @@ def case_defs(compact=False):
         desc="gpt-oss: 8 experts top-4 (router with bias: top-k of the logits, softmax over the k), attention "
              "sinks (non-zero), layer_types sliding/full/sliding with sliding_window 8 (< 13, 21, 34), YaRN "
              "(factor 4, original 16, max_pos 64, truncate False, theta 1.5e5), q/k/v/o and expert biases, "
-             "swiglu_limit 0.6 (so the clamp acts), fused interleaved gate_up_proj [E,H,2I].")
+             "a quarter of the gate and up biases near +-7 (so the clamp at limit 7.0 acts), fused interleaved "
+             "gate_up_proj [E,H,2I].")
     C["gpt_oss_mxfp4"] = dict(
         cls="GptOssForCausalLM", cfg="GptOssConfig", family="gpt_oss", quant="mxfp4",
         kw=dict(oss),
@@ -180,6 +185,8 @@ def case_defs(compact=False):
             if c["family"] != "gpt_oss":
                 c["desc"] = (c["desc"].replace("dense MLP of 96", "dense MLP of 64") +
                              " Compact: vocabulary 128, expert width 16, dense width 64.")
+            else:
+                c["desc"] += " Compact: vocabulary 128, expert width 32."
     return C
 
 
@@ -298,6 +305,20 @@ def route_tensors(family, model, mlp, x, idx, w):
         out["scores"] = logits
         sel = torch.topk(logits, k=k, dim=-1)[1]
     note = {}
+    if family == "gpt_oss":   # how often the clamp at 7.0 acts on the dispatched experts' gate and up values
+        try:
+            ex = mlp.experts
+            gu = torch.einsum("th,ehc->etc", x.to(ex.gate_up_proj.dtype), ex.gate_up_proj) + ex.gate_up_proj_bias[:, None, :]
+            hit = torch.zeros(gu.shape[:2], dtype=torch.bool)
+            if idx is not None:
+                ii = idx.reshape(-1, idx.shape[-1]).long().cpu()
+                hit[ii.T, torch.arange(ii.shape[0])[None, :].expand_as(ii.T)] = True
+            hit = hit.to(gu.device)[..., None]
+            note["clamp_gate_above_7"] = int(((gu[..., ::2] > 7.0) & hit).sum())
+            note["clamp_up_beyond_7"] = int(((gu[..., 1::2].abs() > 7.0) & hit).sum())
+            note["gate_up_values_dispatched"] = int(hit.sum()) * gu.shape[-1] // 2
+        except Exception as e:  # noqa
+            note["clamp_count_failed"] = repr(e)
     if idx is not None:
         idx = idx.reshape(-1, idx.shape[-1])
         if idx.shape[-1] != k:
@@ -778,6 +799,18 @@ def init_model(cdef, seed, meta):
                     p.copy_(torch.randn(p.shape, generator=g) * 0.05)
                     done.append(f"{pn} re-initialised normal(0,0.05)")
     done.append("every *norm.weight set to 1 + 0.2*N(0,1); every bias (.bias, *_bias) set to 0.1*N(0,1)")
+    with torch.no_grad():
+        for pn, p in model.named_parameters():
+            if pn.endswith("experts.gate_up_proj_bias"):
+                # GptOssExperts clamps gate above and up on both sides at 7.0: columns 4j (gate) get 7 + 0.3*N,
+                # columns 4j + 1 (up) +-7 + 0.3*N, so some values pass the limit and some stay below it
+                n2 = p.shape[-1]
+                gcol = torch.arange(0, n2, 4)
+                ucol = torch.arange(1, n2, 4)
+                p[..., gcol] = 7.0 + 0.3 * torch.randn(p[..., gcol].shape, generator=g)
+                sign = torch.where(torch.arange(len(ucol)) % 2 == 0, 1.0, -1.0)
+                p[..., ucol] = sign * 7.0 + 0.3 * torch.randn(p[..., ucol].shape, generator=g)
+                done.append(f"{pn}: gate columns 4j set to 7 + 0.3*N(0,1), up columns 4j+1 to +-7 + 0.3*N(0,1)")
     model = model.to(torch.bfloat16)
     # the correction bias: non-zero (the init gives zeros), fp32 as DeepSeek-V3's checkpoints store it
     for li, mlp in moe_modules(model):
@@ -963,7 +996,7 @@ def main():
     ap.add_argument("--cases", default="")
     ap.add_argument("--new", type=int, default=16)
     ap.add_argument("--no-hfsrc", action="store_true")
-    ap.add_argument("--compact", action="store_true", help="smaller DeepSeek-family cases (see case_defs)")
+    ap.add_argument("--compact", action="store_true", help="smaller cases (see case_defs)")
     a = ap.parse_args()
     t0 = time.time()
     torch.set_num_threads(max(1, os.cpu_count() or 1))

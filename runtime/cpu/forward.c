@@ -118,7 +118,8 @@ uint64_t mf_forward_cpu_bytes(const mf_config *c, int T_, int threads, bool rout
     const uint64_t nk = c->attn == MF_ATTN_MLA ? kw + vw : umax(kw, vw), th = threads > 0 ? threads : 1;
     const uint64_t E = c->n_experts > 0 ? c->n_experts : 1, K = c->top_k > 0 ? c->top_k : 1, nm = c->n_moe_layers;
     const uint64_t I = umax(umax(c->intermediate, c->moe_intermediate), c->shared_intermediate);
-    const uint64_t sel = c->route_rule == MF_ROUTE_SIGMOID_GROUP || c->route_rule == MF_ROUTE_SOFTMAX_GREEDY ? E * 8 : 0;
+    const uint64_t sel = c->route_rule == MF_ROUTE_SIGMOID_GROUP || c->route_rule == MF_ROUTE_SOFTMAX_GREEDY ||
+                         c->route_rule == MF_ROUTE_TOPK_SOFTMAX ? E * 8 : 0;
     const uint64_t result = T * V * 8 + nm * T * (E * 8 + sel + K * 10 + 8) + (router_in ? nm * T * H * 8 : 0);
     const uint64_t stream = 3 * T * H * 8 + 2 * T * hd * 8;
     const uint64_t attn = T * (2 * nq + 2 * nk) * 8 + th * T * T * 8 + T * umax(nq, H) * 8;

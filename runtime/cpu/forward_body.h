@@ -55,7 +55,10 @@ static void FN(rmsnorm_eps)(const fwd *f, mf_dtype D, ACT *x, int rows, int n, s
         double var = ro(f, ss / n);
         double inv = f->O == MF_F64 ? 1.0 / sqrt(var + eps) : (double)(1.0f / sqrtf((float)(var + eps)));
         const ACT inva = (ACT)inv;
-        for (int i = 0; i < n; i++) v[i] = RDA(D, (ACT)w[i] * RDA(D, ROA(v[i] * inva)));
+        if (f->c->norm_weight_fp32)   /* gpt-oss: (weight * hidden32).to(input dtype), one rounding */
+            for (int i = 0; i < n; i++) v[i] = RDA(D, ROA((ACT)w[i] * ROA(v[i] * inva)));
+        else
+            for (int i = 0; i < n; i++) v[i] = RDA(D, (ACT)w[i] * RDA(D, ROA(v[i] * inva)));
     }
 }
 
@@ -114,12 +117,14 @@ static void FN(rope)(const fwd *f, mf_dtype D, ACT *x, int heads, size_t row_str
 }
 
 /* Scores, mask, softmax and weighted values of the T new rows against the cache, head by head, computing in D:
- * S = (Q K^T) * scale, causal (and sliding) mask, softmax in fp32 opmath, P V; each step rounded to D. Head h
+ * S = (Q K^T) * scale, causal (and sliding) mask, softmax in fp32 opmath, P V; each step rounded to D. With sinks
+ * (gpt-oss), head h's row gains the logit sinks[h] as a last column, dropped after the softmax: the row less its
+ * maximum (a D tensor: each difference rounded to D), then softmax in opmath rounded to D. Head h
  * reads its query at q + h * qk_dim (rows q_stride apart), key head h / group at kc + kh * qk_dim (rows k_stride
  * apart), value head at vc + kh * v_dim (rows v_stride apart), and writes ctx + h * v_dim (rows nh * v_dim). */
 static void FN(attn_core)(const fwd *f, mf_dtype D, const ACT *q, size_t q_stride, const ACT *kc, size_t k_stride,
                           const ACT *vc, size_t v_stride, int nh, int group, int qk_dim, int v_dim, double scale_py,
-                          int window, ACT *ctx) {
+                          int window, const double *sinks, ACT *ctx) {
     const int T = f->T, P0 = f->pos, Tc = P0 + T;
     const mf_mm mm = mm_in(f, D);
     const double scale = ro(f, scale_py);   /* a Python float, an fp32 scalar in fp32 opmath */
@@ -148,6 +153,28 @@ static void FN(attn_core)(const fwd *f, mf_dtype D, const ACT *q, size_t q_strid
             }
             for (int j = 0; j < j0; j++) row[j] = 0;
             for (int j = i + 1; j < Tc; j++) row[j] = 0;
+            if (sinks) {   /* eager_attention_forward of gpt-oss: cat(scores, sink) - max, softmax, drop the sink */
+                const double sk = sinks[h];
+                mx = sk > mx ? sk : mx;
+                for (int j = j0; j <= i; j++) row[j] = RDA(D, row[j] - (ACT)mx);
+                const double skd = rd(D, sk - mx);
+                if (f->O == MF_F64) {
+                    double sum = 0;
+                    for (int j = j0; j <= i; j++) sum += (row[j] = exp(row[j]));
+                    sum += exp(skd);
+                    for (int j = j0; j <= i; j++) row[j] /= sum;
+                } else {
+                    float sum = 0;
+                    for (int j = j0; j <= i; j++) {
+                        float e = (float)exp((double)(float)row[j]);
+                        row[j] = e;
+                        sum += e;
+                    }
+                    sum += (float)exp((double)(float)skd);
+                    for (int j = j0; j <= i; j++) row[j] = rd(D, (float)row[j] / sum);
+                }
+                continue;
+            }
             if (f->O == MF_F64) {
                 double sum = 0;
                 for (int j = j0; j <= i; j++) sum += (row[j] = exp(row[j] - mx));
@@ -209,7 +236,7 @@ static void FN(attention)(const fwd *f, mf_dtype D, const mf_layer *L, int layer
     FN(rope)(f, D, k, nkv, (size_t)nk, (size_t)hd, 0, cos_t, sin_t);
     const int window = c->layer_sliding[layer] ? c->sliding_window : 0;
     FN(attn_core)(f, D, q, (size_t)nq, kc, (size_t)nk, vc, (size_t)nk, nh, group, hd, hd,
-                  c->attn_scale > 0 ? c->attn_scale : pow((double)hd, -0.5), window, ctx);
+                  c->attn_scale > 0 ? c->attn_scale : pow((double)hd, -0.5), window, L->sinks, ctx);
     LINEAR(&mm, &L->o, ctx, T, out);
     (void)H;
     free(q);
@@ -258,7 +285,7 @@ static void FN(mla_attention)(const fwd *f, mf_dtype D, const mf_layer *L, const
             memcpy(v + (size_t)t * nv + (size_t)h * vd, src + nope, (size_t)vd * sizeof(ACT));
         }
     ACT *ctx = mf_xmalloc((size_t)T * nv * sizeof(ACT));
-    FN(attn_core)(f, D, q, nq, kc, nq, vc, nv, nh, 1, qk, vd, c->attn_scale, 0, ctx);
+    FN(attn_core)(f, D, q, nq, kc, nq, vc, nv, nh, 1, qk, vd, c->attn_scale, 0, NULL, ctx);
     LINEAR(&mm, &L->o, ctx, T, out);
     free(q);
     free(ckv);
@@ -268,7 +295,7 @@ static void FN(mla_attention)(const fwd *f, mf_dtype D, const mf_layer *L, const
 }
 
 static void FN(dense_mlp)(const fwd *f, mf_dtype D, const mf_layer *L, const ACT *x, ACT *out) {
-    mf_ffn ffn = {&L->mlp_gate, &L->mlp_up, &L->mlp_down, f->c->act};
+    mf_ffn ffn = {&L->mlp_gate, &L->mlp_up, &L->mlp_down, f->c->act, false, 0, 0};
     const mf_mm mm = mm_in(f, D);
     FFN(&mm, &ffn, D, x, f->T, out);
 }
@@ -290,9 +317,11 @@ static void FN(moe)(const fwd *f, mf_dtype D, mf_dtype DR, const mf_layer *L, co
     if (deepseek) DR = f->O;
     const mf_mm mm = mm_in(f, D), mr = mm_in(f, DR);
     FN(linear_to_f64)(&mr, &L->router, x, T, logits);
+    /* gpt-oss: F.linear(x, W, b) in the router's dtype, softmax over the top k in that dtype too */
     const mf_dtype wdt = c->route_rule == MF_ROUTE_SOFTMAX_TOPK_RENORM || deepseek ? f->O : DR;
     const mf_route_kind kind = c->route_rule == MF_ROUTE_SIGMOID_GROUP    ? MF_ROUTE_KIND_SIGMOID_GROUP
                                : c->route_rule == MF_ROUTE_SOFTMAX_GREEDY ? MF_ROUTE_KIND_SOFTMAX_GREEDY
+                               : c->route_rule == MF_ROUTE_TOPK_SOFTMAX   ? MF_ROUTE_KIND_TOPK_SOFTMAX
                                                                           : MF_ROUTE_KIND_SOFTMAX_TOPK;
     mf_route_spec spec = {kind, E, K, c->norm_topk_prob, f->O, wdt, c->n_group, c->topk_group, c->group_limited,
                           L->e_bias, c->routed_scaling};
@@ -319,6 +348,8 @@ static void FN(moe)(const fwd *f, mf_dtype D, mf_dtype DR, const mf_layer *L, co
             memcpy(ids + (size_t)t * K, rp->ids + src, (size_t)K * sizeof *ids);
             if (rp->weights) {
                 for (int i = 0; i < K; i++) w[(size_t)t * K + i] = rd(wdt, rp->weights[src + i]);
+            } else if (kind == MF_ROUTE_KIND_TOPK_SOFTMAX) {
+                mf_route_weights_logits(&spec, logits + (size_t)t * E, ids + (size_t)t * K, w + (size_t)t * K);
             } else {
                 mf_route_scores(&spec, logits + (size_t)t * E, probs);
                 mf_route_weights(&spec, probs, ids + (size_t)t * K, w + (size_t)t * K);
@@ -347,7 +378,8 @@ static void FN(moe)(const fwd *f, mf_dtype D, mf_dtype DR, const mf_layer *L, co
             if (!n) continue;
             for (int i = 0; i < n; i++)
                 memcpy(xe + (size_t)i * H, x + (size_t)d.token[d.offset[e] + i] * H, (size_t)H * sizeof(ACT));
-            mf_ffn ffn = {&L->exp_gate[e], &L->exp_up[e], &L->exp_down[e], c->act};
+            mf_ffn ffn = {&L->exp_gate[e], &L->exp_up[e], &L->exp_down[e], c->act, c->clamped_swiglu, c->swiglu_alpha,
+                          c->swiglu_limit};
             FFN(&mme, &ffn, D, xe, n, y + (size_t)d.offset[e] * H);
         }
         free(xe);
@@ -358,7 +390,7 @@ static void FN(moe)(const fwd *f, mf_dtype D, mf_dtype DR, const mf_layer *L, co
     mf_dispatch_free(&d);
     if (c->n_shared_experts > 0) {   /* DeepseekV3MoE: routed + shared_experts(x), one addition in D */
         ACT *s = mf_xmalloc((size_t)T * H * sizeof(ACT));
-        mf_ffn ffn = {&L->sh_gate, &L->sh_up, &L->sh_down, c->act};
+        mf_ffn ffn = {&L->sh_gate, &L->sh_up, &L->sh_down, c->act, false, 0, 0};
         FFN(&mm, &ffn, D, x, T, s);
         for (size_t i = 0; i < (size_t)T * H; i++) out[i] = RDA(D, out[i] + s[i]);
         free(s);
@@ -366,7 +398,7 @@ static void FN(moe)(const fwd *f, mf_dtype D, mf_dtype DR, const mf_layer *L, co
     if (c->has_shared_expert) {
         ACT *s = mf_xmalloc((size_t)T * H * sizeof(ACT));
         double *g = r->shared_gate + (size_t)mi * T;
-        mf_ffn ffn = {&L->sh_gate, &L->sh_up, &L->sh_down, c->act};
+        mf_ffn ffn = {&L->sh_gate, &L->sh_up, &L->sh_down, c->act, false, 0, 0};
         FFN(&mm, &ffn, D, x, T, s);
         FN(linear_to_f64)(&mm, &L->sh_router, x, T, g);
         for (int t = 0; t < T; t++) {
@@ -400,7 +432,8 @@ static int FN(step)(mf_cpu_session *sn, const int32_t *tokens, int T, mf_seq_res
         r->topk_w = mf_xcalloc((size_t)r->n_moe * T * r->k, sizeof(double));
         r->router = mf_xcalloc((size_t)r->n_moe * T * r->E, sizeof(double));
         if (c->has_shared_expert) r->shared_gate = mf_xcalloc((size_t)r->n_moe * T, sizeof(double));
-        if (c->route_rule == MF_ROUTE_SIGMOID_GROUP || c->route_rule == MF_ROUTE_SOFTMAX_GREEDY)
+        if (c->route_rule == MF_ROUTE_SIGMOID_GROUP || c->route_rule == MF_ROUTE_SOFTMAX_GREEDY ||
+            c->route_rule == MF_ROUTE_TOPK_SOFTMAX)
             r->select = mf_xcalloc((size_t)r->n_moe * T * r->E, sizeof(double));
         if (o->record_router_in) r->router_in = mf_xcalloc((size_t)r->n_moe * T * H, sizeof(double));
     }

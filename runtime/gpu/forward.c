@@ -623,6 +623,9 @@ int GPU_FN(gpu_open)(void **out, int device, mf_model *m, const mf_precision *pr
                      int cache_T, mf_error *err) {
     *out = NULL;
     const mf_config *c = &m->cfg;
+    if (c->arch == MF_ARCH_GPT_OSS)
+        return mf_fail(err, MF_EUNSUPPORTED, "gpt_oss runs on the CPU only for now (--device cpu): the GPU backend has no "
+                       "attention sinks, biased top-k-then-softmax router or clamped SwiGLU experts");
     if (c->arch > MF_ARCH_GLM4_MOE)
         return mf_fail(err, MF_EUNSUPPORTED, "%s runs on the CPU only for now (--device cpu)", c->model_type);
     if (c->fp8_block[0] > 0)
