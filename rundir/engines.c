@@ -56,7 +56,7 @@ const char *mf_engine_name(mf_engine e) {
 typedef struct capture {
     char where[300];   /* "FILE" or "FILE: response 2" for messages */
     int rows, layers;
-    int64_t *ids;
+    int32_t *ids;   /* [rows][layers][file_k] */
     double *router, *logits;
     mf_dtype router_dtype, logits_dtype;
     int file_k;   /* the expert ids per row the file holds (checked against top_k) */
@@ -109,7 +109,7 @@ static const char *npy_key(const char *h, const char *key) {
     return p;
 }
 
-int mf_engine_read_npy(const uint8_t *d, size_t n, const char *path, int64_t **ids_out, int64_t shape[3], mf_error *err) {
+int mf_engine_read_npy(const uint8_t *d, size_t n, const char *path, int32_t **ids_out, int64_t shape[3], mf_error *err) {
     *ids_out = NULL;
     /* numpy's format (numpy/lib/format.py): magic, major and minor version, a little-endian header length (2
      * bytes in version 1, 4 in 2 and 3), the header (a Python dict literal, padded with spaces, ending in '\n'),
@@ -192,13 +192,24 @@ int mf_engine_read_npy(const uint8_t *d, size_t n, const char *path, int64_t **i
                      (long long)shape[0], (long long)shape[1], (long long)shape[2], size);
         goto done;
     }
-    int64_t *ids = mf_xmalloc(sizeof(int64_t) * (size_t)(count ? count : 1));
+    /* held as int32 (expert indices are far below 2^31): half the memory of a large capture; a value that does not
+     * fit is no expert index and is refused here, where it is still known */
+    int32_t *ids = mf_xmalloc(sizeof(int32_t) * (size_t)(count ? count : 1));
     const uint8_t *b = d + off + hl;
     for (uint64_t i = 0; i < count; i++, b += size) {
         uint64_t u = 0;
         for (int j = 0; j < size; j++) u |= (uint64_t)b[j] << (8 * j);
         if (is_signed && size < 8 && (u >> (8 * size - 1))) u |= ~(uint64_t)0 << (8 * size);   /* sign-extend */
-        ids[i] = (int64_t)u;
+        const int64_t v = is_signed ? (int64_t)u : (u > (uint64_t)INT64_MAX ? INT64_MAX : (int64_t)u);
+        if (v < INT32_MIN || v > INT32_MAX) {
+            const uint64_t per_row = (uint64_t)shape[1] * (uint64_t)shape[2];
+            free(ids);
+            rc = mf_fail(err, MF_EFORMAT, "%s: row %llu, layer %llu, slot %llu: expert %lld is no expert index", path,
+                         (unsigned long long)(i / per_row), (unsigned long long)(i % per_row / (uint64_t)shape[2]),
+                         (unsigned long long)(i % (uint64_t)shape[2]), (long long)v);
+            goto done;
+        }
+        ids[i] = (int32_t)v;
     }
     *ids_out = ids;
 done:
@@ -208,7 +219,7 @@ done:
 
 static int read_vllm(captures *cs, const char *path, const uint8_t *d, size_t n, mf_error *err) {
     int64_t shape[3];
-    int64_t *ids;
+    int32_t *ids;
     int rc = mf_engine_read_npy(d, n, path, &ids, shape, err);
     if (rc) return rc;
     capture *c = new_capture(cs, path, -1);
@@ -285,7 +296,7 @@ static int sglang_payload(captures *cs, const char *path, int index, const char 
     }
     c->rows = (int)(n / per);
     c->layers = per == per_all ? cfg->n_layers : cfg->n_moe_layers;
-    c->ids = mf_xmalloc(sizeof(int64_t) * (n / 4 + 1));
+    c->ids = mf_xmalloc(sizeof(int32_t) * (n / 4 + 1));
     for (size_t i = 0; i < n / 4; i++) {
         int32_t v;
         memcpy(&v, b + 4 * i, 4);   /* little-endian hosts only (the build checks) */
@@ -424,11 +435,11 @@ static int read_llamacpp(captures *cs, const char *path, const char *text, size_
     }
     if (!rc && !nr) rc = mf_fail(err, MF_EFORMAT, "%s: no layer,expert rows", path);
     /* blocks: runs of one layer; a ubatch is L blocks, one per MoE layer in order, of equal length */
-    int64_t *ids = NULL;
+    int32_t *ids = NULL;
     int tokens = 0, view_line = 0, view_t0 = 0, view_t1 = 0;
     bool flat = E > K;
     if (!rc) {
-        ids = mf_xmalloc(sizeof(int64_t) * (nr / (size_t)K + 1) * (size_t)L * (size_t)K);
+        ids = mf_xmalloc(sizeof(int32_t) * (nr / (size_t)K + 1) * (size_t)L * (size_t)K);
         size_t i = 0;
         while (i < nr && !rc) {
             size_t start = i, blen = 0;

@@ -295,9 +295,9 @@ int mf_engine_parse(const char *name, mf_engine *out);   /* vllm|sglang|llamacpp
 const char *mf_engine_name(mf_engine e);
 int mf_import_engine(mf_engine eng, const char *const *files, int n_files, const char *model_dir, const char *tokens_path,
                      const char *out_dir, mf_error *err);
-/* The readers' pieces, for tests: a .npy of integers with 3 dimensions (ids widened to int64, malloc'ed), and
- * standard base64 with padding; where names the input in messages. */
-int mf_engine_read_npy(const uint8_t *d, size_t n, const char *where, int64_t **ids, int64_t shape[3], mf_error *err);
+/* The readers' pieces, for tests: a .npy of integers with 3 dimensions (ids as int32, malloc'ed; a value outside
+ * int32 is refused as no expert index), and standard base64 with padding; where names the input in messages. */
+int mf_engine_read_npy(const uint8_t *d, size_t n, const char *where, int32_t **ids, int64_t shape[3], mf_error *err);
 int mf_base64_decode(const char *s, size_t n, uint8_t **out, size_t *out_len, const char *where, mf_error *err);
 
 /* ---- export (docs/run-format.md) -------------------------------------- */

@@ -361,6 +361,9 @@ Test(engines, hostile_bytes_are_refused_by_name) {
         {"{'descr': '<i2', 'fortran_order': False, 'shape': (21, 12), }", 504, "2 dimensions"},
         {"{'descr': '<i2', 'fortran_order': False, 'shape': (21, 3, 4), }", 500, "500 bytes of data for a [21, 3, 4] array"},
         {"{'descr': '<f4', 'fortran_order': False, 'shape': (21, 3, 4), }", 1008, "dtype '<f4'"},
+        /* int64 ids (bytes 0x01: 0x0101010101010101 each) do not fit the int32 the reader keeps: no expert index */
+        {"{'descr': '<i8', 'fortran_order': False, 'shape': (21, 3, 4), }", 2016,
+         "row 0, layer 0, slot 0: expert 72340172838076673 is no expert index"},
     };
     for (size_t i = 0; i < sizeof npys / sizeof npys[0]; i++) {
         snprintf(p, sizeof p, "%s/h%zu.npy", dir, i);

@@ -6,6 +6,14 @@
 #include "mf_core.h"
 #include "mf_models.h"
 
+/* 1 in the sanitizer build (AddressSanitizer and UndefinedBehaviorSanitizer: about ten times slower), where a test
+ * that repeats one check over many cases runs a sample of them; the plain build runs them all. */
+#if defined(__SANITIZE_ADDRESS__)
+#define MF_TEST_SANITIZED 1
+#else
+#define MF_TEST_SANITIZED 0
+#endif
+
 /* tests/fixtures/<rel> */
 const char *fixture(const char *rel);
 /* A fresh empty directory under /tmp, removed at exit. */
