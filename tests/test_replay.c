@@ -208,7 +208,7 @@ Test(replay, fp64_self_replay_embedded_model) {
     const char *m = embedded();
     char input[4300];
     snprintf(input, sizeof input, "%s/sweep-prompts.jsonl", m);
-    self_replay(m, input, "logits");
+    self_replay(m, sampled_prompts(input, 2), "logits");
 }
 
 /* Whole-model runs under the 2026 profiles on the embedded model: emu:cdna4's bf16 arithmetic is CDNA3's (its
@@ -218,10 +218,11 @@ Test(replay, blackwell_and_cdna4_profiles_embedded_model) {
     const char *m = embedded(), *d = temp_dir();
     char input[4300], path[4300];
     snprintf(input, sizeof input, "%s/sweep-prompts.jsonl", m);
-    const char *c3 = trace(d, "cdna3", m, input, "--numerics emu:cdna3 --threads 2");
-    const char *c4 = trace(d, "cdna4", m, input, "--numerics emu:cdna4 --threads 2");
-    const char *bw = trace(d, "blackwell", m, input, "--numerics emu:blackwell --threads 2");
-    const char *rtx = trace(d, "rtxblackwell", m, input, "--numerics emu:rtxblackwell --threads 2");
+    const char *in = sampled_prompts(input, 2);
+    const char *c3 = trace(d, "cdna3", m, in, "--numerics emu:cdna3 --threads 2");
+    const char *c4 = trace(d, "cdna4", m, in, "--numerics emu:cdna4 --threads 2");
+    const char *bw = trace(d, "blackwell", m, in, "--numerics emu:blackwell --threads 2");
+    const char *rtx = trace(d, "rtxblackwell", m, in, "--numerics emu:rtxblackwell --threads 2");
     same_bits(c3, c4, "emu:cdna4 against emu:cdna3");
     same_bits(bw, rtx, "emu:rtxblackwell against emu:blackwell (the same k16 fused sum)");
     snprintf(path, sizeof path, "%s/manifest.json", c4);
@@ -293,7 +294,7 @@ Test(replay, bf16_replaying_fp64_has_no_flips_embedded) {
     const char *m = embedded();
     char input[4300];
     snprintf(input, sizeof input, "%s/sweep-prompts.jsonl", m);
-    bf16_no_flips(m, input, "native");
+    bf16_no_flips(m, sampled_prompts(input, 2), "native");
 }
 
 /* Generating, the twin replays the reference's experts at every position while its tokens are the reference's

@@ -119,6 +119,21 @@ const char *copy_fixture_dir(const char *case_name) {
     return d;
 }
 
+const char *sampled_prompts(const char *path, int n) {
+    if (!MF_TEST_SANITIZED) return path;
+    static char out[4][4300];
+    static int next;
+    char *o = out[next++ % 4];
+    snprintf(o, sizeof out[0], "%s/sampled.jsonl", temp_dir());
+    FILE *in = fopen(path, "r"), *w = fopen(o, "w");
+    cr_assert(in && w, "cannot copy %s to %s", path, o);
+    char line[1 << 16];
+    for (int i = 0; i < n && fgets(line, sizeof line, in); i++) fputs(line, w);
+    fclose(in);
+    cr_assert_eq(fclose(w), 0, "cannot write %s", o);
+    return o;
+}
+
 void write_text(const char *dir, const char *name, const char *text) {
     char p[4200];
     snprintf(p, sizeof p, "%s/%s", dir, name);

@@ -29,6 +29,8 @@ const char *copy_fixture_dir(const char *case_name);
 /* Traces tests/fixtures/<model> (with its tokens.jsonl) into dir/<name> with the given options, quietly; the
  * path (one of 8 rotating buffers). Fails the test if the trace fails. */
 const char *make_run(const char *dir, const char *name, const char *model, const char *opts);
+/* The prompts file path, or under the sanitizers (MF_TEST_SANITIZED) a temporary copy of its first n lines. */
+const char *sampled_prompts(const char *path, int n);
 /* Writes text to dir/name. */
 void write_text(const char *dir, const char *name, const char *text);
 /* A file's bytes, NUL-terminated (malloc'ed); len gets their count unless NULL. Fails the test when the file
