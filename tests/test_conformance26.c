@@ -35,10 +35,11 @@ static double max_abs(const double *v, size_t n) {
  * runs do not record them). */
 static double hf_select_row(const mf_config *c, const double *row, const double *groups, int ng_kept, double masked,
                             double *out) {
-    const int E = c->n_experts, G = c->n_group, per = E / G;
+    const int E = c->n_experts, G = c->n_group;
     memcpy(out, row, sizeof(double) * (size_t)E);
     const bool grouped = G > 1 && (c->route_rule == MF_ROUTE_SIGMOID_GROUP || c->group_limited);
-    if (!grouped) return INFINITY;
+    if (!grouped) return INFINITY;   /* gpt_oss has no groups (n_group 0) */
+    const int per = E / G;
     /* the groups' scores (sum of the two best biased scores, or the best probability) and their margin: the
      * topk_group-th minus the next */
     double gs[MF_MAX_EXPERTS];
