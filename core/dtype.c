@@ -34,6 +34,21 @@ double mf_f8e4m3_to_f64(uint8_t b) {
     return sign ? -v : v;
 }
 
+uint8_t mf_f32_to_f8e4m3_sat(float x) {
+    if (isnan(x)) return 0x7f;
+    const uint8_t sign = signbit(x) ? 0x80 : 0;
+    double a = fabs((double)x);
+    if (a >= 448) return sign | 0x7e;
+    /* the quantum of a's binade (2^(e - 3)), or the subnormals' 2^-9; nearbyint rounds to nearest even in the
+     * default mode, and a quantum is a power of two, so a / q and the product back are exact */
+    const int e = a < 0x1p-6 ? -6 : ilogb(a);
+    const double q = ldexp(1.0, e - 3), r = nearbyint(a / q) * q;
+    if (r == 0) return sign;
+    if (r < 0x1p-6) return sign | (uint8_t)(r / 0x1p-9);   /* subnormal: m x 2^-9 */
+    const int re = ilogb(r);                                /* a value rounded up into the next binade */
+    return sign | (uint8_t)((re + 7) << 3) | (uint8_t)(r / ldexp(1.0, re) * 8 - 8);
+}
+
 double mf_load_as_f64(const void *buf, mf_dtype t, size_t i) {
     const uint8_t *p = buf;
     switch (t) {

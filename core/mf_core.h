@@ -195,6 +195,10 @@ static inline float mf_roundf_to(mf_dtype t, float x) {
 double mf_load_as_f64(const void *buf, mf_dtype t, size_t i);
 /* One FP8 E4M3 (e4m3fn) byte's value. */
 double mf_f8e4m3_to_f64(uint8_t b);
+/* x to E4M3 (e4m3fn) bits, nearest even, saturating: a magnitude past 448 gives +-448 (0x7e / 0xfe), as PTX's
+ * cvt.rn.satfinite.e4m3x2.f32 and a cast after torch.clamp(x, -448, 448) do; below the smallest subnormal
+ * 2^-9 the nearest even is zero (with x's sign), and a NaN gives 0x7f. */
+uint8_t mf_f32_to_f8e4m3_sat(float x);
 /* Stores x into element i of a buffer of float dtype t (RNE). */
 void mf_store_from_f64(void *buf, mf_dtype t, size_t i, double x);
 

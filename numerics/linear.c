@@ -203,6 +203,11 @@ static void epilogue(const mf_mm *mm, float *cf, int M, int N, const double *bia
     }
 }
 
+/* An FP8 weight under fp8=w8a8: its codes times the activations' (numerics/w8a8.c), whatever the policy. */
+static bool w8a8(const mf_mm *mm, const mf_mat *b) {
+    return mm->numerics && mm->numerics->fp8_products == MF_FP8_W8A8 && b->q.kind == MF_WQ_FP8_BLOCK;
+}
+
 static void run(const mf_mm *mm, const double *a, int M, size_t lda, const mf_mat *b, const double *bias, double *c,
                 size_t ldc, mf_tri tri) {
     const int N = b->n, K = b->k;
@@ -224,7 +229,11 @@ static void run(const mf_mm *mm, const double *a, int M, size_t lda, const mf_ma
     float *cf = mf_xmalloc((size_t)M * N * sizeof(float));
     const bool par = mm->threads > 1 && (size_t)M * (K + N) >= (1u << 15);
     const mf_kschedule *ks = mm->numerics ? mf_numerics_schedule(mm->numerics, mm->in) : NULL;
-    if (ks) {
+    if (w8a8(mm, b)) {
+        for (int i = 0; i < M; i++)
+            for (int k = 0; k < K; k++) af[(size_t)i * K + k] = (float)a[(size_t)i * lda + k];
+        mf_w8a8_gemm(&mm->numerics->fp8, M, af, (size_t)K, b, cf, (size_t)N, mm->threads);
+    } else if (ks) {
         emulate(ks, mm, a, NULL, M, lda, b, cf);
     } else {
 #pragma omp parallel for num_threads(mm->threads) if (par)
@@ -247,9 +256,12 @@ static void run_f32(const mf_mm *mm, const float *a, int M, size_t lda, const mf
     if (M <= 0 || N <= 0) return;
     const bool par = mm->threads > 1 && (size_t)M * (b->k + N) >= (1u << 15);
     const mf_kschedule *ks = mm->numerics ? mf_numerics_schedule(mm->numerics, mm->in) : NULL;
-    const bool in_place = !ks && !bias && (mm->out == MF_F32 || mm->out == MF_F64) && ldc == (size_t)N;
+    const bool q8 = w8a8(mm, b);
+    const bool in_place = !ks && !q8 && !bias && (mm->out == MF_F32 || mm->out == MF_F64) && ldc == (size_t)N;
     float *cf = in_place ? c : mf_xmalloc((size_t)M * N * sizeof(float));
-    if (ks) {
+    if (q8) {
+        mf_w8a8_gemm(&mm->numerics->fp8, M, a, lda, b, cf, (size_t)N, mm->threads);
+    } else if (ks) {
         emulate(ks, mm, NULL, a, M, lda, b, cf);
     } else {
         if (tri == MF_TRI_COLS) memset(cf, 0, (size_t)M * N * sizeof(float));

@@ -235,6 +235,15 @@ void mf_emu_gemm_reference(const mf_kschedule *s, int M, int N, int K, const uin
  * bit. GPUs only. */
 typedef enum mf_numerics_kind { MF_NUMERICS_NATIVE, MF_NUMERICS_FP64, MF_NUMERICS_EMU, MF_NUMERICS_FIXED } mf_numerics_kind;
 
+/* How a block-scaled FP8 weight (MF_WQ_FP8_BLOCK) is multiplied under an emu: profile (docs/numerics.md):
+ * MF_FP8_WIDEN  its values widened to the policy's weight dtype, the activations as they are, the product the
+ *               profile's bf16/f16 instruction (or the fp32 chain), as for any other weight (the default);
+ * MF_FP8_W8A8   `fp8=w8a8`: DeepSeek-V3's recipe as DeepGEMM runs it on Hopper: the activations quantised to
+ *               e4m3 per token per block of the weight's k (mf_w8a8_quant), the codes multiplied by the fp8
+ *               instruction, chained over each such block, every block's fp32 partial times its two scales
+ *               added into an fp32 accumulator (mf_w8a8_gemm). emu:hopper only. */
+typedef enum mf_fp8_products { MF_FP8_WIDEN, MF_FP8_W8A8 } mf_fp8_products;
+
 typedef struct mf_numerics {
     char name[160];        /* canonical spelling, recorded in the manifest */
     mf_numerics_kind kind;
@@ -245,12 +254,13 @@ typedef struct mf_numerics {
      * operands, under the same schedule; has_* false where it has none (or the schedule does not fit it). */
     bool has_fp8, has_mxf4;
     mf_kschedule fp8, mxf4;
+    mf_fp8_products fp8_products;   /* MF_FP8_W8A8: FP8 weights' products as mf_w8a8_gemm computes them */
     /* NULL when the profile's models were checked against MMA-Sim or hardware; else why they were not
      * (the manifest records it). */
     const char *validation;
 } mf_numerics;
 
-/* "fp64", "native", "fixed", "emu:ARCH[:INSTR][:acc=N][:split=N][:reduce=seq|tree]". */
+/* "fp64", "native", "fixed", "emu:ARCH[:INSTR][:acc=N][:split=N][:reduce=seq|tree][:fp8=widen|w8a8]". */
 int mf_numerics_parse(mf_numerics *n, const char *spec, mf_error *err);
 /* The schedule for products of operands of this dtype, or NULL when the
  * product runs as an fp32 (or fp64) fma chain. */
@@ -258,6 +268,25 @@ const mf_kschedule *mf_numerics_schedule(const mf_numerics *n, mf_dtype operands
 /* The schedule for fp8 (MF_FMT_E4M3, MF_FMT_E5M2) or MXFP4 (MF_FMT_E2M1) products, or NULL where the
  * profile has no such instruction. */
 const mf_kschedule *mf_numerics_schedule_fmt(const mf_numerics *n, mf_fmt operands);
+
+/* ---- FP8 weights times quantised activations (fp8=w8a8) --------------- */
+
+/* The smallest group maximum the activation quantiser takes (vLLM's per_token_group_quant_fp8 eps): a group of
+ * zeros gets the scale fp32(1e-10 / 448) and zero codes, so its products are zero and nothing divides by 0. */
+#define MF_W8A8_EPS 1e-10f
+/* One group of activations (fp32 values) to e4m3 as vLLM's per_token_group_quant_fp8 computes it: the scale
+ * s = fp32(max(max |x|, MF_W8A8_EPS) / 448), then q[i] = e4m3(fp32(x[i] / s)) nearest even, saturating at
+ * +-448 (mf_f32_to_f8e4m3_sat). Returns s. */
+float mf_w8a8_quant(const float *x, int n, uint8_t *q);
+/* C[i, j] (row stride ldc, fp32) = the product of a [M, K] (row stride lda, fp32 values) and the FP8 block-scaled
+ * w [N, K] (MF_WQ_FP8_BLOCK, blocks bn x bk) under fp8 (an e4m3 x e4m3 instruction; a block of k that is not
+ * a whole number of its k is padded with zero codes). Row i of a is quantised in groups of
+ * bk (mf_w8a8_quant, scales sa[i][b]); for each output and each block b of k, the instructions run in a chain
+ * over the block's codes from a zero accumulator (the partial p, fp32), then the main accumulator
+ * acc = fmaf(p, fp32(sa[i][b] x S[j / bn][b]), acc) in fp32, from zero, b ascending. Up to `threads` threads;
+ * the same bits for any number. */
+void mf_w8a8_gemm(const mf_kschedule *fp8, int M, const float *a, size_t lda, const mf_mat *w, float *c, size_t ldc,
+                  int threads);
 
 /* ---- linear layers and matrix products under a precision ------------ */
 

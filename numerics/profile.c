@@ -5,7 +5,8 @@
  *   emu:ARCH[:INSTR][:acc=N][:split=N][:tile=N][:reduce=seq|tree]
  *                     a vendor's matrix instruction, bit for bit, chained over K under
  *                     the schedule; ARCH volta, ampere, hopper, blackwell, rtxblackwell,
- *                     cdna2, cdna3, cdna4.
+ *                     cdna2, cdna3, cdna4. :fp8=w8a8 (emu:hopper) multiplies FP8 weights by
+ *                     activations quantised to e4m3 (numerics/w8a8.c) instead of widening them.
  * bf16 and fp16 operands go through the instruction for their type; fp32
  * operands go through a plain fp32 fma chain on every architecture (cuBLAS
  * SGEMM without TF32 on CUDA cores, rocBLAS's f32 MFMA, which is an fma chain).
@@ -77,6 +78,7 @@ int mf_numerics_parse(mf_numerics *n, const char *spec, mf_error *err) {
     const char *instr = NULL;
     int acc = 1, split = 1, tile = 0;
     mf_reduce red = MF_REDUCE_SEQ;
+    bool w8a8 = false;
     for (char *tok = strtok_r(NULL, ":", &save); tok; tok = strtok_r(NULL, ":", &save)) {
         char *end;
         if (!strncmp(tok, "acc=", 4)) {
@@ -92,6 +94,10 @@ int mf_numerics_parse(mf_numerics *n, const char *spec, mf_error *err) {
             red = MF_REDUCE_SEQ;
         } else if (!strcmp(tok, "reduce=tree")) {
             red = MF_REDUCE_TREE;
+        } else if (!strcmp(tok, "fp8=w8a8") || !strcmp(tok, "fp8=widen")) {
+            w8a8 = !strcmp(tok, "fp8=w8a8");
+        } else if (!strncmp(tok, "fp8=", 4)) {
+            return mf_fail(err, MF_EINVAL, "numerics \"%s\": fp8 takes widen or w8a8", spec);
         } else if (!instr) {
             instr = tok;
         } else {
@@ -143,11 +149,32 @@ int mf_numerics_parse(mf_numerics *n, const char *spec, mf_error *err) {
         lows[t]->reduce = red;
         *has_low[t] = mf_kschedule_check(lows[t], 0, &ignored) == MF_OK;
     }
+    /* fp8=w8a8: DeepSeek-V3's recipe, whose K order is its own (a chain per block of the weight's scales, then
+     * the promotion), on the one architecture it is modelled for */
+    if (w8a8) {
+        if (!fp8)
+            return mf_fail(err, MF_EUNSUPPORTED, "numerics \"%s\": fp8=w8a8: %s has no fp8 instruction", spec, archs[a].arch);
+        if (strcmp(archs[a].key, "hopper"))
+            return mf_fail(err, MF_EUNSUPPORTED, "numerics \"%s\": fp8=w8a8 models DeepSeek-V3's FP8 recipe on Hopper's "
+                           "wgmma (emu:hopper); %s's FP8 GEMMs are not modelled", spec, archs[a].arch);
+        if (acc != 1 || split != 1 || tile)
+            return mf_fail(err, MF_EINVAL, "numerics \"%s\": fp8=w8a8 has its own K order (a chain per scale block, "
+                           "then the promotion); it takes no acc, split or tile", spec);
+        if (n->fp8.instr.a_fmt != MF_FMT_E4M3 || n->fp8.instr.b_fmt != MF_FMT_E4M3)
+            return mf_fail(err, MF_EUNSUPPORTED, "numerics \"%s\": fp8=w8a8 multiplies e4m3 by e4m3; %s is not such an "
+                           "instruction", spec, fp8);
+        n->has_fp8 = true;
+        n->fp8_products = MF_FP8_W8A8;
+        n->validation = "fp8=w8a8: the fp8 instruction is checked against MMA-Sim; the chain per scale block and the "
+                        "fp32 promotion follow DeepSeek-V3's report and DeepGEMM's kernels, not checked against an "
+                        "H200 running them";
+    }
     /* canonical name: everything spelled out, so the manifest says exactly what ran */
     char tile_s[24] = "";
     if (tile) snprintf(tile_s, sizeof tile_s, ":tile=%d", tile);
-    snprintf(n->name, sizeof n->name, "emu:%s:%s:acc=%d:split=%d%s:reduce=%s", archs[a].key,
-             instr ? instr : (names[0] ? names[0] : names[1]), acc, split, tile_s, red == MF_REDUCE_TREE ? "tree" : "seq");
+    snprintf(n->name, sizeof n->name, "emu:%s:%s:acc=%d:split=%d%s:reduce=%s%s", archs[a].key,
+             instr ? instr : (names[0] ? names[0] : names[1]), acc, split, tile_s, red == MF_REDUCE_TREE ? "tree" : "seq",
+             w8a8 ? ":fp8=w8a8" : "");
     return MF_OK;
 }
 

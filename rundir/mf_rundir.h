@@ -136,6 +136,7 @@ typedef struct mf_run_info {
     const char *device;       /* "cpu", "cuda:0", ... */
     const char *numerics;     /* the profile's canonical name: "native", "fp64", "emu:..." */
     const char *numerics_validation;   /* NULL, or why the profile's models are not validated (manifest) */
+    const char *fp8_products;          /* NULL, or how an FP8 checkpoint's products were computed (manifest) */
     int threads;
     mf_record record;
     const char *input_path;

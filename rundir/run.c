@@ -146,6 +146,7 @@ static json_t *build_manifest(const mf_run_info *in) {
 
     json_object_set_new(man, "numerics", json_string(in->numerics));
     if (in->numerics_validation) json_object_set_new(man, "numerics_validation", json_string(in->numerics_validation));
+    if (in->fp8_products) json_object_set_new(man, "fp8_products", json_string(in->fp8_products));
     json_t *prec = json_object();
     json_object_set_new(prec, "name", json_string(in->prec->name));
     json_object_set_new(prec, "activations", json_string(mf_dtype_name(in->prec->act)));

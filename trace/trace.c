@@ -30,6 +30,9 @@ int mf_trace_check(const mf_trace_opts *o, mf_precision *prec, mf_numerics *num,
         return mf_fail(err, MF_EINVAL, "--numerics fixed runs bf16 or fp16 products; %s has none", prec->name);
     if (num->kind == MF_NUMERICS_EMU && (prec->act == MF_BF16 || prec->act == MF_F16) && !mf_numerics_schedule(num, prec->act))
         return mf_fail(err, MF_EINVAL, "%s has no %s matrix instruction", num->arch, mf_dtype_name(prec->act));
+    if (num->fp8_products == MF_FP8_W8A8 && gpu)
+        return mf_fail(err, MF_EUNSUPPORTED, "--numerics %s: fp8=w8a8 runs on the CPU (the GPU backend takes no FP8 "
+                       "checkpoints)", num->name);
     if (!o->replay && (o->replay_layers || o->replay_weights))
         return mf_fail(err, MF_EINVAL, "--replay-layers and --replay-weights go with --replay RUN");
     if (o->replay_layers && mf_replay_layers_parse(o->replay_layers, NULL, NULL, err)) return MF_EINVAL;
@@ -227,6 +230,9 @@ int mf_trace(const mf_trace_opts *o, mf_error *err) {
     else if (!mf_path_join(cfg_path, sizeof cfg_path, o->model_dir, "config.json"))
         rc = mf_fail(err, MF_EINVAL, "%s: path too long", o->model_dir);
     else rc = mf_config_load(&cfg, cfg_path, err);
+    if (!rc && numerics.fp8_products == MF_FP8_W8A8 && cfg.fp8_block[0] <= 0)
+        rc = mf_fail(err, MF_EINVAL, "%s: --numerics %s: fp8=w8a8 is for checkpoints with block-scaled FP8 weights "
+                     "(quantization_config fp8, weight_block_size); this one has none", o->model_dir, numerics.name);
     if (!rc) {
         record = mf_record_default(cfg.vocab);
         if (o->record && mf_record_parse(o->record, &record))
@@ -282,8 +288,19 @@ int mf_trace(const mf_trace_opts *o, mf_error *err) {
     if ((rc = mf_dist_agree(rc, err))) goto done;
     /* ---- the run: rank 0 creates or resumes it and says which sequences it holds and where shard numbers
      * start; the other ranks write shards into it */
+    /* what an FP8 checkpoint's products were, in words (the numerics' name says it too, to a reader of names) */
+    char fp8_products[400] = "";
+    if (cfg.fp8_block[0] > 0 && numerics.fp8_products == MF_FP8_W8A8)
+        snprintf(fp8_products, sizeof fp8_products, "w8a8: activations to e4m3 per token per 1 x %d (scale max|x| / "
+                 "448 in fp32), codes times codes by %s chained over each %d of k, the block's fp32 partial times "
+                 "both scales added into fp32 (DeepSeek-V3's recipe, DeepGEMM's promotion), out in %s",
+                 cfg.fp8_block[1], numerics.fp8.instr.name, cfg.fp8_block[1], mf_dtype_name(prec.act));
+    else if (cfg.fp8_block[0] > 0)
+        snprintf(fp8_products, sizeof fp8_products, "widened: codes times block scales rounded to %s, multiplied "
+                 "as any %s weight", mf_dtype_name(prec.weights), mf_dtype_name(prec.weights));
     mf_run_info info = {.model_dir = o->model_dir, .model = model, .prec = &prec, .device = device,
-                        .numerics = numerics.name, .numerics_validation = numerics.validation, .threads = threads,
+                        .numerics = numerics.name, .numerics_validation = numerics.validation,
+                        .fp8_products = fp8_products[0] ? fp8_products : NULL, .threads = threads,
                         .record = record, .input_path = o->input,
                         .prompts = &prompts, .shard_seqs = o->shard_seqs, .device_name = gpu ? mf_gpu_describe(gpu) : NULL,
                         .generation = o->generate > 0 || (forced && gen.max_new_tokens > 0) ? &gen : NULL,
