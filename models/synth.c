@@ -89,6 +89,17 @@ static int write_prompts(const char *dir, mf_rng *rng, bool long_ones, int V, mf
 static int synth_deepseek(const char *dir, mf_synth_size size, const mf_config *like, uint64_t seed, bool fp8,
                           mf_error *err);
 
+/* dir/config.json from cfg (taken: freed here), keys in insertion order as the Hub writes them */
+static int write_config(const char *dir, json_t *cfg, mf_error *err) {
+    char path[4096];
+    char *text = json_dumps(cfg, JSON_INDENT(2) | JSON_PRESERVE_ORDER);
+    json_decref(cfg);
+    mf_path_join(path, sizeof path, dir, "config.json");
+    const int rc = mf_write_file_atomic(path, text, strlen(text), err);
+    free(text);
+    return rc;
+}
+
 /* Removes the files of dir (not below it) and dir. */
 static void remove_flat_dir(const char *dir) {
     DIR *d = opendir(dir);
@@ -213,11 +224,7 @@ static int synth_gpt_oss(const char *dir, mf_synth_size size, const mf_config *l
     json_object_set_new(cfg, "tie_word_embeddings", json_false());
     json_object_set_new(cfg, "vocab_size", json_integer(V));
     char path[4096], nm[256];
-    char *text = json_dumps(cfg, JSON_INDENT(2) | JSON_PRESERVE_ORDER);
-    json_decref(cfg);
-    mf_path_join(path, sizeof path, dir, "config.json");
-    int rc = mf_write_file_atomic(path, text, strlen(text), err);
-    free(text);
+    int rc = write_config(dir, cfg, err);
     if (rc) return rc;
     synth s = {mf_st_writer_new(), {{0}}, big, seed, 0, false, 0};
     mf_rng_seed(&s.rng, seed);
@@ -252,21 +259,6 @@ static int synth_gpt_oss(const char *dir, mf_synth_size size, const mf_config *l
     mf_st_writer_free(s.st);
     if (rc) return rc;
     return write_prompts(dir, &s.rng, big, V, err);
-}
-
-/* The four prompts of 512 tokens every real size gets (pp512). */
-static int write_real_size_prompts(const char *dir, mf_rng *rng, int V, int nseq, int T, mf_error *err) {
-    mf_buf out = {0};
-    char path[4096];
-    for (int q = 0; q < nseq; q++) {
-        mf_buf_printf(&out, "{\"id\": \"s%d\", \"tokens\": [", q);
-        for (int t = 0; t < T; t++) mf_buf_printf(&out, t ? ", %d" : "%d", (int)(mf_rng_next(rng) % (uint64_t)V));
-        mf_buf_puts(&out, "]}\n");
-    }
-    mf_path_join(path, sizeof path, dir, "tokens.jsonl");
-    const int rc = mf_write_file_atomic(path, out.s, out.n, err);
-    mf_buf_free(&out);
-    return rc;
 }
 
 /* DeepSeek-V2-Lite (deepseek_v2: latent attention without q_lora, softmax greedy router, 2 shared experts) and
@@ -393,7 +385,7 @@ static int synth_family26(const char *dir, mf_synth_size size, uint64_t seed, ch
     mf_path_join(path, sizeof path, dir, "model.safetensors");
     rc = mf_st_writer_write(s.st, path, err);
     mf_st_writer_free(s.st);
-    return rc ? rc : write_real_size_prompts(dir, &s.rng, V, 4, 512, err);
+    return rc ? rc : write_prompts(dir, &s.rng, true, V, err);   /* four of 512 tokens */
 }
 
 int mf_synth_plan(mf_synth_size size, char **config_json, uint64_t *n_params, mf_error *err) {
@@ -483,11 +475,7 @@ static int synth_into(const char *dir, mf_arch arch, mf_synth_size size, const m
         }
     }
     char path[4096], nm[256];
-    char *text = json_dumps(cfg, JSON_INDENT(2) | JSON_PRESERVE_ORDER);
-    json_decref(cfg);
-    mf_path_join(path, sizeof path, dir, "config.json");
-    rc = mf_write_file_atomic(path, text, strlen(text), err);
-    free(text);
+    rc = write_config(dir, cfg, err);
     if (rc) return rc;
 
     synth s = {mf_st_writer_new(), {{0}}, big, seed, 0, false, 0};
@@ -687,11 +675,7 @@ static int synth_deepseek(const char *dir, mf_synth_size size, const mf_config *
         json_object_set_new(cfg, "quantization_config", qc);
     }
     char path[4096], nm[256];
-    char *text = json_dumps(cfg, JSON_INDENT(2) | JSON_PRESERVE_ORDER);
-    json_decref(cfg);
-    mf_path_join(path, sizeof path, dir, "config.json");
-    int rc = mf_write_file_atomic(path, text, strlen(text), err);
-    free(text);
+    int rc = write_config(dir, cfg, err);
     if (rc) return rc;
 
     synth s = {mf_st_writer_new(), {{0}}, false, seed, 0, false, 0};
