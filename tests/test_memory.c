@@ -66,12 +66,13 @@ static long peak_rss_of(const char *cmd, int *status) {
     return ru.ru_maxrss * 1024L;
 }
 
-static void check_rss(const char *precision) {
-    const char *dir = big_model();
+/* A trace of dir's checkpoint (at least min_ckpt bytes, to tell 1x from 2x) under precision: its peak RSS is the
+ * checkpoint's bytes + 15% + 64 MB (+ sanitizer_slack in the sanitizer build), and at least half of them. */
+static void check_rss_of(const char *dir, long min_ckpt, const char *what, const char *precision, long sanitizer_slack) {
     char path[700], cmd[2400];
     snprintf(path, sizeof path, "%s/model.safetensors", dir);
     const long ckpt = file_bytes(path);
-    cr_assert_gt(ckpt, 250L << 20, "the model must be big enough to tell 1x from 2x (%ld bytes)", ckpt);
+    cr_assert_gt(ckpt, min_ckpt, "the model must be big enough to tell 1x from 2x (%ld bytes)", ckpt);
     snprintf(cmd, sizeof cmd, "'%s' trace -q --model '%s' --input '%s/p32.jsonl' --out '%s/run-%s' --precision %s "
              "--record logits --threads 2", MF_TEST_BIN, dir, dir, temp_dir(), precision, precision);
     int status;
@@ -79,13 +80,16 @@ static void check_rss(const char *precision) {
     cr_assert_eq(status, 0, "%s", cmd);
     /* activations of 32 tokens: a few MB (logits 32 x 8192 doubles = 2 MB); 64 MB leaves room for the
      * program, its libraries and a shard being written */
-    const long bound = ckpt + ckpt * 15 / 100 + (64L << 20);
-    cr_assert_leq(rss, bound, "%s trace: peak RSS %.1f MB for a %.1f MB checkpoint (bound %.1f MB)", precision,
+    long bound = ckpt + ckpt * 15 / 100 + (64L << 20);
+    if (MF_TEST_SANITIZED) bound += sanitizer_slack;
+    cr_assert_leq(rss, bound, "%s trace%s: peak RSS %.1f MB for a %.1f MB checkpoint (bound %.1f MB)", precision, what,
                   rss / 1e6, ckpt / 1e6, bound / 1e6);
     /* and it is the weights that are resident: more than half of them were touched */
-    cr_assert_geq(rss, ckpt / 2, "%s trace: peak RSS %.1f MB, less than half the %.1f MB of weights", precision,
+    cr_assert_geq(rss, ckpt / 2, "%s trace%s: peak RSS %.1f MB, less than half the %.1f MB of weights", precision, what,
                   rss / 1e6, ckpt / 1e6);
 }
+
+static void check_rss(const char *precision) { check_rss_of(big_model(), 250L << 20, "", precision, 0); }
 
 /* deepseek_v3, hidden 1024, 5 layers (the first dense), 16 experts of width 512 (top-4) and a shared one,
  * vocabulary 2048, linear weights FP8 in 128 x 128 blocks: 121 MB of e4m3 codes, 8 MB of bf16 (embedding, head,
@@ -114,26 +118,10 @@ static const char *big_fp8_model(void) {
     return dir;
 }
 
+/* bf16 copies of the FP8 weights alone would be 1.85x the file. The sanitizer's shadow of the heap and its
+ * quarantine of freed blocks added 90-110 MB here. */
 static void check_rss_fp8(const char *precision) {
-    const char *dir = big_fp8_model();
-    char path[700], cmd[2400];
-    snprintf(path, sizeof path, "%s/model.safetensors", dir);
-    const long ckpt = file_bytes(path);
-    cr_assert_gt(ckpt, 120L << 20, "the model must be big enough to tell 1x from 2x (%ld bytes)", ckpt);
-    snprintf(cmd, sizeof cmd, "'%s' trace -q --model '%s' --input '%s/p32.jsonl' --out '%s/run-fp8-%s' --precision %s "
-             "--record logits --threads 2", MF_TEST_BIN, dir, dir, temp_dir(), precision, precision);
-    int status;
-    const long rss = peak_rss_of(cmd, &status);
-    cr_assert_eq(status, 0, "%s", cmd);
-    /* bf16 copies of the FP8 weights alone would be 1.85x the file */
-    long bound = ckpt + ckpt * 15 / 100 + (64L << 20);
-#if defined(__SANITIZE_ADDRESS__)
-    bound += 64L << 20;   /* the sanitizer's shadow of the heap and its quarantine of freed blocks: 90-110 MB seen */
-#endif
-    cr_assert_leq(rss, bound, "%s trace of an FP8 checkpoint: peak RSS %.1f MB for a %.1f MB checkpoint (bound %.1f MB)",
-                  precision, rss / 1e6, ckpt / 1e6, bound / 1e6);
-    cr_assert_geq(rss, ckpt / 2, "%s trace: peak RSS %.1f MB, less than half the %.1f MB of weights", precision,
-                  rss / 1e6, ckpt / 1e6);
+    check_rss_of(big_fp8_model(), 120L << 20, " of an FP8 checkpoint", precision, 64L << 20);
 }
 
 Test(memory, fp8_bf16_trace_rss_is_the_checkpoint_plus_activations, .timeout = 300) { check_rss_fp8("bf16"); }
