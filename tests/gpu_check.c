@@ -428,20 +428,25 @@ static int write_record(tally *t, const char *out_path) {
     return t->failed || rc ? 1 : 0;
 }
 
+/* Is there a device at all? 0, or the exit status: EXIT_NO_GPU without one, 1 when it fails otherwise. */
+static int probe_device(const char *fixtures) {
+    char dir[4096], tok[4200];
+    mf_error err = {0};
+    outputs probe;
+    snprintf(dir, sizeof dir, "%s/hf/llama", fixtures);
+    snprintf(tok, sizeof tok, "%s/tokens.jsonl", dir);
+    if (run_all(&probe, dir, tok, "fp32", "native", "cuda", MODE_FORWARD, &err)) {
+        fprintf(stderr, "moeflip_gpu_check: %s\n", err.msg);
+        return strstr(err.msg, "no cuda GPU") ? EXIT_NO_GPU : 1;
+    }
+    free_outputs(&probe);
+    return 0;
+}
+
 /* validate26: the DeepSeek-family fixtures only (hf26_cases and the FP8 refusal). */
 static int validate26(const char *fixtures, const char *out_path) {
-    {
-        char dir[4096], tok[4200];
-        mf_error err = {0};
-        outputs probe;
-        snprintf(dir, sizeof dir, "%s/hf/llama", fixtures);
-        snprintf(tok, sizeof tok, "%s/tokens.jsonl", dir);
-        if (run_all(&probe, dir, tok, "fp32", "native", "cuda", MODE_FORWARD, &err)) {
-            fprintf(stderr, "moeflip_gpu_check: %s\n", err.msg);
-            return strstr(err.msg, "no cuda GPU") ? EXIT_NO_GPU : 1;
-        }
-        free_outputs(&probe);
-    }
+    const int absent = probe_device(fixtures);
+    if (absent) return absent;
     tally t = {0, 0, json_array()};
     for (size_t i = 0; i < sizeof hf26_cases / sizeof hf26_cases[0]; i++) check_hf26(&t, fixtures, hf26_cases[i]);
     check_fp8_refused(&t, fixtures);
@@ -450,17 +455,8 @@ static int validate26(const char *fixtures, const char *out_path) {
 
 static int validate(const char *fixtures, const char *out_path) {
     char dir[4096], tok[4200], src[256];
-    {   /* is there a device at all? */
-        mf_error err = {0};
-        outputs probe;
-        snprintf(dir, sizeof dir, "%s/hf/llama", fixtures);
-        snprintf(tok, sizeof tok, "%s/tokens.jsonl", dir);
-        if (run_all(&probe, dir, tok, "fp32", "native", "cuda", MODE_FORWARD, &err)) {
-            fprintf(stderr, "moeflip_gpu_check: %s\n", err.msg);
-            return strstr(err.msg, "no cuda GPU") ? EXIT_NO_GPU : 1;
-        }
-        free_outputs(&probe);
-    }
+    const int absent = probe_device(fixtures);
+    if (absent) return absent;
     tally t = {0, 0, json_array()};
     for (size_t i = 0; i < sizeof hf_cases / sizeof hf_cases[0]; i++) {
         snprintf(dir, sizeof dir, "%s/hf/%s", fixtures, hf_cases[i]);
