@@ -98,56 +98,49 @@ void mf_route_weights_logits(const mf_route_spec *spec, const double *logits, co
     for (int i = 0; i < spec->top_k; i++) weights[i] = mf_round_to(spec->weight_out, weights[i]);
 }
 
+/* ids: the top-k of rank_by (canonical order); *last: the k-th, *next: the (k+1)-th, or -1 when k is every expert.
+ * The margins and the tie are between those two. */
+static void top_k_and_next(const double *rank_by, int E, int k, uint16_t *ids, int *last, int *next) {
+    uint16_t all[k + 1 <= E ? k + 1 : E];
+    const int kk = k + 1 <= E ? k + 1 : k;
+    mf_topk(rank_by, E, kk, all);
+    for (int i = 0; i < k; i++) ids[i] = all[i];
+    *last = all[k - 1];
+    *next = kk > k ? all[k] : -1;
+}
+
 void mf_route(const mf_route_spec *spec, const double *logits, double *probs, mf_route_out *out) {
     const int E = spec->n_experts, k = spec->top_k;
-    if (spec->kind == MF_ROUTE_KIND_TOPK_SOFTMAX) {
+    int a, b;
+    if (spec->kind == MF_ROUTE_KIND_TOPK_SOFTMAX) {   /* gpt-oss: ranked on the logits */
         mf_softmax(logits, E, spec->opmath, probs);
         if (out->select)
             for (int e = 0; e < E; e++) out->select[e] = logits[e];
-        uint16_t ids[k + 1 <= E ? k + 1 : E];
-        const int kk = k + 1 <= E ? k + 1 : k;
-        mf_topk(logits, E, kk, ids);
-        for (int i = 0; i < k; i++) out->ids[i] = ids[i];
-        if (kk > k) {
-            out->margin_logit = logits[ids[k - 1]] - logits[ids[k]];
-            out->margin_prob = probs[ids[k - 1]] - probs[ids[k]];
-            out->tie = logits[ids[k - 1]] == logits[ids[k]];
-        } else {
-            out->margin_prob = out->margin_logit = 0;
-            out->tie = false;
-        }
+        top_k_and_next(logits, E, k, out->ids, &a, &b);
+        out->margin_logit = b < 0 ? 0 : logits[a] - logits[b];
+        out->margin_prob = b < 0 ? 0 : probs[a] - probs[b];
+        out->tie = b >= 0 && logits[a] == logits[b];
         mf_route_weights_logits(spec, logits, out->ids, out->weights);
         return;
     }
-    if (spec->kind != MF_ROUTE_KIND_SOFTMAX_TOPK) {
+    if (spec->kind != MF_ROUTE_KIND_SOFTMAX_TOPK) {   /* the grouped routers: ranked on their selection scores */
         mf_route_scores(spec, logits, probs);
         double sel_own[E];
         double *sel = out->select ? out->select : sel_own;
         grouped_select(spec, probs, sel);
-        uint16_t ids[k + 1 <= E ? k + 1 : E];
-        const int kk = k + 1 <= E ? k + 1 : k;
-        mf_topk(sel, E, kk, ids);
-        for (int i = 0; i < k; i++) out->ids[i] = ids[i];
-        out->margin_prob = out->margin_logit = kk > k ? sel[ids[k - 1]] - sel[ids[k]] : 0;
-        out->tie = kk > k && sel[ids[k - 1]] == sel[ids[k]];
+        top_k_and_next(sel, E, k, out->ids, &a, &b);
+        out->margin_prob = out->margin_logit = b < 0 ? 0 : sel[a] - sel[b];
+        out->tie = b >= 0 && sel[a] == sel[b];
         mf_route_weights(spec, probs, out->ids, out->weights);
         return;
     }
     mf_softmax(logits, E, spec->opmath, probs);
     if (out->select)
         for (int e = 0; e < E; e++) out->select[e] = probs[e];
-    uint16_t ids[k + 1 <= E ? k + 1 : E];
-    int kk = k + 1 <= E ? k + 1 : k;
-    mf_topk(probs, E, kk, ids);
-    for (int i = 0; i < k; i++) out->ids[i] = ids[i];
-    if (kk > k) {
-        out->margin_prob = probs[ids[k - 1]] - probs[ids[k]];
-        out->margin_logit = logits[ids[k - 1]] - logits[ids[k]];
-        out->tie = probs[ids[k - 1]] == probs[ids[k]];
-    } else {
-        out->margin_prob = out->margin_logit = 0;
-        out->tie = false;
-    }
+    top_k_and_next(probs, E, k, out->ids, &a, &b);
+    out->margin_prob = b < 0 ? 0 : probs[a] - probs[b];
+    out->margin_logit = b < 0 ? 0 : logits[a] - logits[b];
+    out->tie = b >= 0 && probs[a] == probs[b];
     mf_route_weights(spec, probs, out->ids, out->weights);
 }
 
