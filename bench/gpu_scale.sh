@@ -6,8 +6,10 @@
 # WORK_DIR; then, twice and alternating, `moeflip trace --device cuda --precision bf16` of its four 512-token
 # prompts and bench/hf_job.py (transformers' from_pretrained + the same four forwards with logits and router logits
 # to the host), each as a whole process, its wall time and peak RSS measured from outside; then
-# `moeflip_gpu_check bench` (the forward pass alone, median of 10, native and emu:cdna3). Logs and JSON go to
-# OUT_DIR; the summary lines start with "MEASURED" and "moeflip:" / "hf job:".
+# `moeflip_gpu_check bench` (the forward pass alone, median of 10, under NUMERICS: default
+# native,emu:cdna3,emu:hopper). Logs and JSON go to OUT_DIR; the summary lines start with "MEASURED" and "moeflip:" /
+# "hf job:". The 2026 sizes work too (deepseek-v2-lite fits an H200: 31.4 GB in bf16); bench/hf_job.py hooks the
+# routers of the families whose outputs have no router logits.
 set -uo pipefail
 bin=$1 work=$2 out=$3
 shift 3
@@ -37,6 +39,6 @@ for size in $sizes; do
     measure "hf job $size round $round" python3 "$here/hf_job.py" --model "$m" --input "$m/tokens.jsonl" \
       --out "$out/hf-$size-$round.json" 2>&1 | grep -v Warning | tee -a "$out/hf-$size.log"
   done
-  "$bin/moeflip_gpu_check" bench "$m" bf16 10 native,emu:cdna3,emu:hopper "$out/bench-$size.json" 2>&1 | tail -n 4
+  "$bin/moeflip_gpu_check" bench "$m" bf16 10 "${NUMERICS:-native,emu:cdna3,emu:hopper}" "$out/bench-$size.json" 2>&1 | tail -n 4
   rm -rf "$m" "$work/run-$size"
 done
