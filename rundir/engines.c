@@ -375,6 +375,19 @@ static bool parse_int(const char **p, long long *v) {
     return true;
 }
 
+/* Whether every run of E ids of x[0, n) (the last one may be shorter) holds no id twice: a whole run of E is then a
+ * permutation of the experts [0, E). */
+static bool distinct_in_blocks(const int32_t *x, size_t n, int E) {
+    for (size_t g = 0; g < n; g += (size_t)E) {
+        uint64_t seen[(MF_MAX_EXPERTS + 63) / 64] = {0};
+        for (size_t q = g; q < n && q < g + (size_t)E; q++) {
+            if (seen[x[q] / 64] >> (x[q] % 64) & 1) return false;
+            seen[x[q] / 64] |= (uint64_t)1 << (x[q] % 64);
+        }
+    }
+    return true;
+}
+
 static int read_llamacpp(captures *cs, const char *path, const char *text, size_t n, const mf_config *cfg, mf_error *err) {
     const int K = cfg->top_k, E = cfg->n_experts, L = cfg->n_moe_layers;
     if (L < 1) return mf_fail(err, MF_EINVAL, "%s: the model has no MoE layers", path);
@@ -461,16 +474,7 @@ static int read_llamacpp(captures *cs, const char *path, const char *text, size_
                 /* the flat copy of the ffn_moe_topk view writes each token's whole argsort row, n_expert ids: every
                  * n_expert rows a permutation. Rows of real top-k ids can be one by chance in a short block, so
                  * this names the pattern only where the rows are also too many for the tokens (check_capture) */
-                if (flat && E > K && len % (size_t)E == 0) {
-                    for (size_t g = i; g < j && flat; g += (size_t)E) {
-                        uint64_t seen[(MF_MAX_EXPERTS + 63) / 64] = {0};
-                        for (size_t q = g; q < g + (size_t)E; q++) {
-                            const int x = exp[q];
-                            if (seen[x / 64] >> (x % 64) & 1) flat = false;
-                            seen[x / 64] |= (uint64_t)1 << (x % 64);
-                        }
-                    }
-                } else flat = false;
+                flat = flat && E > K && len % (size_t)E == 0 && distinct_in_blocks(exp + i, len, E);
                 if (len % (size_t)K || (m > 0 && len != blen)) {
                     rc = mf_fail(err, MF_EFORMAT, "%s:%d: layer %d has %zu rows in this ubatch%s (top-%d: %s)", path, lno[i], lay[i],
                                  len, m ? "" : "", K, len % (size_t)K ? "not whole tokens" : "not as many as the first MoE layer's");
@@ -483,16 +487,7 @@ static int read_llamacpp(captures *cs, const char *path, const char *text, size_
                  * right; the ids after the ubatch's first token are not its routing. Named where each layer of the
                  * ubatch holds at least two whole rankings, each a permutation of the experts, and distinct ids
                  * after them: by chance, real top-k rows are that with odds below (1/1820)^2 a layer at 16 experts. */
-                if (view_read && len >= 2 * (size_t)E) {
-                    for (size_t g = i; g < j && view_read; g += (size_t)E) {
-                        uint64_t seen[(MF_MAX_EXPERTS + 63) / 64] = {0};
-                        for (size_t q = g; q < j && q < g + (size_t)E; q++) {
-                            const int x = exp[q];
-                            if (seen[x / 64] >> (x % 64) & 1) view_read = false;
-                            seen[x / 64] |= (uint64_t)1 << (x % 64);
-                        }
-                    }
-                } else view_read = false;
+                view_read = view_read && len >= 2 * (size_t)E && distinct_in_blocks(exp + i, len, E);
                 const size_t nt = len / (size_t)K;
                 for (size_t t = 0; t < nt; t++)
                     for (int k = 0; k < K; k++)
