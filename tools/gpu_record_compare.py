@@ -12,7 +12,10 @@ import sys
 
 
 def key(c):
-    return (c.get("source"), c.get("case"), c.get("precision"), c.get("gpu_numerics"), c.get("cpu_numerics"))
+    # kind and mode tell apart the checks of one case and numerics (forward, decode, replay, ...): without them the
+    # later of two checks stood for both, and the earlier one read as different
+    return (c.get("source"), c.get("case"), c.get("kind"), c.get("mode"), c.get("precision"), c.get("gpu_numerics"),
+            c.get("cpu_numerics"))
 
 
 def main():
