@@ -225,12 +225,6 @@ __global__ static void k_emu(gk_gemm g, int *flag) {
 #define EM_B (16 * EM_T)       /* block tile: 64 x 64 */
 #define EM_K 16                /* K staged per step */
 
-/* M = 1.5 * 2^x: its last place is 2^(x - 52) */
-__device__ static double magic(int x) { return __longlong_as_double((long long)(1023 + x) << 52 | (1ll << 51)); }
-
-/* x rounded down (toward minus infinity) to a multiple of the last place of m */
-__device__ static double floor_to(double x, double m) { return __dadd_rd(x, m) - m; }
-
 /* MMA-Sim's exponent of an fp32 value: unbiased for normal numbers, -126 for subnormals and zero */
 __device__ static int f32_exp(float v) {
     const int e = (int)((__float_as_uint(v) >> 23) & 0xffu);
@@ -255,6 +249,9 @@ __device__ static void em_decode(uint16_t bits, int fmt, int zero_e, double *v, 
     *sg = bits & 0x8000u ? -2 : 0;
 }
 
+/* An exponent in both halves of a signed 16-bit pair */
+__device__ static unsigned pair_both(int e) { return ((unsigned)e & 0xffffu) * 0x10001u; }
+
 /* The high word of M = 1.5 * 2^x (its low word is zero) */
 __device__ static int magic_hi(int x) { return (1023 + x) << 20 | 1 << 19; }
 
@@ -272,16 +269,25 @@ __device__ static int magic_hi(int x) { return (1023 + x) << 20 | 1 << 19; }
  * costs no extra wavefronts for the 16 distinct rows a warp reads. */
 #define EM_KD (EM_K + 2)       /* a row of doubles: 144 bytes */
 #define EM_KI (EM_K + 4)       /* a row of ints: 80 bytes */
-template <int CHUNK, int PARTS> __global__ static void __launch_bounds__(256, 2) k_emu_tiled(gk_gemm g, int *flag) {
+template <int CHUNK, int PARTS, bool NV>
+__global__ static void __launch_bounds__(256, 2) k_emu_tiled(gk_gemm g, int *flag) {
+    static_assert(NV || PARTS == 1, "AMD's epilogue reads one count");
     __shared__ __align__(16) double Av[EM_B][EM_KD], Bv[EM_B][EM_KD];
-    __shared__ __align__(16) int Ae[EM_B][EM_KI], Be[EM_B][EM_KI];
+    /* Exponents, by kind (each measured both ways, bench/README.md):
+     *   NVIDIA: ints, Ae[row][k], Be[column][k].
+     *   AMD: signed 16-bit pairs for Hopper's two-lane add-and-max (DPX), which took emu:cdna3 from 421 to 382 ms
+     *     a forward but slowed both NVIDIA models (280 -> 319 ms Hopper, 323 -> 368 Ampere): A's row r holds its
+     *     exponent in both halves; B's pair (jp, c) = Be[jp * 16 + c] holds columns c + 32 jp (low half) and
+     *     c + 32 jp + 16 (high), a thread's outputs j = 2 jp and 2 jp + 1. */
+    __shared__ __align__(16) unsigned Ae[EM_B][EM_KI], Be[EM_B][EM_KI];
     __shared__ __align__(16) int As[EM_B][EM_KI], Bs[EM_B][EM_KI];
     int e, r0, r1;
     if (!tile_rows(&g, blockIdx.y, EM_B, &e, &r0, &r1)) return;
     const int b = blockIdx.z, tx = threadIdx.x, ty = threadIdx.y, tid = ty * 16 + tx, n0 = blockIdx.x * EM_B;
     const uint16_t *A = (const uint16_t *)g.A + (size_t)b * g.a_bstride;
     const uint16_t *B = (const uint16_t *)g.B + (size_t)b * g.b_bstride + (size_t)e * g.b_bstride * (g.offsets != NULL);
-    const bool nv = g.emu_kind == GK_EMU_NV_FUSED;
+    constexpr bool nv = NV;
+    /* NVIDIA's zero products, when excluded from the largest exponent, sum far below any real one */
     const int zero_e = nv && g.emu_zero_excluded ? -1000000 : -126;
     const int Kq = (g.K + g.emu_k - 1) / g.emu_k * g.emu_k, chunk = CHUNK, F = nv ? g.emu_frac : 24;
     constexpr int PART = CHUNK / PARTS;
@@ -313,25 +319,56 @@ template <int CHUNK, int PARTS> __global__ static void __launch_bounds__(256, 2)
             *(double2 *)&Av[sr][sk + 2] = make_double2(va[2], va[3]);
             *(double2 *)&Bv[sr][sk] = make_double2(vb[0], vb[1]);
             *(double2 *)&Bv[sr][sk + 2] = make_double2(vb[2], vb[3]);
-            *(int4 *)&Ae[sr][sk] = make_int4(ea[0], ea[1], ea[2], ea[3]);
-            *(int4 *)&Be[sr][sk] = make_int4(eb[0], eb[1], eb[2], eb[3]);
+            if constexpr (NV) {
+                *(int4 *)&Ae[sr][sk] = make_int4(ea[0], ea[1], ea[2], ea[3]);
+                *(int4 *)&Be[sr][sk] = make_int4(eb[0], eb[1], eb[2], eb[3]);
+            } else {
+                *(uint4 *)&Ae[sr][sk] = make_uint4(pair_both(ea[0]), pair_both(ea[1]), pair_both(ea[2]), pair_both(ea[3]));
+                unsigned short *be = (unsigned short *)&Be[(sr >> 5) * 16 + (sr & 15)][sk] + ((sr >> 4) & 1);
+                for (int q = 0; q < 4; q++) be[2 * q] = (unsigned short)eb[q];
+            }
             *(int4 *)&As[sr][sk] = make_int4(sa[0], sa[1], sa[2], sa[3]);
             *(int4 *)&Bs[sr][sk] = make_int4(sb[0], sb[1], sb[2], sb[3]);
         }
         __syncthreads();
         for (int c0 = 0; c0 < EM_K && k0 + c0 < Kq; c0 += chunk) {
             int E[EM_T][EM_T];
-            for (int i = 0; i < EM_T; i++)
-                for (int j = 0; j < EM_T; j++) E[i][j] = nv ? (acc[i][j] == 0.0f ? -126 : f32_exp(acc[i][j])) : INT_MIN;
-#pragma unroll
-            for (int kk = c0; kk < c0 + CHUNK; kk += 4) {
-                int4 ea[EM_T], eb[EM_T];
-                for (int i = 0; i < EM_T; i++) ea[i] = *(const int4 *)&Ae[ty + 16 * i][kk];
-                for (int j = 0; j < EM_T; j++) eb[j] = *(const int4 *)&Be[tx + 16 * j][kk];
+            if constexpr (NV) {
                 for (int i = 0; i < EM_T; i++)
-                    for (int j = 0; j < EM_T; j++)
-                        E[i][j] = max(max(max(max(E[i][j], ea[i].x + eb[j].x), ea[i].y + eb[j].y), ea[i].z + eb[j].z),
-                                      ea[i].w + eb[j].w);
+                    for (int j = 0; j < EM_T; j++) E[i][j] = f32_exp(acc[i][j]);
+#pragma unroll
+                for (int kk = c0; kk < c0 + CHUNK; kk += 4) {
+                    int4 ea[EM_T], eb[EM_T];
+                    for (int i = 0; i < EM_T; i++) ea[i] = *(const int4 *)&Ae[ty + 16 * i][kk];
+                    for (int j = 0; j < EM_T; j++) eb[j] = *(const int4 *)&Be[tx + 16 * j][kk];
+                    for (int i = 0; i < EM_T; i++)
+                        for (int j = 0; j < EM_T; j++)
+                            E[i][j] = max(max(max(max(E[i][j], ea[i].x + eb[j].x), ea[i].y + eb[j].y),
+                                              ea[i].z + eb[j].z),
+                                          ea[i].w + eb[j].w);
+                }
+            } else {
+                unsigned EP[EM_T][EM_T / 2];   /* E of outputs (i, 2 jp) and (i, 2 jp + 1), low and high half */
+                for (int i = 0; i < EM_T; i++)
+                    for (int jp = 0; jp < EM_T / 2; jp++) EP[i][jp] = 0x80008000u;   /* -32768 twice */
+#pragma unroll
+                for (int kk = c0; kk < c0 + CHUNK; kk += 4) {
+                    uint4 ea[EM_T], eb[EM_T / 2];
+                    for (int i = 0; i < EM_T; i++) ea[i] = *(const uint4 *)&Ae[ty + 16 * i][kk];
+                    for (int jp = 0; jp < EM_T / 2; jp++) eb[jp] = *(const uint4 *)&Be[jp * 16 + tx][kk];
+                    for (int i = 0; i < EM_T; i++)
+                        for (int jp = 0; jp < EM_T / 2; jp++) {
+                            unsigned e2 = __viaddmax_s16x2(ea[i].x, eb[jp].x, EP[i][jp]);
+                            e2 = __viaddmax_s16x2(ea[i].y, eb[jp].y, e2);
+                            e2 = __viaddmax_s16x2(ea[i].z, eb[jp].z, e2);
+                            EP[i][jp] = __viaddmax_s16x2(ea[i].w, eb[jp].w, e2);
+                        }
+                }
+                for (int i = 0; i < EM_T; i++)
+                    for (int jp = 0; jp < EM_T / 2; jp++) {
+                        E[i][2 * jp] = (int)(short)(EP[i][jp] & 0xffffu);
+                        E[i][2 * jp + 1] = (int)EP[i][jp] >> 16;
+                    }
             }
             double M[EM_T][EM_T];   /* E is read back from M's exponent below: registers are short */
             int S[PARTS][EM_T][EM_T];
@@ -369,19 +406,32 @@ template <int CHUNK, int PARTS> __global__ static void __launch_bounds__(256, 2)
             }
             for (int i = 0; i < EM_T; i++)
                 for (int j = 0; j < EM_T; j++) {
-                    /* the chunk's exact sum: the counts (each exact in double, and so their sum) times Q */
-                    double count = (double)S[0][i][j];
-                    for (int p = 1; p < PARTS; p++) count += (double)S[p][i][j];
-                    const int Ep = ((__double2hiint(M[i][j]) >> 20) & 0x7ff) - 1023 - 52 + F;
-                    const double sum = count * __hiloint2double((1023 + Ep - F) << 20, 0);
                     if (nv) {
+                        /* the chunk's exact sum: the counts (each exact in double, and so their sum) times Q */
+                        double count = (double)S[0][i][j];
+                        for (int p = 1; p < PARTS; p++) count += (double)S[p][i][j];
+                        const int Ep = ((__double2hiint(M[i][j]) >> 20) & 0x7ff) - 1023 - 52 + F;
+                        const double sum = count * __hiloint2double((1023 + Ep - F) << 20, 0);
                         acc[i][j] = __double2float_rz(sum) + 0.0f;   /* truncated to zero: +0 */
                     } else {
-                        const int ec = acc[i][j] == 0.0f ? -126 : f32_exp(acc[i][j]);
-                        const int EE = Ep > ec ? Ep : ec;
-                        const double s31 = floor_to(sum, magic(52 + EE - 31));
-                        const double c24 = floor_to((double)acc[i][j], magic(52 + EE - 24));
-                        acc[i][j] = __double2float_rn(s31 + c24);
+                        /* AMD's two round-downs as one (the host launches AMD groups with PARTS 1: the count is
+                         * S[0]). With E = max(Ep, ec), the model's sum is floor(s at 2^(E - 31)) + floor(c at
+                         * 2^(E - 24)), s = count * Q, Q = 2^(Ep - 24). Take q = max(Q, 2^(ec - 31)) and
+                         * n = floor(s / q), an arithmetic shift of the count (s is a multiple of Q). Then
+                         * rd(c + (Mq + n q)) - Mq, Mq = 1.5 * 2^52 * q, is exactly that sum in each case:
+                         *   ec <= Ep:          q = Q, n q = s, and the add rounds c down at Q = 2^(E - 24);
+                         *   Ep < ec <= Ep + 7: q = Q, and s and c are already multiples of 2^(E - 31), 2^(E - 24);
+                         *   ec > Ep + 7:       q = 2^(E - 31), n q = floor(s at 2^(E - 31)), c a multiple of q.
+                         * Mq + n q is M's bits plus n (its low word n, its high word borrowing when n < 0), and
+                         * c + Mq + n q stays in Mq's binade, whose last place is q. This replaces the count's
+                         * conversion, the scaling and two round-downs (about 3.7 instructions a product, ncu). */
+                        const int b1 = __double2hiint(M[i][j]) >> 20;                 /* 1075 + Ep - 24 */
+                        const int e8 = (int)((__float_as_uint(acc[i][j]) << 1) >> 24); /* c's biased exponent */
+                        const int qb = max(b1, max(e8, 1) + 917);                      /* 1075 + log2(q) */
+                        const int n = S[0][i][j] >> min(qb - b1, 31);
+                        const int mhi = qb << 20 | 1 << 19;
+                        const double t = __dadd_rd((double)acc[i][j], __hiloint2double(mhi + (n >> 31), n));
+                        acc[i][j] = __double2float_rn(t - __hiloint2double(mhi, 0));
                     }
                     bad |= !(fabsf(acc[i][j]) < 0x1p126f);
                 }
@@ -692,14 +742,20 @@ extern "C" int GPU_FN(gemm)(gk_ctx *c, const gk_gemm *g, char *msg, size_t msg_n
         const int F = g->emu_kind == GK_EMU_NV_FUSED ? g->emu_frac : 24;
         const bool aligned = g->Kp % 4 == 0 && g->a_bstride % 4 == 0 && g->b_bstride % 4 == 0 &&
                              (uintptr_t)g->A % 8 == 0 && (uintptr_t)g->B % 8 == 0;
-        if (!getenv("MF_GPU_EMU_SIMPLE") && aligned && ((g->emu_chunk == 4 && tiled_fits(4, 1, F)) ||
-                                             (g->emu_chunk == 8 && tiled_fits(8, 1, F)) ||
-                                             (g->emu_chunk == 16 && tiled_fits(16, 2, F)))) {
+        /* AMD's epilogue reads one count (PARTS 1), which its F of 24 allows for every chunk up to 16 */
+        const bool one_part = tiled_fits(g->emu_chunk, 1, F);
+        if (!getenv("MF_GPU_EMU_SIMPLE") && aligned && (g->emu_kind == GK_EMU_NV_FUSED || one_part) &&
+            ((g->emu_chunk == 4 && one_part) || (g->emu_chunk == 8 && one_part) ||
+             (g->emu_chunk == 16 && tiled_fits(16, 2, F)))) {
             dim3 grid((g->N + EM_B - 1) / EM_B, row_tiles(g, EM_B), g->batch), block(16, 16);
-            if (g->emu_chunk == 4) k_emu_tiled<4, 1><<<grid, block, 0, c->stream>>>(*g, c->flag);
-            else if (g->emu_chunk == 8) k_emu_tiled<8, 1><<<grid, block, 0, c->stream>>>(*g, c->flag);
-            else if (tiled_fits(16, 1, F)) k_emu_tiled<16, 1><<<grid, block, 0, c->stream>>>(*g, c->flag);
-            else k_emu_tiled<16, 2><<<grid, block, 0, c->stream>>>(*g, c->flag);
+            if (g->emu_kind != GK_EMU_NV_FUSED) {
+                if (g->emu_chunk == 4) k_emu_tiled<4, 1, false><<<grid, block, 0, c->stream>>>(*g, c->flag);
+                else if (g->emu_chunk == 8) k_emu_tiled<8, 1, false><<<grid, block, 0, c->stream>>>(*g, c->flag);
+                else k_emu_tiled<16, 1, false><<<grid, block, 0, c->stream>>>(*g, c->flag);
+            } else if (g->emu_chunk == 4) k_emu_tiled<4, 1, true><<<grid, block, 0, c->stream>>>(*g, c->flag);
+            else if (g->emu_chunk == 8) k_emu_tiled<8, 1, true><<<grid, block, 0, c->stream>>>(*g, c->flag);
+            else if (one_part) k_emu_tiled<16, 1, true><<<grid, block, 0, c->stream>>>(*g, c->flag);
+            else k_emu_tiled<16, 2, true><<<grid, block, 0, c->stream>>>(*g, c->flag);
             break;
         }
 #endif
