@@ -165,9 +165,9 @@ int mf_numerics_parse(mf_numerics *n, const char *spec, mf_error *err) {
                            "instruction", spec, fp8);
         n->has_fp8 = true;
         n->fp8_products = MF_FP8_W8A8;
-        n->validation = "fp8=w8a8: the fp8 instruction is checked against MMA-Sim; the chain per scale block and the "
-                        "fp32 promotion follow DeepSeek-V3's report and DeepGEMM's kernels, not checked against an "
-                        "H200 running them";
+        n->validation = "fp8=w8a8: the fp8 instruction, its chains and the recipe's linear (quantiser, chain per "
+                        "scale block, fp32 promotion) are checked bit for bit against an H200 running them "
+                        "(tests/fixtures/mma); DeepGEMM's own kernels and vLLM's quantisers were not run";
     }
     /* canonical name: everything spelled out, so the manifest says exactly what ran */
     char tile_s[24] = "";
