@@ -166,7 +166,7 @@ static void gen_tile8(int style, int fa, int fb, int M, int N, int K, uint8_t *A
     }
     case S8_WINDOW: {
         /* sums wider than the 13-bit alignment window: per row one large term and the others spread 0..24
-         * binades below it, B near 1; C absent, far above (every product partly cut), comparable, or far below */
+         * binades below it, B near 1; C absent, far above (products lose bits to its grid), comparable, or far below */
         for (i = 0; i < M; i++) {
             int top = fa == F8_E4M3 ? rnd_int(2, 8) : rnd_int(2, 15);
             int span = rnd_int(8, 24);
