@@ -443,7 +443,8 @@ Test(emu_gemm, fast_path_equals_reference) {
 static uint64_t hex(json_t *v) { return strtoull(json_string_value(v), NULL, 16); }
 
 /* Runs every case of a JSON-lines file (xz or plain) through the models;
- * returns the number of elements checked. */
+ * returns the number of elements checked. A case with "chain": c is c instructions over k * c, each fed the
+ * previous one's D as its C (the first one C, or +0 where "scale_d" is 0: wgmma's D = A.B). */
 static size_t check_vectors(const char *path) {
     char *text;
     size_t len;
@@ -461,11 +462,16 @@ static size_t check_vectors(const char *path) {
         cr_assert_eq(mf_mma_lookup(&I, arch, name, &err), MF_OK, "%s:%d: %s", path, line, err.msg);
         const char *src = json_string_value(json_object_get(o, "source"));
         I.zero_products_excluded = src && strstr(src, "h200");
-        const size_t na = (size_t)I.m * I.k, nb = (size_t)I.k * I.n, nc = (size_t)I.m * I.n;
+        const json_t *jc = json_object_get(o, "chain"), *jsd = json_object_get(o, "scale_d");
+        const int chain = jc ? (int)json_integer_value(jc) : 1, scale_d = jsd ? (int)json_integer_value(jsd) : 1;
+        cr_assert(chain >= 1 && chain <= 64 && (chain == 1 || !I.scaled), "%s:%d: chain %d", path, line, chain);
+        cr_assert_eq(json_integer_value(json_object_get(o, "k")), (json_int_t)I.k * chain, "%s:%d: k", path, line);
+        const size_t K = (size_t)I.k * chain, na = (size_t)I.m * K, nb = K * I.n, nc = (size_t)I.m * I.n;
         const size_t nsa = I.scaled ? (size_t)I.m * (I.k / I.block) : 1, nsb = I.scaled ? (size_t)(I.k / I.block) * I.n : 1;
         uint64_t *A = malloc(8 * na), *B = malloc(8 * nb), *C = malloc(8 * nc), *D = malloc(8 * nc);
+        uint64_t *As = malloc(8 * (size_t)I.m * I.k), *Cs = malloc(8 * nc);
         uint64_t *SA = malloc(8 * nsa), *SB = malloc(8 * nsb);
-        cr_assert(A && B && C && D && SA && SB);
+        cr_assert(A && B && C && D && As && Cs && SA && SB);
         cr_assert_eq(json_array_size(json_object_get(o, "A")), na, "%s:%d: A", path, line);
         cr_assert_eq(json_array_size(json_object_get(o, "B")), nb, "%s:%d: B", path, line);
         for (size_t i = 0; i < na; i++) A[i] = hex(json_array_get(json_object_get(o, "A"), i));
@@ -478,14 +484,20 @@ static size_t check_vectors(const char *path) {
             for (size_t i = 0; i < nsa; i++) SA[i] = hex(json_array_get(json_object_get(o, "SA"), i));
             for (size_t i = 0; i < nsb; i++) SB[i] = hex(json_array_get(json_object_get(o, "SB"), i));
         }
-        mf_mma_tile_scaled(&I, A, B, C, I.scaled ? SA : NULL, I.scaled ? SB : NULL, D);
+        for (size_t i = 0; i < nc; i++) D[i] = scale_d ? C[i] : 0;
+        for (int s = 0; s < chain; s++) {   /* instruction s: A's columns s k .. s k + k - 1, B's rows the same */
+            for (int i = 0; i < I.m; i++)
+                for (int kk = 0; kk < I.k; kk++) As[(size_t)i * I.k + kk] = A[(size_t)i * K + (size_t)s * I.k + kk];
+            memcpy(Cs, D, 8 * nc);
+            mf_mma_tile_scaled(&I, As, B + (size_t)s * I.k * I.n, Cs, I.scaled ? SA : NULL, I.scaled ? SB : NULL, D);
+        }
         json_t *want = json_object_get(o, "D");
         for (size_t i = 0; i < nc; i++)
             cr_assert_eq(D[i], hex(json_array_get(want, i)), "%s:%d (%s %s %s): element %zu: %llx, expected %s", path, line,
                          arch, name, json_string_value(json_object_get(o, "style")), i, (unsigned long long)D[i],
                          json_string_value(json_array_get(want, i)));
         elements += nc;
-        free(A); free(B); free(C); free(D); free(SA); free(SB);
+        free(A); free(B); free(C); free(D); free(As); free(Cs); free(SA); free(SB);
         json_decref(o);
     }
     free(text);
@@ -517,6 +529,14 @@ Test(mma_vectors, h200_hardware, .timeout = 300) {
     n += check_vectors(fixture("mma/h200_mma_m16n8k16_f16.jsonl.xz"));
     n += check_vectors(fixture("mma/h200_wgmma_m64n8k16_bf16.jsonl.xz"));
     cr_assert_eq(n, 136192 + 136192 + 544768);
+}
+
+/* The H200's fp8 wgmma (tools/mma_probe_fp8.cuh): m64n8k32 e4m3.e4m3, e5m2.e5m2 and e4m3.e5m2, one instruction a
+ * tile, and e4m3 chains of four instructions over k = 128 into one fp32 accumulator (C fed in, or scale-d 0),
+ * in the styles normal, wide, cancel, tiny, window (sums wider than the 13-bit alignment window) and special
+ * (NaN, Inf, 448 / 57344, -0, fp32 overflow): every element, bit for bit. */
+Test(mma_vectors, h200_wgmma_fp8, .timeout = 120) {
+    cr_assert_eq(check_vectors(fixture("mma/h200_wgmma_m64n8k32_fp8.jsonl.xz")), (size_t)(12 + 7 + 7 + 11) * 512);
 }
 
 /* The MMA-Sim sample (36 cases over Volta, Ampere, Hopper and CDNA3; tests/fixtures/mma/README.md): every

@@ -21,8 +21,10 @@
  * relative to sum |a_i b_i| + |c|, must stay at fp32 rounding level, which
  * validates the fragment layouts.
  *
+ * fp8 (wgmma.m64n8k32 e4m3/e5m2, chains, a DeepSeek-V3-recipe linear): tools/mma_probe_fp8.cuh.
+ *
  * Build: nvcc -O2 -arch=sm_90a -o mma_probe tools/mma_probe.cu
- * Run:   ./mma_probe OUTDIR [tiles_per_instr=1000] [special_tiles=64] [seed=20261201]
+ * Run:   ./mma_probe OUTDIR [tiles_per_instr=1000] [special_tiles=64] [seed=20261201] [all|fp8|bf16]
  * Exit status: 0 when every layout check passed, 1 otherwise, 2 on CUDA errors.
  */
 #include <cuda_runtime.h>
@@ -372,6 +374,9 @@ __global__ void __launch_bounds__(128) k_wgmma_m64n8k16_bf16(const uint16_t *A,
 }
 
 /* --------------------------------------------------------------- driver */
+static void put_hex_list(FILE *f, const char *key, const void *data, int n, int bytes);
+#include "mma_probe_fp8.cuh"
+
 struct instr_desc {
     const char *instr, *file, *a_type;
     int t, M, N, K, wg;
@@ -500,13 +505,14 @@ static int run_instr(const struct instr_desc *in, const char *outdir, int ntiles
 int main(int argc, char **argv)
 {
     if (argc < 2) {
-        fprintf(stderr, "usage: %s OUTDIR [tiles_per_instr=1000] [special_tiles=64] [seed]\n", argv[0]);
+        fprintf(stderr, "usage: %s OUTDIR [tiles_per_instr=1000] [special_tiles=64] [seed] [all|fp8|bf16]\n", argv[0]);
         return 2;
     }
     const char *outdir = argv[1];
     int ntiles = argc > 2 ? atoi(argv[2]) : 1000;
     int nspecial = argc > 3 ? atoi(argv[3]) : 64;
     uint64_t seed = argc > 4 ? strtoull(argv[4], 0, 10) : 20261201ull;
+    const char *which = argc > 5 ? argv[5] : "all";
     ntiles = (ntiles + 3) / 4 * 4;
 
     int dev, drv = 0, rt = 0;
@@ -524,8 +530,10 @@ int main(int argc, char **argv)
         {"wgmma.m64n8k16.f32.bf16.bf16", "h200_wgmma_m64n8k16_bf16.jsonl", "bfloat16", T_BF16, 64, 8, 16, 1},
     };
     int all_ok = 1;
-    for (int i = 0; i < 3; i++)
-        all_ok &= run_instr(&instrs[i], outdir, ntiles, nspecial, seed + 1000003ull * (uint64_t)i);
+    if (strcmp(which, "fp8"))
+        for (int i = 0; i < 3; i++)
+            all_ok &= run_instr(&instrs[i], outdir, ntiles, nspecial, seed + 1000003ull * (uint64_t)i);
+    if (strcmp(which, "bf16")) all_ok &= run_fp8_all(outdir, ntiles, nspecial, seed);
     printf("overall layout check: %s\n", all_ok ? "PASS" : "FAIL");
     return all_ok ? 0 : 1;
 }
