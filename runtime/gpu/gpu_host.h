@@ -31,6 +31,9 @@ typedef struct glayer {
     gw q_a, q_b, kv_a, kv_b;
     double *q_a_norm, *kv_a_norm;
     double *e_bias;   /* the sigmoid routers' e_score_correction_bias, as stored */
+    /* gpt-oss: attention sinks [n_heads]; the experts' biases [E][I], [E][I], [E][H] (each added to its
+     * projection's rounded product, so not in the product's epilogue: exp_gate/up/down have no bias) */
+    double *sinks, *eb_gate, *eb_up, *eb_down;
 } glayer;
 
 typedef struct gpu {
