@@ -168,6 +168,17 @@ Test(gpu, recorded_h200_deepseek_family_sessions_and_replays_equal_the_cpu_model
     recorded_checks("gpu/h200-check26.json", true, 24, 2);
 }
 
+/* The same for gpt-oss (tests/fixtures/hf26/gpt_oss: sinks, sliding layers, YaRN, the biased top-k router, clamped
+ * SwiGLU experts with biases): tools/gpu_check_oss.sh's record of an H200, 2026-12-02 (9 bit-exact forward checks,
+ * 4 sessions and replays). */
+Test(gpu, recorded_h200_gpt_oss_runs_equal_the_cpu_models, .timeout = 900) {
+    recorded_checks("gpu/h200-check-oss.json", false, 9, 2);
+}
+
+Test(gpu, recorded_h200_gpt_oss_sessions_and_replays_equal_the_cpu_models, .timeout = 900) {
+    recorded_checks("gpu/h200-check-oss.json", true, 4, 2);
+}
+
 Test(gpu, live_checks_pass_on_this_gpu, .timeout = 1800) {
 #ifndef MF_GPU_CHECK_BIN
     cr_skip_test("this build has no CUDA backend");
