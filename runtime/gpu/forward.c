@@ -137,7 +137,7 @@ static int scratch_for(gpu *G, int T, size_t *count, mf_error *err) {
     const size_t qr = mla ? (size_t)c->q_lora_rank : 0, kvw = mla ? (size_t)(c->kv_lora_rank + c->qk_rope_dim) : 0;
     const size_t kvb = mla ? nh * (size_t)(c->qk_nope_dim + c->v_head_dim) : 0;
     const size_t lorap = max_sz(round16((int)qr), round16(mla ? c->kv_lora_rank : 0));
-    size_t cf = max_sz(max_sz(t * V, nh * t * t), max_sz(R * I, R * H));
+    size_t cf = max_sz(max_sz(t * V, nh * t * t), max_sz(R * I * (c->clamped_swiglu ? 2 : 1), R * H));
     cf = max_sz(cf, max_sz(t * max_sz(nq, nc), t * E));
     cf = max_sz(cf, max_sz(t * max_sz(qr, kvw), t * kvb));
     size_t opa = max_sz(max_sz(R * Hp, R * Ip), max_sz(nh * t * Tp, max_sz(nh * t * hdp, t * nqp)));
@@ -159,7 +159,7 @@ static int scratch_for(gpu *G, int T, size_t *count, mf_error *err) {
     GET(mla_kv, t * kvb * 8);
     GET(sel, (records_select(c) ? t * E : 1) * 8);
     GET(s, nh * t * t * 8);
-    GET(g, R * I * 8);
+    GET(g, R * I * (c->clamped_swiglu ? 2 : 1) * 8);   /* gpt-oss: the fused gate_up's 2I a row */
     GET(u, R * I * 8);
     GET(ye, R * H * 8);
     GET(sh, t * H * 8);
@@ -487,27 +487,23 @@ static int ffn(step *st, mf_dtype D, gw *gate, gw *up, gw *down, const double *x
     return product(G, &pd, err);
 }
 
-/* gpt-oss's experts over the R gathered rows in opA (experts/experts.c's clamped form): gate and up as grouped
- * products rounded to D, then one kernel adds each row's expert biases (a second rounding, as add_(bias) after
- * grouped_mm) and applies the clamped SwiGLU; down, then its biases. */
+/* gpt-oss's experts over the R gathered rows in opA (experts/experts.c's clamped form): the fused gate_up as one
+ * grouped product rounded to D (its 2I rows in the checkpoint's interleaved order: every output is the same chain
+ * as the CPU's separate gate and up products compute), then one kernel adds each row's expert biases (a second
+ * rounding, as add_(bias) after grouped_mm) and applies the clamped SwiGLU; down, then its biases. */
 static int clamped_experts(step *st, mf_dtype D, glayer *L, int R, double *out, mf_error *err) {
     gpu *G = st->G;
     const mf_config *c = &G->m->cfg;
-    const int I = L->exp_gate.n, H = L->exp_gate.k, E = c->n_experts;
+    const int I2 = L->exp_gate.n, I = I2 / 2, H = L->exp_gate.k, E = c->n_experts;
     int rc;
-    prod pg = {.what = "gate", .layer = st->l, .in = D, .out = D, .M = R, .N = I, .K = H, .batch = 1,
+    prod pg = {.what = "gate_up", .layer = st->l, .in = D, .out = D, .M = R, .N = I2, .K = H, .batch = 1,
                .a = {G->x, 0, 1, (size_t)H, 1}, .a_packed = true, .w = &L->exp_gate, .offsets = G->offset,
-               .dst = G->g, .ldc = (size_t)I};
+               .dst = G->g, .ldc = (size_t)I2};
     if ((rc = product(G, &pg, err))) return rc;
-    prod pu = pg;
-    pu.what = "up";
-    pu.w = &L->exp_up;
-    pu.dst = G->u;
-    if ((rc = product(G, &pu, err))) return rc;
-    GPU_FN(glu_clamped)(G->ctx, G->g, G->u, R, I, G->offset, E, L->eb_gate, L->eb_up, c->swiglu_alpha, c->swiglu_limit,
+    GPU_FN(glu_clamped)(G->ctx, G->g, G->u, R, I, G->offset, E, L->eb_gate_up, c->swiglu_alpha, c->swiglu_limit,
                         gk_dt(D));
     prod pd = {.what = "down", .layer = st->l, .in = D, .out = D, .M = R, .N = H, .K = I, .batch = 1,
-               .a = {G->g, 0, 1, (size_t)I, 1}, .w = &L->exp_down, .offsets = G->offset, .dst = out,
+               .a = {G->u, 0, 1, (size_t)I, 1}, .w = &L->exp_down, .offsets = G->offset, .dst = out,
                .ldc = (size_t)H};
     if ((rc = product(G, &pd, err))) return rc;
     GPU_FN(expert_bias)(G->ctx, out, R, H, G->offset, E, L->eb_down, gk_dt(D));

@@ -148,11 +148,12 @@ void GPU_FN(softmax_causal)(gk_ctx *c, double *s, int heads, int Tq, int Tk, int
                             const double *sinks);
 /* g = round_D(round_D(act(g)) * u) */
 void GPU_FN(act_mul)(gk_ctx *c, double *g, const double *u, size_t n, int act, int D);
-/* gpt-oss's experts (experts/experts.c's clamped form) on R rows of I, grouped by offsets [E + 1] (NULL: one
- * expert): each row's expert biases added to g and u (fp32 sums rounded to D), then g = the clamped SwiGLU of
- * them (clamps at limit, (u + 1) * g * sigmoid(alpha g), every step rounded to D); bias_* are device [E][I] */
-void GPU_FN(glu_clamped)(gk_ctx *c, double *g, const double *u, int R, int I, const int *offsets, int E,
-                         const double *bias_g, const double *bias_u, double alpha, double limit, int D);
+/* gpt-oss's experts (experts/experts.c's clamped form) on R rows, grouped by offsets [E + 1] (NULL: one expert):
+ * gu [R][2I] holds the fused gate_up product, gate i at column 2i and up i at 2i + 1 (the checkpoint's interleaved
+ * order); each row's expert bias (device [E][2I], the same order) is added (fp32 sums rounded to D), then
+ * h [R][I] = the clamped SwiGLU of them (clamps at limit, (u + 1) * g * sigmoid(alpha g), every step rounded to D) */
+void GPU_FN(glu_clamped)(gk_ctx *c, const double *gu, double *h, int R, int I, const int *offsets, int E,
+                         const double *bias, double alpha, double limit, int D);
 /* y[r][j] = round_D(fp32(y[r][j] + bias[expert of r][j])), R rows of N, bias device [E][N] */
 void GPU_FN(expert_bias)(gk_ctx *c, double *y, int R, int N, const int *offsets, int E, const double *bias, int D);
 /* Routing of T tokens: fp32 softmax, canonical top-k, optional renormalisation, weights rounded to wdt.
@@ -214,10 +215,9 @@ int GPU_FN(slot_wait)(gk_ctx *c, int slot);
  * even, as mf_store_from_f64) at dst[(e / k) * kp + e % k]. */
 void GPU_FN(place)(gk_ctx *c, void *dst, int dst_dt, int k, int kp, size_t e0, const void *src, int src_dt, size_t n);
 /* The same for per-expert matrices [A][B] that a product reads transposed (gpt-oss's "x @ W" experts): element
- * e0 + i (expert x, row a, column b) goes to row b of expert x, column a, at dst[(x * B + b) * kp + a]; with
- * dst2, columns alternate between the two (the fused gate_up: even b row b / 2 of dst, odd b of dst2). */
-void GPU_FN(place_t)(gk_ctx *c, void *dst, void *dst2, int dst_dt, int A, int B, int kp, size_t e0, const void *src,
-                     int src_dt, size_t n);
+ * e0 + i (expert x, row a, column b) goes to row b of expert x, column a, at dst[(x * B + b) * kp + a]. */
+void GPU_FN(place_t)(gk_ctx *c, void *dst, int dst_dt, int A, int B, int kp, size_t e0, const void *src, int src_dt,
+                     size_t n);
 
 #ifdef __cplusplus
 }

@@ -251,21 +251,19 @@ extern "C" void GPU_FN(place)(gk_ctx *c, void *dst, int dst_dt, int k, int kp, s
 }
 
 /* Element e of per-expert matrices [A][B] stored row-major (gpt-oss's fused experts, "x @ W" layouts) to the
- * products' rows: column b of expert x becomes row b (split: even b row b / 2 of dst, odd b row b / 2 of dst2),
- * its values the A of that column, at dst[(x * rows + row) * kp + a]. */
-__global__ static void k_place_t(void *dst, void *dst2, int dst_dt, int A, int B, int kp, size_t e0, const void *src,
-                                 int src_dt, size_t n) {
+ * products' rows: column b of expert x becomes row b, its values the A of that column, at
+ * dst[(x * B + b) * kp + a]. */
+__global__ static void k_place_t(void *dst, int dst_dt, int A, int B, int kp, size_t e0, const void *src, int src_dt,
+                                 size_t n) {
     const size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= n) return;
     const size_t e = e0 + i, per = (size_t)A * B, x = e / per, rem = e % per, a = rem / (size_t)B, b = rem % (size_t)B;
-    const size_t rows = dst2 ? (size_t)B / 2 : (size_t)B, row = dst2 ? b / 2 : b;
-    void *d = dst2 && (b & 1) ? dst2 : dst;
-    put_operand(d, dst_dt, (x * rows + row) * (size_t)kp + a, get_value(src, src_dt, i));
+    put_operand(dst, dst_dt, (x * (size_t)B + b) * (size_t)kp + a, get_value(src, src_dt, i));
 }
 
-extern "C" void GPU_FN(place_t)(gk_ctx *c, void *dst, void *dst2, int dst_dt, int A, int B, int kp, size_t e0,
-                                const void *src, int src_dt, size_t n) {
-    if (n) k_place_t<<<blocks_for(n), THREADS, 0, c->stream>>>(dst, dst2, dst_dt, A, B, kp, e0, src, src_dt, n);
+extern "C" void GPU_FN(place_t)(gk_ctx *c, void *dst, int dst_dt, int A, int B, int kp, size_t e0, const void *src,
+                                int src_dt, size_t n) {
+    if (n) k_place_t<<<blocks_for(n), THREADS, 0, c->stream>>>(dst, dst_dt, A, B, kp, e0, src, src_dt, n);
 }
 
 /* A sequential sum, p[0] + p[1] + ... in this order, its operands read
@@ -547,20 +545,21 @@ __device__ static double clamped_swiglu(int D, double g, double u, double alpha,
     return rd(D, rd(D, u + 1.0) * glu);
 }
 
-__global__ static void k_glu_clamped(double *g, const double *u, int I, const int *offsets, int E, const double *bg,
-                                     const double *bu, double alpha, double limit, int D) {
+__global__ static void k_glu_clamped(const double *gu, double *h, int I, const int *offsets, int E, const double *b,
+                                     double alpha, double limit, int D) {
     const int r = blockIdx.x, i = blockIdx.y * blockDim.x + threadIdx.x;
     if (i >= I) return;
-    const size_t e = offsets ? (size_t)expert_of(offsets, E, r) : 0, at = (size_t)r * I + i;
-    const double gv = add_rounded(D, g[at], bg[e * I + i]), uv = add_rounded(D, u[at], bu[e * I + i]);
-    g[at] = clamped_swiglu(D, gv, uv, alpha, limit);
+    const size_t e = offsets ? (size_t)expert_of(offsets, E, r) : 0, at = (size_t)r * 2 * I + 2 * (size_t)i;
+    const size_t bat = e * 2 * I + 2 * (size_t)i;
+    const double gv = add_rounded(D, gu[at], b[bat]), uv = add_rounded(D, gu[at + 1], b[bat + 1]);
+    h[(size_t)r * I + i] = clamped_swiglu(D, gv, uv, alpha, limit);
 }
 
-extern "C" void GPU_FN(glu_clamped)(gk_ctx *c, double *g, const double *u, int R, int I, const int *offsets, int E,
-                                    const double *bias_g, const double *bias_u, double alpha, double limit, int D) {
+extern "C" void GPU_FN(glu_clamped)(gk_ctx *c, const double *gu, double *h, int R, int I, const int *offsets, int E,
+                                    const double *bias, double alpha, double limit, int D) {
     if (R > 0 && I > 0)
-        k_glu_clamped<<<row_grid((size_t)R, (size_t)I, 1), THREADS, 0, c->stream>>>(g, u, I, offsets, E, bias_g, bias_u,
-                                                                                     alpha, limit, D);
+        k_glu_clamped<<<row_grid((size_t)R, (size_t)I, 1), THREADS, 0, c->stream>>>(gu, h, I, offsets, E, bias, alpha,
+                                                                                     limit, D);
 }
 
 __global__ static void k_expert_bias(double *y, int N, const int *offsets, int E, const double *bias, int D) {

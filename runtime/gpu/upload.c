@@ -89,6 +89,10 @@ static int layer_linears(gpu *G, int l, lin_ref *out) {
 
 #define MAX_LAYER_LINEARS 20
 
+/* gpt-oss's bf16 experts as the loader leaves them for a GPU (MF_LOAD_NO_CONVERT): strided views of the fused
+ * tensors, gate_up_proj [E][H][2I] (gate i at column 2i, up i at 2i + 1) and down_proj [E][I][H] (models/load.c) */
+static bool fused_experts(const mf_layer *ML) { return ML->is_moe && ML->exp_gate && ML->exp_gate[0].w.cs != 1; }
+
 size_t GPU_FN(weights_plan)(gpu *G) {
     if (!G->layers) G->layers = mf_xcalloc((size_t)G->m->cfg.n_layers, sizeof(glayer));
     const mf_model *m = G->m;
@@ -98,6 +102,11 @@ size_t GPU_FN(weights_plan)(gpu *G) {
     for (int l = 0; l < c->n_layers; l++) {
         const int n = layer_linears(G, l, refs);
         for (int i = 0; i < n; i++) bytes += plan_linear(G, refs[i].w, refs[i].L, refs[i].experts);
+        if (fused_experts(&m->layers[l])) {   /* gpt-oss: one weight of 2I rows an expert for gate and up */
+            glayer *L = &G->layers[l];
+            L->exp_gate.n *= 2;
+            memset(&L->exp_up, 0, sizeof L->exp_up);
+        }
     }
     /* the embedding as its table [V][H]; a tied head shares it where the layouts agree */
     gw *e = &G->embed;
@@ -126,11 +135,11 @@ size_t GPU_FN(weights_plan)(gpu *G) {
 /* A source range of one file with the device place of its elements: element
  * e of the range goes to dst[(e / k) * kp + e % k] as dst_dt; or, transposed
  * (ta > 0: per-expert matrices [ta][tb] that the products read as columns),
- * where place_t puts it, into dst and dst2 alternately when dst2 is set. */
+ * where place_t puts it. */
 typedef struct seg {
     size_t file, off, bytes;
     int src_dt, dst_dt, k, kp;
-    void *dst, *dst2;
+    void *dst;
     int ta, tb;
     bool direct;   /* same dtype, no padding: the bytes land as they are */
 } seg;
@@ -160,7 +169,6 @@ static int add_seg(gpu *G, segs *S, const void *src, mf_dtype src_dt, size_t ele
         s->k = k;
         s->kp = kp;
         s->dst = dst;
-        s->dst2 = NULL;
         s->ta = s->tb = 0;
         s->direct = s->src_dt == dst_dt && k == kp;
         return MF_OK;
@@ -214,29 +222,23 @@ static double *upload_doubles(gpu *G, const double *src, size_t n) {
     return d;
 }
 
-/* gpt-oss's bf16 experts as the loader leaves them for a GPU (MF_LOAD_NO_CONVERT): strided views of the fused
- * tensors, gate_up_proj [E][H][2I] (gate i at column 2i, up i at 2i + 1) and down_proj [E][I][H] (models/load.c) */
-static bool fused_experts(const mf_layer *ML) { return ML->is_moe && ML->exp_gate && ML->exp_gate[0].w.cs != 1; }
-
-/* Their device layout is every other family's: per expert the gate's I rows and the up's I rows [I][Hp] in two
- * weights, the down's H rows [H][Ip], so the grouped products read them as any expert weights. Each fused tensor is
- * one segment of its file, transposed (and the gate_up de-interleaved) by place_t as it lands. (A block-scaled
- * checkpoint's rows are the outputs already, [E][2I][H/32] blocks: its gate and up would be every other packed row,
- * a row permutation of whole blocks, not a dequantisation; gpu_open refuses MXFP4 for now.) The biases go
- * beside, [E][n] doubles each, as the loader rounded them. */
+/* On the device they are weights as the grouped products read any experts', rows the outputs: exp_gate holds the
+ * fused gate_up, [E][2I][Hp] with its rows in the checkpoint's interleaved order (row 2i gate i, 2i + 1 up i: one
+ * product for both, whose kernel after pairs the columns), exp_down [E][H][Ip]. Each tensor is one segment of its
+ * file, transposed by place_t as it lands. (A block-scaled checkpoint's rows are the outputs already, gate_up's
+ * [E][2I][H/32] blocks in this very order: its packed blocks would be this B operand as they lie, nothing
+ * dequantised; gpu_open refuses MXFP4 for now.) The biases go beside, gate_up's [E][2I] interleaved and down's
+ * [E][H], doubles as the loader rounded them. */
 static int fused_expert_segs(gpu *G, segs *S, glayer *L, const mf_layer *ML, mf_error *err) {
     const mf_config *c = &G->m->cfg;
-    const int E = c->n_experts, I = L->exp_gate.n, H = L->exp_gate.k;
+    const int E = c->n_experts, I = L->exp_gate.n / 2, H = L->exp_gate.k;
     int rc;
-    if ((rc = alloc_weight(G, &L->exp_gate, err)) || (rc = alloc_weight(G, &L->exp_up, err)) ||
-        (rc = alloc_weight(G, &L->exp_down, err)))
-        return rc;
+    if ((rc = alloc_weight(G, &L->exp_gate, err)) || (rc = alloc_weight(G, &L->exp_down, err))) return rc;
     const mf_mat *gu = &ML->exp_gate[0].w, *dn = &ML->exp_down[0].w;
     if ((rc = add_seg(G, S, gu->data, gu->dtype, (size_t)E * H * 2 * I, H, L->exp_gate.w, L->exp_gate.dt,
                       L->exp_gate.kp, err)))
         return rc;
     seg *s = &S->v[S->n - 1];
-    s->dst2 = L->exp_up.w;
     s->ta = H;
     s->tb = 2 * I;
     s->direct = false;
@@ -247,20 +249,19 @@ static int fused_expert_segs(gpu *G, segs *S, glayer *L, const mf_layer *ML, mf_
     s->ta = I;
     s->tb = H;
     s->direct = false;
-    double *bg = mf_xmalloc((size_t)E * I * sizeof(double)), *bu = mf_xmalloc((size_t)E * I * sizeof(double));
-    double *bd = mf_xmalloc((size_t)E * H * sizeof(double));
+    double *bgu = mf_xmalloc((size_t)E * 2 * I * sizeof(double)), *bd = mf_xmalloc((size_t)E * H * sizeof(double));
     for (int e = 0; e < E; e++) {
-        memcpy(bg + (size_t)e * I, ML->exp_gate[e].bias, (size_t)I * sizeof(double));
-        memcpy(bu + (size_t)e * I, ML->exp_up[e].bias, (size_t)I * sizeof(double));
+        for (int i = 0; i < I; i++) {
+            bgu[((size_t)e * I + i) * 2] = ML->exp_gate[e].bias[i];
+            bgu[((size_t)e * I + i) * 2 + 1] = ML->exp_up[e].bias[i];
+        }
         memcpy(bd + (size_t)e * H, ML->exp_down[e].bias, (size_t)H * sizeof(double));
     }
-    L->eb_gate = upload_doubles(G, bg, (size_t)E * I);
-    L->eb_up = upload_doubles(G, bu, (size_t)E * I);
+    L->eb_gate_up = upload_doubles(G, bgu, (size_t)E * 2 * I);
     L->eb_down = upload_doubles(G, bd, (size_t)E * H);
-    free(bg);
-    free(bu);
+    free(bgu);
     free(bd);
-    if (!L->eb_gate || !L->eb_up || !L->eb_down)
+    if (!L->eb_gate_up || !L->eb_down)
         return mf_fail(err, MF_ENOMEM, "%s: out of memory for the expert biases", G->desc);
     return MF_OK;
 }
@@ -308,7 +309,7 @@ static int queue_chunk(gpu *G, const segs *S, size_t *first, size_t f, size_t cs
         const size_t esz = dt_size(g->src_dt);
         if (GPU_FN(copy_async)(G->ctx, (uint8_t *)stage + (a - cs), host + (a - cs), b - a)) return 1;
         if (g->ta > 0)
-            GPU_FN(place_t)(G->ctx, g->dst, g->dst2, g->dst_dt, g->ta, g->tb, g->kp, (a - g->off) / esz,
+            GPU_FN(place_t)(G->ctx, g->dst, g->dst_dt, g->ta, g->tb, g->kp, (a - g->off) / esz,
                             (uint8_t *)stage + (a - cs), g->src_dt, (b - a) / esz);
         else
             GPU_FN(place)(G->ctx, g->dst, g->dst_dt, g->k, g->kp, (a - g->off) / esz, (uint8_t *)stage + (a - cs),
@@ -531,8 +532,7 @@ void GPU_FN(weights_free)(gpu *G) {
         GPU_FN(free)(G->ctx, L->kv_a_norm);
         GPU_FN(free)(G->ctx, L->e_bias);
         GPU_FN(free)(G->ctx, L->sinks);
-        GPU_FN(free)(G->ctx, L->eb_gate);
-        GPU_FN(free)(G->ctx, L->eb_up);
+        GPU_FN(free)(G->ctx, L->eb_gate_up);
         GPU_FN(free)(G->ctx, L->eb_down);
         gw *ws[] = {&L->q, &L->k, &L->v, &L->o, &L->mlp_gate, &L->mlp_up, &L->mlp_down, &L->router,
                     &L->exp_gate, &L->exp_up, &L->exp_down, &L->sh_gate, &L->sh_up, &L->sh_down, &L->sh_router,
