@@ -11,24 +11,26 @@
 #   2. tools/gpu_cli_check.sh on it: `moeflip trace --device cuda` end to end against the CPU's shards (forward,
 #      --generate, --replay, --replay-weights), when the build has the command.
 #   tools/gpu_check_oss.sh [BUILD_DIR] [OUT_DIR]
-# BUILD_DIR (default build-gpuoss) is configured and built when it lacks moeflip_gpu_check or the CUDA module.
+# BUILD_DIR (default build-gpuoss) is configured when new and built (incrementally) every time, so a changed tree
+# is never checked with an old build.
 # Exit status: 0 all passed, 1 a check failed or the build failed, 77 no GPU here.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 build=${1:-build-gpuoss}
 out=${2:-gpuoss-out}
 mkdir -p "$out"
-if [ ! -x "$build/moeflip_gpu_check" ] || [ ! -f "$build/libmoeflip_cuda.so" ]; then
-  echo "gpu_check_oss: building $build"
-  { cmake -S . -B "$build" -DCMAKE_BUILD_TYPE=Release -DMOEFLIP_HIP=OFF -DMOEFLIP_CUDA=ON -DMOEFLIP_TESTS=OFF &&
-    cmake --build "$build" -j"$(nproc)" --target moeflip_gpu_check moeflip_cuda; } > "$out/build.log" 2>&1 || {
-    echo "gpu_check_oss: could not build $build:" >&2
-    tail -40 "$out/build.log" >&2
-    exit 1
-  }
-  cmake --build "$build" -j"$(nproc)" --target moeflip >> "$out/build.log" 2>&1 ||
-    echo "gpu_check_oss: the moeflip command did not build here; step 2 is skipped"
-fi
+echo "gpu_check_oss: building $build"
+{ { [ -f "$build/CMakeCache.txt" ] ||
+    cmake -S . -B "$build" -DCMAKE_BUILD_TYPE=Release -DMOEFLIP_HIP=OFF -DMOEFLIP_CUDA=ON -DMOEFLIP_TESTS=OFF; } &&
+  cmake --build "$build" -j"$(nproc)" --target moeflip_gpu_check moeflip_cuda; } > "$out/build.log" 2>&1 || {
+  echo "gpu_check_oss: could not build $build:" >&2
+  tail -40 "$out/build.log" >&2
+  exit 1
+}
+cmake --build "$build" -j"$(nproc)" --target moeflip >> "$out/build.log" 2>&1 || {
+  echo "gpu_check_oss: the moeflip command did not build here; step 2 is skipped"
+  rm -f "$build/moeflip"
+}
 nvidia-smi -L 2>/dev/null || { echo "gpu_check_oss: no NVIDIA GPU" >&2; exit 77; }
 "$build/moeflip_gpu_check" validate_oss tests/fixtures "$out/gpuoss-check.json" > "$out/validate_oss.log" 2>&1
 rc=$?
