@@ -212,7 +212,8 @@ static void add_owned(mf_model *m, const mf_st_tensor *src, void *data, size_t b
  * in the policy's weight dtype, laid out as the products read weights (per expert the gate's I rows [I, H], the
  * up's I rows [I, H], and the down's H rows [H, I]), the file's pages given back. Or, with an mxfp4
  * quantization_config, gate_up_proj_blocks / _scales [E, 2I, H/32, ...] and down_proj_blocks / _scales [E, H,
- * I/32, ...] (checked in models/mxfp4.c), whose rows are the outputs already: views of the mapped blocks. */
+ * I/32, ...] (checked in models/mxfp4.c), whose rows are the outputs already: views of the mapped blocks. Under
+ * MF_LOAD_NO_CONVERT the bf16 experts are strided views of the file's tensors instead (a GPU lays them out). */
 static int gpt_oss_experts(loader *ld, mf_layer *L, int l) {
     mf_model *m = ld->m;
     const mf_config *c = &m->cfg;
@@ -243,13 +244,23 @@ static int gpt_oss_experts(loader *ld, mf_layer *L, int l) {
         if (c->mxfp4 && (rc = mf_mxfp4_check_values(dn, dns, E, H, I, ld->dir, ld->err))) return rc;
         return MF_OK;
     }
-    if (ld->no_convert)
-        return mf_fail(ld->err, MF_EUNSUPPORTED, "%s: gpt_oss runs on the CPU only for now (--device cpu): its fused "
-                       "experts (%s) are laid out for the CPU's products at load", ld->dir, gu_n);
     L->exp_gate = mf_xcalloc((size_t)E, sizeof(mf_linear));
     L->exp_up = mf_xcalloc((size_t)E, sizeof(mf_linear));
     L->exp_down = mf_xcalloc((size_t)E, sizeof(mf_linear));
-    if (c->mxfp4) {
+    if (!c->mxfp4 && ld->no_convert) {
+        /* MF_LOAD_NO_CONVERT (a GPU's load): strided views of the file's tensors, nothing copied; the GPU's upload
+         * lays them out itself. Gate i's input h is gate_up[e][h][2i] (rows 2 apart, columns 2I), up's one
+         * further; down's output h, input i is down[e][i][h] (rows 1 apart, columns H). */
+        const size_t esz = mf_dtype_size(gu->dtype);
+        for (int e = 0; e < E; e++) {
+            const uint8_t *g0 = gu->data + (size_t)e * H * 2 * I * esz;
+            L->exp_gate[e].w = (mf_mat){.data = g0, .dtype = gu->dtype, .n = I, .k = H, .rs = 2, .cs = (size_t)2 * I};
+            L->exp_up[e].w = L->exp_gate[e].w;
+            L->exp_up[e].w.data = g0 + esz;
+            L->exp_down[e].w = (mf_mat){.data = dn->data + (size_t)e * I * H * mf_dtype_size(dn->dtype),
+                                        .dtype = dn->dtype, .n = H, .k = I, .rs = 1, .cs = (size_t)H};
+        }
+    } else if (c->mxfp4) {
         /* the blocks as they lie (numerics' MXFP4 view: the products widen each code with its scale, to the
          * values transformers' dequantisation gives, rounded to the policy's weight dtype); gate_up's output row
          * 2i is gate i, row 2i + 1 up i: every other row of the expert's [2I, H] */

@@ -13,6 +13,9 @@
  *       OUT.json records each check with digests of the GPU's outputs: the
  *       committed copy (tests/fixtures/gpu/) lets machines without a GPU
  *       check the CPU models against what the H200 computed.
+ *   moeflip_gpu_check validate26 FIXTURES OUT.json, validate_oss FIXTURES OUT.json
+ *       the same checks on the DeepSeek-family fixtures (tests/fixtures/hf26, the FP8 one refused), or on the
+ *       gpt-oss one (hf26/gpt_oss, its MXFP4 twin refused): tools/gpu_check26.sh, tools/gpu_check_oss.sh.
  *   moeflip_gpu_check bench MODEL_DIR PRECISION REPS NUMERICS[,NUMERICS...] [OUT.json]
  *       (profile:NUMERICS: also print where the time goes, with a wait after every step;
  *       VAR=VALUE/NUMERICS: with a backend variable set for that entry, e.g.
@@ -47,6 +50,11 @@ static const char *hf_cases[] = {"llama",     "llama_tied_llama3", "mixtral",   
  * routers, shared experts, dense first layers); the FP8 one is refused on the GPU (checked apart) */
 static const char *hf26_cases[] = {"deepseek_v3",        "deepseek_v3_noqlora", "deepseek_v3_yarn",
                                    "deepseek_v2_greedy", "deepseek_v2_group",   "glm4_moe"};
+
+/* tests/fixtures/hf26/gpt_oss: gpt-oss (attention sinks, sliding and full layers, YaRN, attention biases, the
+ * biased top-k-then-softmax router, clamped SwiGLU experts with biases, fused gate_up), bf16 weights; its MXFP4
+ * twin is refused on the GPU (checked apart) */
+static const char *oss_cases[] = {"gpt_oss"};
 
 static const char *hopper_mma = "emu:hopper:mma.m16n8k16.f32.bf16.bf16.f32";
 static const char *hopper_mma_f16 = "emu:hopper:mma.m16n8k16.f32.f16.f16.f32";
@@ -390,10 +398,10 @@ static void check_hf26(tally *t, const char *fixtures, const char *name) {
     check_paths(t, name, src, dir, tok);
 }
 
-/* The FP8 checkpoint: refused on the GPU with one line that says where it runs. */
-static void check_fp8_refused(tally *t, const char *fixtures) {
+/* A checkpoint the GPU refuses (FP8, MXFP4), with one line that says where it runs. */
+static void check_refused(tally *t, const char *fixtures, const char *name) {
     char dir[4096], tok[4200];
-    snprintf(dir, sizeof dir, "%s/hf26/deepseek_v3_fp8", fixtures);
+    snprintf(dir, sizeof dir, "%s/hf26/%s", fixtures, name);
     snprintf(tok, sizeof tok, "%s/tokens.jsonl", dir);
     mf_error err = {0};
     outputs g;
@@ -401,7 +409,7 @@ static void check_fp8_refused(tally *t, const char *fixtures) {
     if (!rc) free_outputs(&g);
     const bool pass = rc != 0 && strstr(err.msg, "CPU only") && !strchr(err.msg, '\n');
     json_t *rec = json_object();
-    json_object_set_new(rec, "case", json_string("deepseek_v3_fp8"));
+    json_object_set_new(rec, "case", json_string(name));
     json_object_set_new(rec, "kind", json_string("refused on the GPU"));
     json_object_set_new(rec, "error", json_string(rc ? err.msg : "(ran)"));
     json_object_set_new(rec, "pass", json_boolean(pass));
@@ -449,7 +457,18 @@ static int validate26(const char *fixtures, const char *out_path) {
     if (absent) return absent;
     tally t = {0, 0, json_array()};
     for (size_t i = 0; i < sizeof hf26_cases / sizeof hf26_cases[0]; i++) check_hf26(&t, fixtures, hf26_cases[i]);
-    check_fp8_refused(&t, fixtures);
+    check_refused(&t, fixtures, "deepseek_v3_fp8");
+    return write_record(&t, out_path);
+}
+
+/* validate_oss: the gpt-oss fixture only (oss_cases, as check_hf26 checks the DeepSeek family's, and the MXFP4
+ * refusal). */
+static int validate_oss(const char *fixtures, const char *out_path) {
+    const int absent = probe_device(fixtures);
+    if (absent) return absent;
+    tally t = {0, 0, json_array()};
+    for (size_t i = 0; i < sizeof oss_cases / sizeof oss_cases[0]; i++) check_hf26(&t, fixtures, oss_cases[i]);
+    check_refused(&t, fixtures, "gpt_oss_mxfp4");
     return write_record(&t, out_path);
 }
 
@@ -468,7 +487,9 @@ static int validate(const char *fixtures, const char *out_path) {
         check_paths(&t, hf_cases[i], src, dir, tok);
     }
     for (size_t i = 0; i < sizeof hf26_cases / sizeof hf26_cases[0]; i++) check_hf26(&t, fixtures, hf26_cases[i]);
-    check_fp8_refused(&t, fixtures);
+    check_refused(&t, fixtures, "deepseek_v3_fp8");
+    for (size_t i = 0; i < sizeof oss_cases / sizeof oss_cases[0]; i++) check_hf26(&t, fixtures, oss_cases[i]);
+    check_refused(&t, fixtures, "gpt_oss_mxfp4");
     char tmpl[] = "/tmp/moeflip-gpu-XXXXXX";
     const char *root = mkdtemp(tmpl);
     for (int a = 0; root && a <= MF_ARCH_QWEN3_MOE; a++) {   /* the architectures synth writes */
@@ -650,12 +671,17 @@ int main(int argc, char **argv) {
         if (!have_gpu()) return EXIT_NO_GPU;
         return validate26(argv[2], argv[3]);
     }
+    if (argc == 4 && !strcmp(argv[1], "validate_oss")) {
+        if (!have_gpu()) return EXIT_NO_GPU;
+        return validate_oss(argv[2], argv[3]);
+    }
     if ((argc == 6 || argc == 7) && !strcmp(argv[1], "bench")) {
         if (!have_gpu()) return EXIT_NO_GPU;
         return bench(argv[2], argv[3], atoi(argv[4]), argv[5], argc == 7 ? argv[6] : NULL);
     }
     fprintf(stderr, "usage: moeflip_gpu_check validate FIXTURES OUT.json\n"
                     "       moeflip_gpu_check validate26 FIXTURES OUT.json   (the DeepSeek-family fixtures only)\n"
+                    "       moeflip_gpu_check validate_oss FIXTURES OUT.json (the gpt-oss fixtures only)\n"
                     "       moeflip_gpu_check bench MODEL_DIR PRECISION REPS NUMERICS[,...] [OUT.json]\n"
                     "       moeflip_gpu_check synth SIZE SEED DIR\n");
     return 2;

@@ -168,6 +168,17 @@ Test(gpu, recorded_h200_deepseek_family_sessions_and_replays_equal_the_cpu_model
     recorded_checks("gpu/h200-check26.json", true, 24, 2);
 }
 
+/* The same for gpt-oss (tests/fixtures/hf26/gpt_oss: sinks, sliding layers, YaRN, the biased top-k router, clamped
+ * SwiGLU experts with biases): tools/gpu_check_oss.sh's record of an H200, 2026-12-02 (9 bit-exact forward checks,
+ * 4 sessions and replays). */
+Test(gpu, recorded_h200_gpt_oss_runs_equal_the_cpu_models, .timeout = 900) {
+    recorded_checks("gpu/h200-check-oss.json", false, 9, 2);
+}
+
+Test(gpu, recorded_h200_gpt_oss_sessions_and_replays_equal_the_cpu_models, .timeout = 900) {
+    recorded_checks("gpu/h200-check-oss.json", true, 4, 2);
+}
+
 Test(gpu, live_checks_pass_on_this_gpu, .timeout = 1800) {
 #ifndef MF_GPU_CHECK_BIN
     cr_skip_test("this build has no CUDA backend");
@@ -203,6 +214,22 @@ Test(gpu, hip_code_objects_hold_mfma) {
     }
     cr_expect_geq(objects, 2);
 #endif
+}
+
+/* gpt_oss runs on the GPU from its bf16 checkpoint; its MXFP4 one is refused in one line before any device is
+ * asked for (so on every machine whose build has the CUDA backend), and the bf16 one gets as far as the device. */
+Test(gpu, gpt_oss_mxfp4_is_refused_on_a_gpu_in_one_line) {
+    if (!mf_gpu_built("cuda")) cr_skip_test("this build has no CUDA backend");
+    char err[4096];
+    const char *out = temp_dir();
+    int rc = run_moeflip(err, sizeof err, "trace --model %s --input %s/tokens.jsonl --out %s/mx --device cuda",
+                         fixture("hf26/gpt_oss_mxfp4"), fixture("hf26/gpt_oss_mxfp4"), out);
+    cr_expect_eq(rc, 1, "exit status %d: %s", rc, err);
+    cr_expect(strstr(err, "MXFP4 experts (quantization_config mxfp4) run on the CPU only") != NULL, "message: %s", err);
+    cr_expect(strchr(err, '\n') == strrchr(err, '\n'), "one line: %s", err);
+    rc = run_moeflip(err, sizeof err, "trace --model %s --input %s/tokens.jsonl --out %s/bf16 --device cuda",
+                     fixture("hf26/gpt_oss"), fixture("hf26/gpt_oss"), out);
+    if (rc != 0) cr_expect(strstr(err, "no cuda GPU on this machine") != NULL, "the bf16 checkpoint: %s", err);
 }
 
 Test(gpu, without_a_backend_or_device_the_command_says_so) {

@@ -99,13 +99,16 @@ static bool grouped_router(const mf_config *c) {
     return c->route_rule == MF_ROUTE_SIGMOID_GROUP || c->route_rule == MF_ROUTE_SOFTMAX_GREEDY;
 }
 
+/* Routers whose runs record the row their top-k ranks (`select`): the grouped ones, and gpt-oss's (its logits) */
+static bool records_select(const mf_config *c) { return grouped_router(c) || c->route_rule == MF_ROUTE_TOPK_SOFTMAX; }
+
 static route_layout route_layout_for(const mf_config *c, int T) {
     const size_t nm = c->n_moe_layers, E = c->n_experts > 0 ? c->n_experts : 1, K = c->top_k > 0 ? c->top_k : 1;
     route_layout l;
     l.router = (size_t)T * E;
     l.w = (size_t)T * K;
     l.sh = c->has_shared_expert ? (size_t)T : 0;
-    l.sel = grouped_router(c) ? (size_t)T * E : 0;
+    l.sel = records_select(c) ? (size_t)T * E : 0;
     l.per_layer = l.router + l.w + l.sh + l.sel;
     l.ids_at = nm * l.per_layer;
     l.bytes = l.ids_at * sizeof(float) + (nm ? nm : 1) * l.w * sizeof(uint16_t);
@@ -134,7 +137,7 @@ static int scratch_for(gpu *G, int T, size_t *count, mf_error *err) {
     const size_t qr = mla ? (size_t)c->q_lora_rank : 0, kvw = mla ? (size_t)(c->kv_lora_rank + c->qk_rope_dim) : 0;
     const size_t kvb = mla ? nh * (size_t)(c->qk_nope_dim + c->v_head_dim) : 0;
     const size_t lorap = max_sz(round16((int)qr), round16(mla ? c->kv_lora_rank : 0));
-    size_t cf = max_sz(max_sz(t * V, nh * t * t), max_sz(R * I, R * H));
+    size_t cf = max_sz(max_sz(t * V, nh * t * t), max_sz(R * I * (c->clamped_swiglu ? 2 : 1), R * H));
     cf = max_sz(cf, max_sz(t * max_sz(nq, nc), t * E));
     cf = max_sz(cf, max_sz(t * max_sz(qr, kvw), t * kvb));
     size_t opa = max_sz(max_sz(R * Hp, R * Ip), max_sz(nh * t * Tp, max_sz(nh * t * hdp, t * nqp)));
@@ -154,9 +157,9 @@ static int scratch_for(gpu *G, int T, size_t *count, mf_error *err) {
     GET(mla_a, t * qr * 8);
     GET(mla_ckv, t * kvw * 8);
     GET(mla_kv, t * kvb * 8);
-    GET(sel, (grouped_router(c) ? t * E : 1) * 8);
+    GET(sel, (records_select(c) ? t * E : 1) * 8);
     GET(s, nh * t * t * 8);
-    GET(g, R * I * 8);
+    GET(g, R * I * (c->clamped_swiglu ? 2 : 1) * 8);   /* gpt-oss: the fused gate_up's 2I a row */
     GET(u, R * I * 8);
     GET(ye, R * H * 8);
     GET(sh, t * H * 8);
@@ -355,7 +358,8 @@ static int attention(step *st, mf_dtype D, glayer *L, mf_error *err) {
     if ((rc = product(G, &pv_, err))) return rc;
     mark(G, P_QKV);
     if (c->qk_norm == MF_QK_NORM_FULL) {
-        GPU_FN(rmsnorm_pair)(G->ctx, G->q, T, nq, L->q_norm, kn, T, nk, L->k_norm, eps, gk_dt(D), gk_dt(D));
+        GPU_FN(rmsnorm_pair)(G->ctx, G->q, T, nq, L->q_norm, kn, T, nk, L->k_norm, eps, gk_dt(D), gk_dt(D),
+                             c->norm_weight_fp32);
     }
     if (c->clip_qkv > 0) {
         const double cl = mf_round_to(D, c->clip_qkv);
@@ -365,7 +369,7 @@ static int attention(step *st, mf_dtype D, glayer *L, mf_error *err) {
     }
     if (c->qk_norm == MF_QK_NORM_PER_HEAD) {
         GPU_FN(rmsnorm_pair)(G->ctx, G->q, T * nh, hd, L->q_norm, kn, T * nkv, hd, L->k_norm, eps, gk_dt(D),
-                             gk_dt(D));
+                             gk_dt(D), c->norm_weight_fp32);
     }
     mark(G, P_QKNORM);
     GPU_FN(rope)(G->ctx, G->q, T, nh, (size_t)nq, (size_t)hd, 0, G->rdim, rs, st->cos_t, st->sin_t, gk_dt(D));
@@ -380,7 +384,7 @@ static int attention(step *st, mf_dtype D, glayer *L, mf_error *err) {
     /* the config's softmax scale, else head_dim ** -0.5, as a Python float in fp32 opmath: as the CPU */
     const double scale = (float)(c->attn_scale > 0 ? c->attn_scale : pow((double)hd, -0.5));
     const int window = c->layer_sliding[st->l] ? c->sliding_window : 0;
-    GPU_FN(softmax_causal)(G->ctx, G->s, nh, T, Tk, st->pos, scale, window, gk_dt(D));
+    GPU_FN(softmax_causal)(G->ctx, G->s, nh, T, Tk, st->pos, scale, window, gk_dt(D), L->sinks);
     mark(G, P_SOFTMAX);
     /* ctx[:, h] = P_h V_kh (a row's weights past its position are zeros: the same sums as without them) */
     prod pv = {.what = "p.v", .layer = st->l, .in = D, .out = D, .M = T, .N = hd, .K = Tk, .batch = nh,
@@ -414,14 +418,16 @@ static int mla_attention(step *st, mf_dtype D, glayer *L, mf_error *err) {
     if (c->q_lora_rank > 0) {
         const int qr = c->q_lora_rank;
         if ((rc = linear(G, st->l, "q_a", &L->q_a, D, D, G->x, T, G->mla_a, err))) return rc;
-        GPU_FN(rmsnorm)(G->ctx, G->mla_a, G->mla_a, T, qr, (size_t)qr, L->q_a_norm, eps, gk_dt(D), gk_dt(D), GK_F64);
+        GPU_FN(rmsnorm)(G->ctx, G->mla_a, G->mla_a, T, qr, (size_t)qr, L->q_a_norm, eps, gk_dt(D), gk_dt(D), GK_F64,
+                        c->norm_weight_fp32);
         if ((rc = linear(G, st->l, "q_b", &L->q_b, D, D, G->mla_a, T, G->q, err))) return rc;
     } else if ((rc = linear(G, st->l, "q", &L->q, D, D, G->x, T, G->q, err))) {
         return rc;
     }
     if ((rc = linear(G, st->l, "kv_a", &L->kv_a, D, D, G->x, T, G->mla_ckv, err))) return rc;
     /* the norm of c in place: kv_b reads it there, the rope part after it is not touched */
-    GPU_FN(rmsnorm)(G->ctx, G->mla_ckv, G->mla_ckv, T, kvr, (size_t)kvw, L->kv_a_norm, eps, gk_dt(D), gk_dt(D), GK_F64);
+    GPU_FN(rmsnorm)(G->ctx, G->mla_ckv, G->mla_ckv, T, kvr, (size_t)kvw, L->kv_a_norm, eps, gk_dt(D), gk_dt(D), GK_F64,
+                    c->norm_weight_fp32);
     prod pkv = {.what = "kv_b", .layer = st->l, .in = D, .out = D, .M = T, .N = L->kv_b.n, .K = kvr, .batch = 1,
                 .a = {G->mla_ckv, 0, 1, (size_t)kvw, 1}, .w = &L->kv_b, .dst = G->mla_kv, .ldc = (size_t)L->kv_b.n};
     if ((rc = product(G, &pkv, err))) return rc;
@@ -436,7 +442,7 @@ static int mla_attention(step *st, mf_dtype D, glayer *L, mf_error *err) {
                 .ldc = (size_t)Tk, .dst_bstride = (size_t)T * Tk};
     if ((rc = product(G, &pqk, err))) return rc;
     mark(G, P_SCORES);
-    GPU_FN(softmax_causal)(G->ctx, G->s, nh, T, Tk, st->pos, (float)c->attn_scale, 0, gk_dt(D));
+    GPU_FN(softmax_causal)(G->ctx, G->s, nh, T, Tk, st->pos, (float)c->attn_scale, 0, gk_dt(D), NULL);
     mark(G, P_SOFTMAX);
     prod pv = {.what = "p.v", .layer = st->l, .in = D, .out = D, .M = T, .N = vd, .K = Tk, .batch = nh,
                .a = {G->s, (size_t)T * Tk, 1, (size_t)Tk, 1}, .b = {vbase, (size_t)vd, 1, 1, (size_t)nv},
@@ -481,6 +487,29 @@ static int ffn(step *st, mf_dtype D, gw *gate, gw *up, gw *down, const double *x
     return product(G, &pd, err);
 }
 
+/* gpt-oss's experts over the R gathered rows in opA (experts/experts.c's clamped form): the fused gate_up as one
+ * grouped product rounded to D (its 2I rows in the checkpoint's interleaved order: every output is the same chain
+ * as the CPU's separate gate and up products compute), then one kernel adds each row's expert biases (a second
+ * rounding, as add_(bias) after grouped_mm) and applies the clamped SwiGLU; down, then its biases. */
+static int clamped_experts(step *st, mf_dtype D, glayer *L, int R, double *out, mf_error *err) {
+    gpu *G = st->G;
+    const mf_config *c = &G->m->cfg;
+    const int I2 = L->exp_gate.n, I = I2 / 2, H = L->exp_gate.k, E = c->n_experts;
+    int rc;
+    prod pg = {.what = "gate_up", .layer = st->l, .in = D, .out = D, .M = R, .N = I2, .K = H, .batch = 1,
+               .a = {G->x, 0, 1, (size_t)H, 1}, .a_packed = true, .w = &L->exp_gate, .offsets = G->offset,
+               .dst = G->g, .ldc = (size_t)I2};
+    if ((rc = product(G, &pg, err))) return rc;
+    GPU_FN(glu_clamped)(G->ctx, G->g, G->u, R, I, G->offset, E, L->eb_gate_up, c->swiglu_alpha, c->swiglu_limit,
+                        gk_dt(D));
+    prod pd = {.what = "down", .layer = st->l, .in = D, .out = D, .M = R, .N = H, .K = I, .batch = 1,
+               .a = {G->u, 0, 1, (size_t)I, 1}, .w = &L->exp_down, .offsets = G->offset, .dst = out,
+               .ldc = (size_t)H};
+    if ((rc = product(G, &pd, err))) return rc;
+    GPU_FN(expert_bias)(G->ctx, out, R, H, G->offset, E, L->eb_down, gk_dt(D));
+    return MF_OK;
+}
+
 static int moe(step *st, mf_dtype D, mf_dtype DR, glayer *L, int mi, mf_error *err) {
     gpu *G = st->G;
     const mf_config *c = &G->m->cfg;
@@ -500,10 +529,11 @@ static int moe(step *st, mf_dtype D, mf_dtype DR, glayer *L, int mi, mf_error *e
     const bool rep_layer = st->n_rep > 0 && (!G->replay->layers || G->replay->layers[mi]);
     const uint16_t *rep_ids = rep_layer ? G->rep_ids + (size_t)mi * T * K : NULL;
     const double *rep_w = rep_layer && G->replay->weights ? G->rep_w + (size_t)mi * T * K : NULL;
-    if (deepseek) {
-        const gk_route_spec spec = {c->route_rule == MF_ROUTE_SIGMOID_GROUP ? GK_ROUTE_SIGMOID_GROUP
-                                                                             : GK_ROUTE_SOFTMAX_GREEDY,
-                                    E, K, c->norm_topk_prob, c->n_group, c->topk_group, c->group_limited,
+    if (records_select(c)) {
+        const int kind = c->route_rule == MF_ROUTE_SIGMOID_GROUP    ? GK_ROUTE_SIGMOID_GROUP
+                         : c->route_rule == MF_ROUTE_SOFTMAX_GREEDY ? GK_ROUTE_SOFTMAX_GREEDY
+                                                                    : GK_ROUTE_TOPK_SOFTMAX;
+        const gk_route_spec spec = {kind, E, K, c->norm_topk_prob, c->n_group, c->topk_group, c->group_limited,
                                     gk_dt(wdt), L->e_bias, c->routed_scaling};
         GPU_FN(route_grouped)(G->ctx, &spec, logits, G->probs, G->sel, T, ids, w, rep_ids, rep_w,
                               rep_layer ? st->n_rep : 0);
@@ -516,7 +546,9 @@ static int moe(step *st, mf_dtype D, mf_dtype DR, glayer *L, int mi, mf_error *e
     mark(G, P_DISPATCH);
     GPU_FN(gather)(G->ctx, G->opA, gk_dt(D), round16(H), G->x, H, G->token, R);
     mark(G, P_GATHER);
-    if ((rc = ffn(st, D, &L->exp_gate, &L->exp_up, &L->exp_down, G->x, R, G->offset, G->ye, err))) return rc;
+    if (c->clamped_swiglu) rc = clamped_experts(st, D, L, R, G->ye, err);
+    else rc = ffn(st, D, &L->exp_gate, &L->exp_up, &L->exp_down, G->x, R, G->offset, G->ye, err);
+    if (rc) return rc;
     mark(G, P_EXPERTS);
     GPU_FN(combine)(G->ctx, G->y, G->ye, T, H, K, G->row_of, w, gk_dt(wdt == D ? D : st->O), gk_dt(st->O), gk_dt(D));
     mark(G, P_COMBINE);
@@ -623,10 +655,10 @@ int GPU_FN(gpu_open)(void **out, int device, mf_model *m, const mf_precision *pr
                      int cache_T, mf_error *err) {
     *out = NULL;
     const mf_config *c = &m->cfg;
-    if (c->arch == MF_ARCH_GPT_OSS)
-        return mf_fail(err, MF_EUNSUPPORTED, "gpt_oss runs on the CPU only for now (--device cpu): the GPU backend has no "
-                       "attention sinks, biased top-k-then-softmax router or clamped SwiGLU experts");
-    if (c->arch > MF_ARCH_GLM4_MOE)
+    if (c->mxfp4)
+        return mf_fail(err, MF_EUNSUPPORTED, "%s: MXFP4 experts (quantization_config mxfp4) run on the CPU only for now "
+                       "(--device cpu)", c->model_type);
+    if (c->arch > MF_ARCH_GPT_OSS)
         return mf_fail(err, MF_EUNSUPPORTED, "%s runs on the CPU only for now (--device cpu)", c->model_type);
     if (c->fp8_block[0] > 0)
         return mf_fail(err, MF_EUNSUPPORTED, "%s: FP8 checkpoints (quantization_config fp8) run on the CPU only for now "
@@ -867,11 +899,13 @@ static int run_tokens(gpu *G, const int32_t *tokens, int T, int pos, bool cached
         const mf_dtype S = blk ? MF_F32 : Rd;
         const mf_dtype DN = blk ? MF_F32 : P->part[MF_PART_NORM], DA = blk ? MF_F32 : P->part[MF_PART_ATTN];
         const mf_dtype DM = blk ? MF_F32 : P->part[MF_PART_MLP], DR = blk ? MF_F32 : P->part[MF_PART_ROUTER];
-        GPU_FN(rmsnorm)(G->ctx, G->x, G->h, T, H, (size_t)H, L->attn_norm, eps, gk_dt(DN), gk_dt(S), gk_dt(DA));
+        GPU_FN(rmsnorm)(G->ctx, G->x, G->h, T, H, (size_t)H, L->attn_norm, eps, gk_dt(DN), gk_dt(S), gk_dt(DA),
+                        c->norm_weight_fp32);
         mark(G, P_NORM);
         if ((rc = c->attn == MF_ATTN_MLA ? mla_attention(&st, DA, L, err) : attention(&st, DA, L, err))) break;
         GPU_FN(residual)(G->ctx, G->h, G->y, TH, gk_dt(S), GK_F64);
-        GPU_FN(rmsnorm)(G->ctx, G->x, G->h, T, H, (size_t)H, L->ffn_norm, eps, gk_dt(DN), gk_dt(S), gk_dt(DM));
+        GPU_FN(rmsnorm)(G->ctx, G->x, G->h, T, H, (size_t)H, L->ffn_norm, eps, gk_dt(DN), gk_dt(S), gk_dt(DM),
+                        c->norm_weight_fp32);
         mark(G, P_NORM);
         if (m->layers[l].is_moe) {
             rc = moe(&st, DM, DM == MF_F32 ? MF_F32 : DR, L, mi++, err);
@@ -886,7 +920,7 @@ static int run_tokens(gpu *G, const int32_t *tokens, int T, int pos, bool cached
     if (rc) return rc;
     const mf_dtype DH = P->part[MF_PART_HEAD];
     GPU_FN(rmsnorm)(G->ctx, G->x, G->h, T, H, (size_t)H, G->final_norm, eps, gk_dt(P->part[MF_PART_NORM]), gk_dt(Rd),
-                    gk_dt(DH));
+                    gk_dt(DH), c->norm_weight_fp32);
     prod ph = {.what = "head", .layer = c->n_layers, .in = DH, .out = DH, .M = T, .N = V, .K = H, .batch = 1,
                .a = {G->x, 0, 1, (size_t)H, 1}, .w = &G->head, .dst_packed = G->logits, .ldc = (size_t)V};
     if ((rc = product(G, &ph, err))) return rc;

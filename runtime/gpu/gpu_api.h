@@ -119,12 +119,13 @@ void GPU_FN(narrow)(gk_ctx *c, float *dst, const double *src, size_t n);
 /* h[t] = round_dt(table[tokens[t]]), the table [V][H] of dtype table_dt (GK_BF16, GK_F16, GK_F32) */
 void GPU_FN(embed)(gk_ctx *c, double *h, const void *table, int table_dt, const int32_t *tokens, int T, int H, int dt);
 /* out[r] = round_C(round_S(round_D(w * round_D(round_O(v * rsqrt(mean(v^2) + eps)))))), v = round_D(in[r]);
+ * with w32 (gpt-oss's norm_weight_fp32) round_D(round_O(w * round_O(v * rsqrt(...)))) inside instead;
  * C: a further cast (GK_F64: none) */
 void GPU_FN(rmsnorm)(gk_ctx *c, double *out, const double *in, int rows, int n, size_t ld, const double *w, double eps,
-                     int D, int S, int C);
+                     int D, int S, int C, int w32);
 /* Two in-place norms at once, rows n1 and n2 values long and apart (q's and k's) */
 void GPU_FN(rmsnorm_pair)(gk_ctx *c, double *x1, int rows1, int n1, const double *w1, double *x2, int rows2, int n2,
-                          const double *w2, double eps, int D, int S);
+                          const double *w2, double eps, int D, int S, int w32);
 /* RoPE of the T rows (row_stride apart), heads head_stride apart, on the rdim dims from `off` within a head;
  * the tables hold rdim values a row. style: GK_ROPE_HALF (rotate_half, three roundings), GK_ROPE_DEINTERLEAVE
  * (the same on (x0, x2, ..., x1, x3, ...), left in that order), GK_ROPE_COMPLEX (pairs times cos + i sin in
@@ -141,10 +142,20 @@ void GPU_FN(clip)(gk_ctx *c, double *x, size_t n, double bound);
 /* h = round_C(round_S(h + round_S(y))) (C: a further cast, GK_F64: none) */
 void GPU_FN(residual)(gk_ctx *c, double *h, const double *y, size_t n, int S, int C);
 /* s [heads][Tq][Tk], query rows at positions q0 .. q0 + Tq - 1 against keys 0 .. Tk - 1: scale, causal
- * (sliding) mask, fp32 softmax, rounded to D; zeros where masked */
-void GPU_FN(softmax_causal)(gk_ctx *c, double *s, int heads, int Tq, int Tk, int q0, double scale, int window, int D);
+ * (sliding) mask, fp32 softmax, rounded to D; zeros where masked. sinks (device [heads], or NULL): gpt-oss's
+ * per-head logit in each row's denominator */
+void GPU_FN(softmax_causal)(gk_ctx *c, double *s, int heads, int Tq, int Tk, int q0, double scale, int window, int D,
+                            const double *sinks);
 /* g = round_D(round_D(act(g)) * u) */
 void GPU_FN(act_mul)(gk_ctx *c, double *g, const double *u, size_t n, int act, int D);
+/* gpt-oss's experts (experts/experts.c's clamped form) on R rows, grouped by offsets [E + 1] (NULL: one expert):
+ * gu [R][2I] holds the fused gate_up product, gate i at column 2i and up i at 2i + 1 (the checkpoint's interleaved
+ * order); each row's expert bias (device [E][2I], the same order) is added (fp32 sums rounded to D), then
+ * h [R][I] = the clamped SwiGLU of them (clamps at limit, (u + 1) * g * sigmoid(alpha g), every step rounded to D) */
+void GPU_FN(glu_clamped)(gk_ctx *c, const double *gu, double *h, int R, int I, const int *offsets, int E,
+                         const double *bias, double alpha, double limit, int D);
+/* y[r][j] = round_D(fp32(y[r][j] + bias[expert of r][j])), R rows of N, bias device [E][N] */
+void GPU_FN(expert_bias)(gk_ctx *c, double *y, int R, int N, const int *offsets, int E, const double *bias, int D);
 /* Routing of T tokens: fp32 softmax, canonical top-k, optional renormalisation, weights rounded to wdt.
  * The first n_rep tokens replay: their experts are rep_ids [n_rep][K] (rank order), their weights rep_w's
  * (rounded to wdt) or, rep_w NULL, this router's probabilities of those experts, renormalised as its own. */
@@ -153,7 +164,9 @@ void GPU_FN(route)(gk_ctx *c, const double *logits, double *probs, int T, int E,
 /* The grouped and scaled routers (router/router.c's SIGMOID_GROUP and SOFTMAX_GREEDY kinds, fp32 opmath):
  * scores, the selection row (biased, groups masked) into sel [T][E], canonical top-k of it, weights
  * (renormalised with the 1e-20, times the scaling factor) rounded to wdt; replayed tokens as in route. */
-enum { GK_ROUTE_SIGMOID_GROUP = 0, GK_ROUTE_SOFTMAX_GREEDY = 1 };
+/* GK_ROUTE_TOPK_SOFTMAX: gpt-oss's router, the top k of the logits (its selection row: the logits themselves),
+ * softmax over those k (router.c's mf_route_weights_logits) */
+enum { GK_ROUTE_SIGMOID_GROUP = 0, GK_ROUTE_SOFTMAX_GREEDY = 1, GK_ROUTE_TOPK_SOFTMAX = 2 };
 typedef struct gk_route_spec {
     int kind, E, K, norm, n_group, topk_group, group_limited, wdt;
     const double *bias;   /* device [E] or NULL */
@@ -201,6 +214,10 @@ int GPU_FN(slot_wait)(gk_ctx *c, int slot);
  * GK_BF16, GK_F16) from src (device), stored as dst_dt (rounded to nearest
  * even, as mf_store_from_f64) at dst[(e / k) * kp + e % k]. */
 void GPU_FN(place)(gk_ctx *c, void *dst, int dst_dt, int k, int kp, size_t e0, const void *src, int src_dt, size_t n);
+/* The same for per-expert matrices [A][B] that a product reads transposed (gpt-oss's "x @ W" experts): element
+ * e0 + i (expert x, row a, column b) goes to row b of expert x, column a, at dst[(x * B + b) * kp + a]. */
+void GPU_FN(place_t)(gk_ctx *c, void *dst, int dst_dt, int A, int B, int kp, size_t e0, const void *src, int src_dt,
+                     size_t n);
 
 #ifdef __cplusplus
 }

@@ -31,6 +31,10 @@ typedef struct glayer {
     gw q_a, q_b, kv_a, kv_b;
     double *q_a_norm, *kv_a_norm;
     double *e_bias;   /* the sigmoid routers' e_score_correction_bias, as stored */
+    /* gpt-oss: attention sinks [n_heads]; the experts' biases, gate_up's [E][2I] (interleaved, as exp_gate's
+     * rows: gpt-oss's exp_gate is the fused gate_up, 2I rows an expert, and exp_up is empty) and down's [E][H],
+     * each added to its projection's rounded product, so not in the product's epilogue */
+    double *sinks, *eb_gate_up, *eb_down;
 } glayer;
 
 typedef struct gpu {

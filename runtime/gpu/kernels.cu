@@ -250,6 +250,22 @@ extern "C" void GPU_FN(place)(gk_ctx *c, void *dst, int dst_dt, int k, int kp, s
     if (n) k_place<<<blocks_for(n), THREADS, 0, c->stream>>>(dst, dst_dt, k, kp, e0, src, src_dt, n);
 }
 
+/* Element e of per-expert matrices [A][B] stored row-major (gpt-oss's fused experts, "x @ W" layouts) to the
+ * products' rows: column b of expert x becomes row b, its values the A of that column, at
+ * dst[(x * B + b) * kp + a]. */
+__global__ static void k_place_t(void *dst, int dst_dt, int A, int B, int kp, size_t e0, const void *src, int src_dt,
+                                 size_t n) {
+    const size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= n) return;
+    const size_t e = e0 + i, per = (size_t)A * B, x = e / per, rem = e % per, a = rem / (size_t)B, b = rem % (size_t)B;
+    put_operand(dst, dst_dt, (x * (size_t)B + b) * (size_t)kp + a, get_value(src, src_dt, i));
+}
+
+extern "C" void GPU_FN(place_t)(gk_ctx *c, void *dst, int dst_dt, int A, int B, int kp, size_t e0, const void *src,
+                                int src_dt, size_t n) {
+    if (n) k_place_t<<<blocks_for(n), THREADS, 0, c->stream>>>(dst, dst_dt, A, B, kp, e0, src, src_dt, n);
+}
+
 /* A sequential sum, p[0] + p[1] + ... in this order, its operands read
  * eight ahead: without the read-ahead every add waited for its own shared
  * memory load (about 30 cycles) instead of the previous add (a few). */
@@ -280,8 +296,15 @@ typedef struct norm_job {
     size_t ld;
 } norm_job;
 
+/* The normed value of x (a D value) times weight w: Llama's w * round_D(y32), or gpt-oss's (w32 set)
+ * round_D(fp32(w * y32)), one rounding (runtime/cpu/forward_body.h's rmsnorm_eps) */
+__device__ static double norm_out(double x, double inv, double w, int D, int w32) {
+    if (w32) return rd(D, rd(GK_F32, (double)(float)w * rd(GK_F32, x * inv)));
+    return rd(D, w * rd(D, rd(GK_F32, x * inv)));
+}
+
 __global__ static void __launch_bounds__(NORM_THREADS) k_rmsnorm_block(norm_job j0, norm_job j1, double eps, int D,
-                                                                       int S, int C) {
+                                                                       int S, int C, int w32) {
     extern __shared__ double sq[];
     __shared__ double inv_s;
     const bool second = (int)blockIdx.x >= j0.rows;
@@ -305,12 +328,12 @@ __global__ static void __launch_bounds__(NORM_THREADS) k_rmsnorm_block(norm_job 
 #pragma unroll 4
     for (int i = threadIdx.x; i < n; i += blockDim.x) {
         double x = rd(D, v[i]);
-        o[i] = rd(C, rd(S, rd(D, w[i] * rd(D, rd(GK_F32, x * inv)))));
+        o[i] = rd(C, rd(S, norm_out(x, inv, w[i], D, w32)));
     }
 }
 
 /* The same, one thread per row, for rows too long for shared memory. */
-__global__ static void k_rmsnorm(norm_job j, double eps, int D, int S, int C) {
+__global__ static void k_rmsnorm(norm_job j, double eps, int D, int S, int C, int w32) {
     int r = blockIdx.x * blockDim.x + threadIdx.x;
     if (r >= j.rows) return;
     const double *v = j.in + (size_t)r * j.ld;
@@ -324,31 +347,32 @@ __global__ static void k_rmsnorm(norm_job j, double eps, int D, int S, int C) {
     double inv = (double)(1.0f / sqrtf((float)(var + eps)));
     for (int i = 0; i < j.n; i++) {
         double x = rd(D, v[i]);
-        o[i] = rd(C, rd(S, rd(D, j.w[i] * rd(D, rd(GK_F32, x * inv)))));
+        o[i] = rd(C, rd(S, norm_out(x, inv, j.w[i], D, w32)));
     }
 }
 
-static void rmsnorm_jobs(gk_ctx *c, norm_job a, norm_job b, double eps, int D, int S, int C) {
+static void rmsnorm_jobs(gk_ctx *c, norm_job a, norm_job b, double eps, int D, int S, int C, int w32) {
     const int n = a.n > b.n ? a.n : b.n;
     if (n <= NORM_MAX_SMEM) {
         if (a.rows + b.rows > 0)
-            k_rmsnorm_block<<<a.rows + b.rows, NORM_THREADS, (size_t)n * sizeof(double), c->stream>>>(a, b, eps, D, S, C);
+            k_rmsnorm_block<<<a.rows + b.rows, NORM_THREADS, (size_t)n * sizeof(double), c->stream>>>(a, b, eps, D, S, C,
+                                                                                                     w32);
         return;
     }
-    if (a.rows > 0) k_rmsnorm<<<blocks_for((size_t)a.rows), THREADS, 0, c->stream>>>(a, eps, D, S, C);
-    if (b.rows > 0) k_rmsnorm<<<blocks_for((size_t)b.rows), THREADS, 0, c->stream>>>(b, eps, D, S, C);
+    if (a.rows > 0) k_rmsnorm<<<blocks_for((size_t)a.rows), THREADS, 0, c->stream>>>(a, eps, D, S, C, w32);
+    if (b.rows > 0) k_rmsnorm<<<blocks_for((size_t)b.rows), THREADS, 0, c->stream>>>(b, eps, D, S, C, w32);
 }
 
 extern "C" void GPU_FN(rmsnorm)(gk_ctx *c, double *out, const double *in, int rows, int n, size_t ld, const double *w,
-                                double eps, int D, int S, int C) {
+                                double eps, int D, int S, int C, int w32) {
     norm_job a = {out, in, w, rows, n, ld}, none = {out, in, w, 0, n, ld};
-    rmsnorm_jobs(c, a, none, eps, D, S, C);
+    rmsnorm_jobs(c, a, none, eps, D, S, C, w32);
 }
 
 extern "C" void GPU_FN(rmsnorm_pair)(gk_ctx *c, double *x1, int rows1, int n1, const double *w1, double *x2, int rows2,
-                                     int n2, const double *w2, double eps, int D, int S) {
+                                     int n2, const double *w2, double eps, int D, int S, int w32) {
     norm_job a = {x1, x1, w1, rows1, n1, (size_t)n1}, b = {x2, x2, w2, rows2, n2, (size_t)n2};
-    rmsnorm_jobs(c, a, b, eps, D, S, GK_F64);
+    rmsnorm_jobs(c, a, b, eps, D, S, GK_F64, w32);
 }
 
 /* RoPE of one (row, head) per block, runtime/cpu/forward_body.h's rope: the head's rdim values are read into
@@ -427,8 +451,11 @@ extern "C" void GPU_FN(residual)(gk_ctx *c, double *h, const double *y, size_t n
  * depends only on its own keys, not on Tk: a decode step's row (one query
  * against the cache) is the bits of the same row in a pass over the whole
  * sequence. */
+/* With sinks (gpt-oss), head h's row gains the logit sinks[h] as a last column, dropped after the softmax, as the
+ * CPU's attn_core: the maximum includes it, each score less the maximum is a D value (an fp32 difference rounded
+ * to D; the sink's a double difference rounded to D), and the sink's exponential joins the fp32 sum last. */
 __global__ static void k_softmax_causal(double *s, int Tq, int Tk, int q0, double scale, int window, int D,
-                                        int in_smem) {
+                                        int in_smem, const double *sinks) {
     extern __shared__ float ex[];
     __shared__ double red[SOFTMAX_THREADS];
     __shared__ float sum_s;
@@ -451,9 +478,13 @@ __global__ static void k_softmax_causal(double *s, int Tq, int Tk, int q0, doubl
         if (tid < h) red[tid] = red[tid + h] > red[tid] ? red[tid + h] : red[tid];
         __syncthreads();
     }
-    const float m = (float)red[0];
+    double mx_all = red[0];
+    const double sk = sinks ? sinks[r / Tq] : 0;
+    if (sinks) mx_all = sk > mx_all ? sk : mx_all;
+    const float m = (float)mx_all;
     for (int j = j0 + tid; j <= i; j += blockDim.x) {
-        const float e = (float)exp((double)((float)row[j] - m));
+        const float e = sinks ? (float)exp((double)(float)rd(D, (double)((float)row[j] - m)))
+                              : (float)exp((double)((float)row[j] - m));
         if (in_smem) ex[j - j0] = e;
         else row[j] = e;
     }
@@ -463,6 +494,7 @@ __global__ static void k_softmax_causal(double *s, int Tq, int Tk, int q0, doubl
         if (in_smem) sum = seq_sum(ex, i - j0 + 1);
         else
             for (int j = j0; j <= i; j++) sum += (float)row[j];
+        if (sinks) sum += (float)exp((double)(float)rd(D, sk - mx_all));
         sum_s = sum;
     }
     __syncthreads();
@@ -472,10 +504,10 @@ __global__ static void k_softmax_causal(double *s, int Tq, int Tk, int q0, doubl
 }
 
 extern "C" void GPU_FN(softmax_causal)(gk_ctx *c, double *s, int heads, int Tq, int Tk, int q0, double scale,
-                                       int window, int D) {
+                                       int window, int D, const double *sinks) {
     const int in_smem = Tk <= SOFTMAX_MAX_SMEM;
     k_softmax_causal<<<heads * Tq, SOFTMAX_THREADS, in_smem ? (size_t)Tk * sizeof(float) : 0, c->stream>>>(
-        s, Tq, Tk, q0, scale, window, D, in_smem);
+        s, Tq, Tk, q0, scale, window, D, in_smem, sinks);
 }
 
 __global__ static void k_act_mul(double *g, const double *u, size_t n, int act, int D) {
@@ -485,6 +517,62 @@ __global__ static void k_act_mul(double *g, const double *u, size_t n, int act, 
 
 extern "C" void GPU_FN(act_mul)(gk_ctx *c, double *g, const double *u, size_t n, int act, int D) {
     if (n) k_act_mul<<<blocks_for(n), THREADS, 0, c->stream>>>(g, u, n, act, D);
+}
+
+/* The expert of grouped row r: the last e with offsets[e] <= r (offsets[E] is the row count) */
+__device__ static int expert_of(const int *offsets, int E, int r) {
+    int lo = 0, hi = E;
+    while (hi - lo > 1) {
+        const int mid = (lo + hi) / 2;
+        if (offsets[mid] <= r) lo = mid;
+        else hi = mid;
+    }
+    return lo;
+}
+
+/* v + b as PyTorch's add_ of a bias into a D tensor: the fp32 sum rounded to D (experts/experts.c's add_rounded) */
+__device__ static double add_rounded(int D, double v, double b) {
+    return D == GK_F64 ? v + b : rd(D, (double)(float)(v + b));
+}
+
+/* experts/experts.c's clamped_swiglu on D values, the Python float scalars as fp32 */
+__device__ static double clamped_swiglu(int D, double g, double u, double alpha, double limit) {
+    const double lim = (double)(float)limit, al = (double)(float)alpha;
+    g = rd(D, fmin(g, lim));
+    u = rd(D, fmax(fmin(u, lim), -lim));
+    const double ga = rd(D, (double)(float)(g * al));
+    const double glu = rd(D, g * rd(D, 1.0 / (1.0 + exp(-ga))));
+    return rd(D, rd(D, u + 1.0) * glu);
+}
+
+__global__ static void k_glu_clamped(const double *gu, double *h, int I, const int *offsets, int E, const double *b,
+                                     double alpha, double limit, int D) {
+    const int r = blockIdx.x, i = blockIdx.y * blockDim.x + threadIdx.x;
+    if (i >= I) return;
+    const size_t e = offsets ? (size_t)expert_of(offsets, E, r) : 0, at = (size_t)r * 2 * I + 2 * (size_t)i;
+    const size_t bat = e * 2 * I + 2 * (size_t)i;
+    const double gv = add_rounded(D, gu[at], b[bat]), uv = add_rounded(D, gu[at + 1], b[bat + 1]);
+    h[(size_t)r * I + i] = clamped_swiglu(D, gv, uv, alpha, limit);
+}
+
+extern "C" void GPU_FN(glu_clamped)(gk_ctx *c, const double *gu, double *h, int R, int I, const int *offsets, int E,
+                                    const double *bias, double alpha, double limit, int D) {
+    if (R > 0 && I > 0)
+        k_glu_clamped<<<row_grid((size_t)R, (size_t)I, 1), THREADS, 0, c->stream>>>(gu, h, I, offsets, E, bias, alpha,
+                                                                                     limit, D);
+}
+
+__global__ static void k_expert_bias(double *y, int N, const int *offsets, int E, const double *bias, int D) {
+    const int r = blockIdx.x, j = blockIdx.y * blockDim.x + threadIdx.x;
+    if (j >= N) return;
+    const size_t e = offsets ? (size_t)expert_of(offsets, E, r) : 0, at = (size_t)r * N + j;
+    y[at] = add_rounded(D, y[at], bias[e * N + j]);
+}
+
+extern "C" void GPU_FN(expert_bias)(gk_ctx *c, double *y, int R, int N, const int *offsets, int E, const double *bias,
+                                    int D) {
+    if (R > 0 && N > 0)
+        k_expert_bias<<<row_grid((size_t)R, (size_t)N, 1), THREADS, 0, c->stream>>>(y, N, offsets, E, bias, D);
 }
 
 /* --------------------------------------------------------------- routing */
@@ -604,6 +692,20 @@ __device__ static void grouped_weights(const gk_route_spec *sp, const double *p,
 
 #define MAX_GROUPS 64
 
+/* router/router.c's mf_route_weights_logits, opmath fp32: softmax over the k chosen experts' logits (the max
+ * subtracted, the fp32 sum in rank order), each weight rounded to wdt */
+__device__ static void logit_weights(const double *x, const uint16_t *ids, int K, int wdt, double *w) {
+    double m = -INFINITY;
+    for (int i = 0; i < K; i++) m = x[ids[i]] > m ? x[ids[i]] : m;
+    float sum = 0;
+    for (int i = 0; i < K; i++) {
+        const float e = (float)exp((double)((float)x[ids[i]] - (float)m));
+        w[i] = e;
+        sum += e;
+    }
+    for (int i = 0; i < K; i++) w[i] = rd(wdt, (double)((float)w[i] / sum));
+}
+
 /* One thread per token, the CPU's sequential code (router/router.c's mf_route for these kinds) line for line:
  * the scores, the selection row, the groups, the top k, the weights. */
 __global__ static void k_route_grouped(gk_route_spec sp, const double *logits, double *probs, double *sel, int T,
@@ -614,6 +716,23 @@ __global__ static void k_route_grouped(gk_route_spec sp, const double *logits, d
     const int E = sp.E, K = sp.K;
     const double *x = logits + (size_t)t * E;
     double *p = probs + (size_t)t * E, *s = sel + (size_t)t * E;
+    if (sp.kind == GK_ROUTE_TOPK_SOFTMAX) {   /* gpt-oss: the top k of the (biased) logits, a softmax over those k */
+        uint16_t ids[MAX_TOPK];
+        double w[MAX_TOPK];
+        for (int e = 0; e < E; e++) s[e] = x[e];
+        topk_insert(x, E, K, ids);
+        if (t < n_rep)
+            for (int i = 0; i < K; i++) ids[i] = rep_ids[(size_t)t * K + i];
+        if (t < n_rep && rep_w)
+            for (int i = 0; i < K; i++) w[i] = rd(sp.wdt, rep_w[(size_t)t * K + i]);
+        else
+            logit_weights(x, ids, K, sp.wdt, w);
+        for (int i = 0; i < K; i++) {
+            ids_out[(size_t)t * K + i] = ids[i];
+            w_out[(size_t)t * K + i] = w[i];
+        }
+        return;
+    }
     if (sp.kind == GK_ROUTE_SIGMOID_GROUP) {
         for (int e = 0; e < E; e++) p[e] = om32(1.0 / (1.0 + exp(-om32(x[e]))));
     } else {   /* mf_softmax, fp32 */

@@ -89,6 +89,10 @@ static int layer_linears(gpu *G, int l, lin_ref *out) {
 
 #define MAX_LAYER_LINEARS 20
 
+/* gpt-oss's bf16 experts as the loader leaves them for a GPU (MF_LOAD_NO_CONVERT): strided views of the fused
+ * tensors, gate_up_proj [E][H][2I] (gate i at column 2i, up i at 2i + 1) and down_proj [E][I][H] (models/load.c) */
+static bool fused_experts(const mf_layer *ML) { return ML->is_moe && ML->exp_gate && ML->exp_gate[0].w.cs != 1; }
+
 size_t GPU_FN(weights_plan)(gpu *G) {
     if (!G->layers) G->layers = mf_xcalloc((size_t)G->m->cfg.n_layers, sizeof(glayer));
     const mf_model *m = G->m;
@@ -98,6 +102,11 @@ size_t GPU_FN(weights_plan)(gpu *G) {
     for (int l = 0; l < c->n_layers; l++) {
         const int n = layer_linears(G, l, refs);
         for (int i = 0; i < n; i++) bytes += plan_linear(G, refs[i].w, refs[i].L, refs[i].experts);
+        if (fused_experts(&m->layers[l])) {   /* gpt-oss: one weight of 2I rows an expert for gate and up */
+            glayer *L = &G->layers[l];
+            L->exp_gate.n *= 2;
+            memset(&L->exp_up, 0, sizeof L->exp_up);
+        }
     }
     /* the embedding as its table [V][H]; a tied head shares it where the layouts agree */
     gw *e = &G->embed;
@@ -115,6 +124,8 @@ size_t GPU_FN(weights_plan)(gpu *G) {
     /* norms (doubles) and biases (floats) */
     bytes += (size_t)c->n_layers * (2 * (size_t)c->hidden + 2 * (size_t)c->n_heads * c->head_dim) * 8;
     bytes += (size_t)c->n_layers * ((size_t)c->q_lora_rank + c->kv_lora_rank + c->n_experts) * 8;   /* MLA, biases */
+    if (c->clamped_swiglu)   /* gpt-oss: sinks and the experts' biases (doubles) */
+        bytes += (size_t)c->n_layers * ((size_t)c->n_heads + (size_t)c->n_experts * (2 * c->moe_intermediate + c->hidden)) * 8;
     G->weight_bytes = bytes;
     return bytes;
 }
@@ -122,11 +133,14 @@ size_t GPU_FN(weights_plan)(gpu *G) {
 /* ---- the stream from files to device ---------------------------------------- */
 
 /* A source range of one file with the device place of its elements: element
- * e of the range goes to dst[(e / k) * kp + e % k] as dst_dt. */
+ * e of the range goes to dst[(e / k) * kp + e % k] as dst_dt; or, transposed
+ * (ta > 0: per-expert matrices [ta][tb] that the products read as columns),
+ * where place_t puts it. */
 typedef struct seg {
     size_t file, off, bytes;
     int src_dt, dst_dt, k, kp;
     void *dst;
+    int ta, tb;
     bool direct;   /* same dtype, no padding: the bytes land as they are */
 } seg;
 
@@ -155,6 +169,7 @@ static int add_seg(gpu *G, segs *S, const void *src, mf_dtype src_dt, size_t ele
         s->k = k;
         s->kp = kp;
         s->dst = dst;
+        s->ta = s->tb = 0;
         s->direct = s->src_dt == dst_dt && k == kp;
         return MF_OK;
     }
@@ -207,6 +222,50 @@ static double *upload_doubles(gpu *G, const double *src, size_t n) {
     return d;
 }
 
+/* On the device they are weights as the grouped products read any experts', rows the outputs: exp_gate holds the
+ * fused gate_up, [E][2I][Hp] with its rows in the checkpoint's interleaved order (row 2i gate i, 2i + 1 up i: one
+ * product for both, whose kernel after pairs the columns), exp_down [E][H][Ip]. Each tensor is one segment of its
+ * file, transposed by place_t as it lands. (A block-scaled checkpoint's rows are the outputs already, gate_up's
+ * [E][2I][H/32] blocks in this very order: its packed blocks would be this B operand as they lie, nothing
+ * dequantised; gpu_open refuses MXFP4 for now.) The biases go beside, gate_up's [E][2I] interleaved and down's
+ * [E][H], doubles as the loader rounded them. */
+static int fused_expert_segs(gpu *G, segs *S, glayer *L, const mf_layer *ML, mf_error *err) {
+    const mf_config *c = &G->m->cfg;
+    const int E = c->n_experts, I = L->exp_gate.n / 2, H = L->exp_gate.k;
+    int rc;
+    if ((rc = alloc_weight(G, &L->exp_gate, err)) || (rc = alloc_weight(G, &L->exp_down, err))) return rc;
+    const mf_mat *gu = &ML->exp_gate[0].w, *dn = &ML->exp_down[0].w;
+    if ((rc = add_seg(G, S, gu->data, gu->dtype, (size_t)E * H * 2 * I, H, L->exp_gate.w, L->exp_gate.dt,
+                      L->exp_gate.kp, err)))
+        return rc;
+    seg *s = &S->v[S->n - 1];
+    s->ta = H;
+    s->tb = 2 * I;
+    s->direct = false;
+    if ((rc = add_seg(G, S, dn->data, dn->dtype, (size_t)E * I * H, I, L->exp_down.w, L->exp_down.dt, L->exp_down.kp,
+                      err)))
+        return rc;
+    s = &S->v[S->n - 1];
+    s->ta = I;
+    s->tb = H;
+    s->direct = false;
+    double *bgu = mf_xmalloc((size_t)E * 2 * I * sizeof(double)), *bd = mf_xmalloc((size_t)E * H * sizeof(double));
+    for (int e = 0; e < E; e++) {
+        for (int i = 0; i < I; i++) {
+            bgu[((size_t)e * I + i) * 2] = ML->exp_gate[e].bias[i];
+            bgu[((size_t)e * I + i) * 2 + 1] = ML->exp_up[e].bias[i];
+        }
+        memcpy(bd + (size_t)e * H, ML->exp_down[e].bias, (size_t)H * sizeof(double));
+    }
+    L->eb_gate_up = upload_doubles(G, bgu, (size_t)E * 2 * I);
+    L->eb_down = upload_doubles(G, bd, (size_t)E * H);
+    free(bgu);
+    free(bd);
+    if (!L->eb_gate_up || !L->eb_down)
+        return mf_fail(err, MF_ENOMEM, "%s: out of memory for the expert biases", G->desc);
+    return MF_OK;
+}
+
 static void pause_briefly(void) {
     struct timespec ts = {0, 20000};
     nanosleep(&ts, NULL);
@@ -249,8 +308,12 @@ static int queue_chunk(gpu *G, const segs *S, size_t *first, size_t f, size_t cs
         }
         const size_t esz = dt_size(g->src_dt);
         if (GPU_FN(copy_async)(G->ctx, (uint8_t *)stage + (a - cs), host + (a - cs), b - a)) return 1;
-        GPU_FN(place)(G->ctx, g->dst, g->dst_dt, g->k, g->kp, (a - g->off) / esz, (uint8_t *)stage + (a - cs), g->src_dt,
-                      (b - a) / esz);
+        if (g->ta > 0)
+            GPU_FN(place_t)(G->ctx, g->dst, g->dst_dt, g->ta, g->tb, g->kp, (a - g->off) / esz,
+                            (uint8_t *)stage + (a - cs), g->src_dt, (b - a) / esz);
+        else
+            GPU_FN(place)(G->ctx, g->dst, g->dst_dt, g->k, g->kp, (a - g->off) / esz, (uint8_t *)stage + (a - cs),
+                          g->src_dt, (b - a) / esz);
     }
     return 0;
 }
@@ -384,13 +447,20 @@ int GPU_FN(weights_upload)(gpu *G, mf_error *err) {
         if (ML->q_a_norm) L->q_a_norm = upload_doubles(G, ML->q_a_norm, (size_t)c->q_lora_rank);
         if (ML->kv_a_norm) L->kv_a_norm = upload_doubles(G, ML->kv_a_norm, (size_t)c->kv_lora_rank);
         if (ML->e_bias) L->e_bias = upload_doubles(G, ML->e_bias, (size_t)c->n_experts);
+        if (ML->sinks) L->sinks = upload_doubles(G, ML->sinks, (size_t)c->n_heads);
         if (!L->attn_norm || !L->ffn_norm || (c->qk_norm != MF_QK_NORM_NONE && (!L->q_norm || !L->k_norm)) ||
-            (ML->q_a_norm && !L->q_a_norm) || (ML->kv_a_norm && !L->kv_a_norm) || (ML->e_bias && !L->e_bias)) {
+            (ML->q_a_norm && !L->q_a_norm) || (ML->kv_a_norm && !L->kv_a_norm) || (ML->e_bias && !L->e_bias) ||
+            (ML->sinks && !L->sinks)) {
             rc = mf_fail(err, MF_ENOMEM, "%s: out of memory for the norms of layer %d", G->desc, l);
             break;
         }
+        const bool fused = fused_experts(ML);
         const int n = layer_linears(G, l, refs);
-        for (int i = 0; i < n && !rc; i++) rc = linear_segs(G, &S, refs[i].w, refs[i].L, err);
+        for (int i = 0; i < n && !rc; i++) {
+            const bool expert = refs[i].w == &L->exp_gate || refs[i].w == &L->exp_up || refs[i].w == &L->exp_down;
+            if (!(fused && expert)) rc = linear_segs(G, &S, refs[i].w, refs[i].L, err);
+        }
+        if (!rc && fused) rc = fused_expert_segs(G, &S, L, ML, err);
     }
     if (!rc && !(G->final_norm = upload_doubles(G, m->final_norm, (size_t)c->hidden)))
         rc = mf_fail(err, MF_ENOMEM, "%s: out of memory for the final norm", G->desc);
@@ -461,6 +531,9 @@ void GPU_FN(weights_free)(gpu *G) {
         GPU_FN(free)(G->ctx, L->q_a_norm);
         GPU_FN(free)(G->ctx, L->kv_a_norm);
         GPU_FN(free)(G->ctx, L->e_bias);
+        GPU_FN(free)(G->ctx, L->sinks);
+        GPU_FN(free)(G->ctx, L->eb_gate_up);
+        GPU_FN(free)(G->ctx, L->eb_down);
         gw *ws[] = {&L->q, &L->k, &L->v, &L->o, &L->mlp_gate, &L->mlp_up, &L->mlp_down, &L->router,
                     &L->exp_gate, &L->exp_up, &L->exp_down, &L->sh_gate, &L->sh_up, &L->sh_down, &L->sh_router,
                     &L->q_a, &L->q_b, &L->kv_a, &L->kv_b};
