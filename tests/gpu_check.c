@@ -44,7 +44,7 @@ static const char *hf_cases[] = {"llama",     "llama_tied_llama3", "mixtral",   
                                  "qwen3_moe", "qwen3_moe_yarn_v4cfg", "tiny_olmoe"};
 
 /* tests/fixtures/hf26: DeepSeek-V3, DeepSeek-V2 and GLM-4.5 (latent attention, grouped sigmoid and softmax
- * routers, shared experts, dense first layers); the FP8 one is refused on the GPU (checked apart) */
+ * routers, shared experts, dense first layers); the FP8 one is checked apart (check_blockscaled) */
 static const char *hf26_cases[] = {"deepseek_v3",        "deepseek_v3_noqlora", "deepseek_v3_yarn",
                                    "deepseek_v2_greedy", "deepseek_v2_group",   "glm4_moe"};
 
@@ -390,19 +390,21 @@ static void check_hf26(tally *t, const char *fixtures, const char *name) {
     check_paths(t, name, src, dir, tok);
 }
 
-/* The FP8 checkpoint: refused on the GPU with one line that says where it runs. */
-static void check_fp8_refused(tally *t, const char *fixtures) {
+/* The FP8 checkpoint under fp8=w8a8 (quantised activations, the CPU's model of DeepGEMM's recipe): refused on
+ * the GPU with one line that says where it runs. */
+static void check_w8a8_refused(tally *t, const char *fixtures) {
     char dir[4096], tok[4200];
     snprintf(dir, sizeof dir, "%s/hf26/deepseek_v3_fp8", fixtures);
     snprintf(tok, sizeof tok, "%s/tokens.jsonl", dir);
     mf_error err = {0};
     outputs g;
-    const int rc = run_all(&g, dir, tok, "bf16", "fixed", "cuda", MODE_FORWARD, &err);
+    const int rc = run_all(&g, dir, tok, "bf16", "emu:hopper:fp8=w8a8", "cuda", MODE_FORWARD, &err);
     if (!rc) free_outputs(&g);
     const bool pass = rc != 0 && strstr(err.msg, "CPU only") && !strchr(err.msg, '\n');
     json_t *rec = json_object();
     json_object_set_new(rec, "case", json_string("deepseek_v3_fp8"));
     json_object_set_new(rec, "kind", json_string("refused on the GPU"));
+    json_object_set_new(rec, "gpu_numerics", json_string("emu:hopper:fp8=w8a8"));
     json_object_set_new(rec, "error", json_string(rc ? err.msg : "(ran)"));
     json_object_set_new(rec, "pass", json_boolean(pass));
     char *line = json_dumps(rec, JSON_COMPACT | JSON_PRESERVE_ORDER);
@@ -443,13 +445,29 @@ static int probe_device(const char *fixtures) {
     return 0;
 }
 
-/* validate26: the DeepSeek-family fixtures only (hf26_cases and the FP8 refusal). */
+/* The block-scaled weights on the GPU: the FP8 fixture (codes and scales on the device, widened inside the
+ * products) under every numerics, precision and path of check_hf26, and fp8=w8a8's refusal. */
+static void check_blockscaled(tally *t, const char *fixtures) {
+    check_hf26(t, fixtures, "deepseek_v3_fp8");
+    check_w8a8_refused(t, fixtures);
+}
+
+/* validate26: the DeepSeek-family fixtures only (hf26_cases, the FP8 one among them). */
 static int validate26(const char *fixtures, const char *out_path) {
     const int absent = probe_device(fixtures);
     if (absent) return absent;
     tally t = {0, 0, json_array()};
     for (size_t i = 0; i < sizeof hf26_cases / sizeof hf26_cases[0]; i++) check_hf26(&t, fixtures, hf26_cases[i]);
-    check_fp8_refused(&t, fixtures);
+    check_blockscaled(&t, fixtures);
+    return write_record(&t, out_path);
+}
+
+/* validateq: the block-scaled weights only (check_blockscaled). */
+static int validateq(const char *fixtures, const char *out_path) {
+    const int absent = probe_device(fixtures);
+    if (absent) return absent;
+    tally t = {0, 0, json_array()};
+    check_blockscaled(&t, fixtures);
     return write_record(&t, out_path);
 }
 
@@ -468,7 +486,7 @@ static int validate(const char *fixtures, const char *out_path) {
         check_paths(&t, hf_cases[i], src, dir, tok);
     }
     for (size_t i = 0; i < sizeof hf26_cases / sizeof hf26_cases[0]; i++) check_hf26(&t, fixtures, hf26_cases[i]);
-    check_fp8_refused(&t, fixtures);
+    check_blockscaled(&t, fixtures);
     char tmpl[] = "/tmp/moeflip-gpu-XXXXXX";
     const char *root = mkdtemp(tmpl);
     for (int a = 0; root && a <= MF_ARCH_QWEN3_MOE; a++) {   /* the architectures synth writes */
@@ -646,6 +664,10 @@ int main(int argc, char **argv) {
         if (!have_gpu()) return EXIT_NO_GPU;
         return validate(argv[2], argv[3]);
     }
+    if (argc == 4 && !strcmp(argv[1], "validateq")) {
+        if (!have_gpu()) return EXIT_NO_GPU;
+        return validateq(argv[2], argv[3]);
+    }
     if (argc == 4 && !strcmp(argv[1], "validate26")) {
         if (!have_gpu()) return EXIT_NO_GPU;
         return validate26(argv[2], argv[3]);
@@ -656,6 +678,7 @@ int main(int argc, char **argv) {
     }
     fprintf(stderr, "usage: moeflip_gpu_check validate FIXTURES OUT.json\n"
                     "       moeflip_gpu_check validate26 FIXTURES OUT.json   (the DeepSeek-family fixtures only)\n"
+                    "       moeflip_gpu_check validateq FIXTURES OUT.json    (the block-scaled weights only)\n"
                     "       moeflip_gpu_check bench MODEL_DIR PRECISION REPS NUMERICS[,...] [OUT.json]\n"
                     "       moeflip_gpu_check synth SIZE SEED DIR\n");
     return 2;

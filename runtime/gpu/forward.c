@@ -37,31 +37,45 @@ static int gpu_fail(gpu *G, mf_error *err, const char *what) {
 
 /* ---- weights ---------------------------------------------------------- */
 
-/* The weight as operands of fmt for an engine: its one copy where the dtype
- * is fmt's, or where the engine widens as it reads (*b_fmt set); for cuBLAS
- * with fp32 operands a widened copy in the scratch G->wide. NULL when the
- * weight cannot be such operands. */
-static const void *weight_as(gpu *G, gw *w, int fmt, int engine, int *b_fmt) {
+/* The weight as B of a product with operands of fmt on an engine: its one copy where the dtype is fmt's, or
+ * where the engine widens as it reads (*b_fmt set for a 16-bit weight under fp32 operands; *q for a
+ * block-scaled one, *B then NULL); for cuBLAS, which reads only operands of its own dtype, the weight's
+ * values in the scratch G->wide (one weight at a time). False when the weight cannot be such operands. */
+static bool weight_as(gpu *G, gw *w, int fmt, int engine, const void **B, int *b_fmt, gk_wq *q) {
     *b_fmt = 0;
-    if (fmt == w->dt) return w->w;
-    if (fmt != GK_F32) return NULL;   /* a 16-bit product of weights kept wider: the policy rounds them first */
+    *B = NULL;
+    memset(q, 0, sizeof *q);
+    const bool quant = w->q.kind != GK_WQ_NONE;
+    if (fmt != GK_F32 && fmt != w->dt) return false;   /* a 16-bit product of weights kept wider: the policy rounds them first */
+    if (engine != GK_ENGINE_BLAS && quant) {
+        *q = w->q;
+        return true;
+    }
+    if (fmt == w->dt && !quant) {
+        *B = w->w;
+        return true;
+    }
     if (engine == GK_ENGINE_CHAIN32) {
         *b_fmt = w->dt;
-        return w->w;
+        *B = w->w;
+        return true;
     }
-    const size_t n = (size_t)w->experts * w->n * w->kp;
-    if (n > G->wide_cap) {
+    const size_t n = (size_t)w->experts * w->n * w->kp, bytes = n * (fmt == GK_F32 ? 4 : 2);
+    if (bytes > G->wide_cap) {
         GPU_FN(free)(G->ctx, G->wide);
-        G->wide = GPU_FN(alloc)(G->ctx, n * sizeof(float));
-        G->wide_cap = G->wide ? n : 0;
+        G->wide = GPU_FN(alloc)(G->ctx, bytes);
+        G->wide_cap = G->wide ? bytes : 0;
         G->wide_of = NULL;
-        if (!G->wide) return NULL;
+        if (!G->wide) return false;
     }
-    if (G->wide_of != w->w) {
-        GPU_FN(widen)(G->ctx, G->wide, w->w, w->dt, n);
-        G->wide_of = w->w;
+    if (G->wide_of != w || G->wide_fmt != fmt) {
+        if (quant) GPU_FN(widen_q)(G->ctx, G->wide, fmt, &w->q, w->n, w->k, w->kp);
+        else GPU_FN(widen)(G->ctx, G->wide, w->w, w->dt, n);
+        G->wide_of = w;
+        G->wide_fmt = fmt;
     }
-    return G->wide;
+    *B = G->wide;
+    return true;
 }
 
 /* ---- scratch ------------------------------------------------------------ */
@@ -252,8 +266,7 @@ static int product(gpu *G, prod *p, mf_error *err) {
     g.A = p->a_op ? p->a_op : G->opA;
     g.a_bstride = (size_t)p->M * Kp;
     if (p->w) {
-        g.B = weight_as(G, p->w, fmt, g.engine, &g.b_fmt);
-        if (!g.B) return mf_fail(err, MF_ENOMEM, "%s: the weights of %s cannot be operands of this product", G->desc,
+        if (!weight_as(G, p->w, fmt, g.engine, &g.B, &g.b_fmt, &g.bq)) return mf_fail(err, MF_ENOMEM, "%s: the weights of %s cannot be operands of this product", G->desc,
                                  p->what);
         g.b_bstride = (size_t)p->w->n * p->w->kp;
         g.experts = p->w->experts;
@@ -266,8 +279,8 @@ static int product(gpu *G, prod *p, mf_error *err) {
     g.c_bstride = (size_t)p->M * p->N;
     if (p->up) {
         int b2_fmt;
-        g.B2 = weight_as(G, p->up, fmt, g.engine, &b2_fmt);
-        if (!g.B2 || b2_fmt != g.b_fmt)
+        if (!weight_as(G, p->up, fmt, g.engine, &g.B2, &b2_fmt, &g.bq2) || b2_fmt != g.b_fmt ||
+            !g.B2 != !g.B)
             return mf_fail(err, MF_ENOMEM, "%s: the weights of %s cannot be operands of this product", G->desc, p->what);
         g.bias2 = p->up->bias;
         g.bias = p->w->bias;
@@ -628,9 +641,10 @@ int GPU_FN(gpu_open)(void **out, int device, mf_model *m, const mf_precision *pr
                        "attention sinks, biased top-k-then-softmax router or clamped SwiGLU experts");
     if (c->arch > MF_ARCH_GLM4_MOE)
         return mf_fail(err, MF_EUNSUPPORTED, "%s runs on the CPU only for now (--device cpu)", c->model_type);
-    if (c->fp8_block[0] > 0)
-        return mf_fail(err, MF_EUNSUPPORTED, "%s: FP8 checkpoints (quantization_config fp8) run on the CPU only for now "
-                       "(--device cpu)", c->model_type);
+    if (c->fp8_block[0] > 0 && num->fp8_products == MF_FP8_W8A8)
+        return mf_fail(err, MF_EUNSUPPORTED, "%s: numerics %s (FP8 weights times quantised activations) runs on the CPU "
+                       "only (--device cpu); on a GPU the FP8 weights are widened (fp8=widen)", c->model_type,
+                       num->name);
     if (prec->opmath != MF_F32 || prec->compute != MF_F32)
         return mf_fail(err, MF_EUNSUPPORTED, "precision %s runs on the CPU only (GPUs run bf16, fp16, fp32, layercast, "
                        "nomlp and selective policies)", prec->name);
