@@ -445,9 +445,192 @@ static int probe_device(const char *fixtures) {
     return 0;
 }
 
-/* The block-scaled weights on the GPU: the FP8 fixture (codes and scales on the device, widened inside the
- * products) under every numerics, precision and path of check_hf26, and fp8=w8a8's refusal. */
+/* ---- product-level checks of the block-scaled kinds ------------------------------------------------------- */
+
+static uint64_t lcg_next(uint64_t *s) {
+    *s = *s * 6364136223846793005ull + 1442695040888963407ull;
+    return *s >> 33;
+}
+
+/* A random block-scaled matrix [E][n][k] (FP8 codes with F32 scales per bn x bk, no NaN codes; or MXFP4 with
+ * UE8M0 scales 2^-7 .. 2^3) whose values are rounded to `round`; views into codes and scales (caller frees). */
+typedef struct qmat {
+    int E, n, k;
+    uint8_t *codes, *scales;
+    mf_mat w[4];
+} qmat;
+
+static void qmat_make(qmat *q, mf_wq kind, int E, int n, int k, mf_dtype round, uint64_t seed) {
+    q->E = E;
+    q->n = n;
+    q->k = k;
+    const int bn = kind == MF_WQ_FP8_BLOCK ? 32 : 1, bk = kind == MF_WQ_FP8_BLOCK ? 64 : 32;
+    const size_t sr = (size_t)(n + bn - 1) / bn, sc = (size_t)(k + bk - 1) / bk;
+    const size_t cbytes = kind == MF_WQ_FP8_BLOCK ? (size_t)n * k : (size_t)n * k / 2;
+    const size_t sbytes = sr * sc * (kind == MF_WQ_FP8_BLOCK ? 4 : 1);
+    q->codes = malloc((size_t)E * cbytes);
+    q->scales = malloc((size_t)E * sbytes);
+    for (size_t i = 0; i < (size_t)E * cbytes; i++) {
+        uint8_t b = (uint8_t)lcg_next(&seed);
+        if (kind == MF_WQ_FP8_BLOCK && (b & 0x7f) == 0x7f) b ^= 1;   /* no NaN codes */
+        q->codes[i] = b;
+    }
+    for (size_t i = 0; i < (size_t)E * sr * sc; i++) {
+        if (kind == MF_WQ_FP8_BLOCK) {
+            const float v = ldexpf(1.0f + (float)(lcg_next(&seed) % 1024) / 1024.0f, (int)(lcg_next(&seed) % 9) - 12);
+            memcpy(q->scales + 4 * i, &v, 4);
+        } else {
+            q->scales[i] = (uint8_t)(120 + lcg_next(&seed) % 11);
+        }
+    }
+    for (int e = 0; e < E; e++)
+        q->w[e] = kind == MF_WQ_FP8_BLOCK
+                      ? mf_mat_fp8_block(q->codes + e * cbytes, n, k, q->scales + e * sbytes, MF_F32, bn, bk, round)
+                      : mf_mat_mxfp4(q->codes + e * cbytes, n, k, q->scales + e * sbytes, round);
+}
+
+/* The same values dequantised into a plain matrix of dtype round (what the forward pass held before). */
+static void *dequant(const qmat *q, mf_dtype round, mf_mat *out) {
+    const size_t per = (size_t)q->n * q->k, es = mf_dtype_size(round);
+    uint8_t *d = malloc((size_t)q->E * per * es);
+    for (int e = 0; e < q->E; e++) {
+        for (int j = 0; j < q->n; j++)
+            for (int kk = 0; kk < q->k; kk++)
+                mf_store_from_f64(d + e * per * es, round, (size_t)j * q->k + kk, mf_mat_get(&q->w[e], j, kk));
+        out[e] = mf_mat_rows(d + e * per * es, round, q->n, q->k);
+    }
+    return d;
+}
+
+/* The first of n outputs [rows][N] where a and b differ: "row r, column c: gpu .. other ..", or "" */
+static size_t product_diff(const double *a, const double *b, size_t n, int N, char *text, size_t cap) {
+    size_t d = 0;
+    text[0] = 0;
+    for (size_t i = 0; i < n; i++) {
+        if (!memcmp(&a[i], &b[i], sizeof(double))) continue;
+        if (!d++) snprintf(text, cap, "row %zu, column %zu: gpu %.17g, reference %.17g", i / (size_t)N, i % (size_t)N,
+                           a[i], b[i]);
+    }
+    return d;
+}
+
+/* One engine on one kind: the GPU's product of the block-scaled matrix, dense (expert 0) and grouped (three
+ * experts, the middle one with no rows), bit for bit against the GPU's product of its dequantised copy (what the
+ * engine gave before) and, cpu_num non-NULL, against the CPU's mf_matmul_f32 under cpu_num ("native": the fp32
+ * fma chain) on the same mf_mat (not for cuBLAS, native's dense engine, which no CPU kernel models). */
+static void check_product(tally *t, mf_wq kind, const char *gpu_num, mf_dtype in, mf_dtype round, const char *cpu_num,
+                          bool simple_emu) {
+    enum { E = 3, M = 37, N = 80, K = 200 };
+    const int offsets[E + 1] = {0, 13, 13, M};
+    char label[200];
+    snprintf(label, sizeof label, "%s %s, %s operands, weights %s%s", kind == MF_WQ_FP8_BLOCK ? "FP8 block" : "MXFP4",
+             gpu_num, mf_dtype_name(in), mf_dtype_name(round), simple_emu ? ", MF_GPU_EMU_SIMPLE=1" : "");
+    qmat q;
+    qmat_make(&q, kind, E, N, K, round, 0x5eed + (uint64_t)kind * 7 + (uint64_t)in * 131 + (uint64_t)round);
+    mf_mat plain[E];
+    void *dq = dequant(&q, round, plain);
+    double *a = malloc(sizeof(double) * M * K), *g = malloc(sizeof(double) * M * N), *r = malloc(sizeof(double) * M * N);
+    float *af = malloc(sizeof(float) * M * K), *cf = malloc(sizeof(float) * M * N);
+    uint64_t seed = 99;
+    for (int i = 0; i < M * K; i++) {
+        const double v = ((double)(lcg_next(&seed) % 20001) - 10000.0) / 2500.0;
+        a[i] = mf_round_to(in, v);
+        af[i] = (float)a[i];
+    }
+    mf_numerics gn, cn;
+    mf_error err = {0};
+    json_t *rec = json_object();
+    json_object_set_new(rec, "case", json_string(label));
+    json_object_set_new(rec, "source", json_string("product"));
+    json_object_set_new(rec, "kind", json_string("product bit-exact"));
+    json_object_set_new(rec, "gpu_numerics", json_string(gpu_num));
+    json_object_set_new(rec, "cpu_numerics", json_string(cpu_num ? cpu_num : "(none)"));
+    bool pass = true;
+    int rc = mf_numerics_parse(&gn, gpu_num, &err) || (cpu_num && mf_numerics_parse(&cn, cpu_num, &err));
+    if (simple_emu) setenv("MF_GPU_EMU_SIMPLE", "1", 1);
+    for (int grouped = 0; grouped < 2 && !rc; grouped++) {
+        const char *shape = grouped ? "grouped" : "dense";
+        const int *off = grouped ? offsets : NULL, ne = grouped ? E : 1;
+        char text[300], key[64];
+        /* against the dequantised copy, on the same engine */
+        if ((rc = mf_gpu_matmul("cuda", &gn, in, in, q.w, ne, a, M, off, g, &err)) ||
+            (rc = mf_gpu_matmul("cuda", &gn, in, in, plain, ne, a, M, off, r, &err)))
+            break;
+        size_t d = product_diff(g, r, (size_t)M * N, N, text, sizeof text);
+        snprintf(key, sizeof key, "%s_vs_dequantised_differ", shape);
+        json_object_set_new(rec, key, json_integer((json_int_t)d));
+        if (d && !json_object_get(rec, "first_diff")) {
+            char full[400];
+            snprintf(full, sizeof full, "%s, against the GPU's dequantised copy: %s", shape, text);
+            json_object_set_new(rec, "first_diff", json_string(full));
+        }
+        pass &= d == 0;
+        if (!cpu_num || (!grouped && gn.kind == MF_NUMERICS_NATIVE)) continue;   /* cuBLAS: no CPU model */
+        /* against the CPU's kernels on the same block-scaled mf_mat, one expert's rows at a time */
+        const mf_mm mm = {.compute = MF_F32, .out = in, .threads = 1,
+                          .numerics = cn.kind == MF_NUMERICS_NATIVE ? NULL : &cn, .in = in};
+        for (int e = 0; e < ne; e++) {
+            const int r0 = grouped ? off[e] : 0, r1 = grouped ? off[e + 1] : M;
+            if (r1 > r0) mf_matmul_f32(&mm, af + (size_t)r0 * K, r1 - r0, K, &q.w[e], cf + (size_t)r0 * N, N, MF_TRI_NONE);
+        }
+        for (int i = 0; i < M * N; i++) r[i] = cf[i];
+        d = product_diff(g, r, (size_t)M * N, N, text, sizeof text);
+        snprintf(key, sizeof key, "%s_vs_cpu_differ", shape);
+        json_object_set_new(rec, key, json_integer((json_int_t)d));
+        if (d && !json_object_get(rec, "first_diff")) {
+            char full[400];
+            snprintf(full, sizeof full, "%s, against the CPU's %s: %s", shape, cpu_num, text);
+            json_object_set_new(rec, "first_diff", json_string(full));
+        }
+        pass &= d == 0;
+    }
+    if (simple_emu) unsetenv("MF_GPU_EMU_SIMPLE");
+    if (rc) {
+        json_object_set_new(rec, "error", json_string(err.msg));
+        pass = false;
+    }
+    json_object_set_new(rec, "pass", json_boolean(pass));
+    char *line = json_dumps(rec, JSON_COMPACT | JSON_PRESERVE_ORDER);
+    printf("%s %s\n", pass ? "PASS" : "FAIL", line);
+    fflush(stdout);
+    free(line);
+    json_array_append_new(t->checks, rec);
+    pass ? t->passed++ : t->failed++;
+    free(a);
+    free(g);
+    free(r);
+    free(af);
+    free(cf);
+    free(dq);
+    free(q.codes);
+    free(q.scales);
+}
+
+/* Every engine that can see a block-scaled weight as B, on both kinds: cuBLAS (native dense: the widened
+ * scratch; fp32 operands of fp32 and of bf16 values), the fp32 chain (native grouped), mma.sync (native grouped
+ * bf16, fixed bf16 and f16), and the emulation kernels k_emu_tiled and k_emu (NVIDIA fused and AMD grouped). */
+static void check_products(tally *t) {
+    for (int kk = 0; kk < 2; kk++) {
+        const mf_wq kind = kk ? MF_WQ_MXFP4 : MF_WQ_FP8_BLOCK;
+        check_product(t, kind, "native", MF_F32, MF_F32, "native", false);   /* dense cuBLAS fp32; grouped chain */
+        check_product(t, kind, "native", MF_F32, MF_BF16, "native", false);  /* fp32 operands of bf16 values */
+        check_product(t, kind, "native", MF_BF16, MF_BF16, NULL, false);     /* cuBLAS bf16; grouped mma.sync */
+        check_product(t, kind, "fixed", MF_BF16, MF_BF16, hopper_mma, false);
+        check_product(t, kind, "fixed", MF_F16, MF_F16, hopper_mma_f16, false);
+        check_product(t, kind, "emu:hopper", MF_BF16, MF_BF16, "emu:hopper", false);
+        check_product(t, kind, "emu:hopper", MF_BF16, MF_BF16, "emu:hopper", true);
+        check_product(t, kind, "emu:cdna3", MF_BF16, MF_BF16, "emu:cdna3", false);
+        check_product(t, kind, "emu:cdna3", MF_BF16, MF_BF16, "emu:cdna3", true);
+        check_product(t, kind, "emu:volta", MF_F16, MF_F16, "emu:volta", false);
+        check_product(t, kind, "emu:hopper", MF_F32, MF_F32, "native", false);   /* the fp32 chain, dense too */
+    }
+}
+
+/* The block-scaled weights on the GPU: the product checks of both kinds, the FP8 fixture (codes and scales on
+ * the device, widened inside the products) under every numerics, precision and path of check_hf26, and
+ * fp8=w8a8's refusal. */
 static void check_blockscaled(tally *t, const char *fixtures) {
+    check_products(t);
     check_hf26(t, fixtures, "deepseek_v3_fp8");
     check_w8a8_refused(t, fixtures);
 }

@@ -772,6 +772,61 @@ done:
     return MF_OK;
 }
 
+/* One product on the device, for moeflip_gpu_check: C[M, N] = round_out(A[M, K] . W_e^T) with the engine the
+ * forward pass takes for operands of `in` under num (grouped: rows offsets[e] .. offsets[e + 1] - 1 use w[e]),
+ * through product() as the model's are. a: [M][K] host doubles (values of in), c: [M][N] host doubles. */
+int GPU_FN(gpu_matmul)(int device, const mf_numerics *num, mf_dtype in, mf_dtype out, const mf_mat *w, int experts,
+                       const double *a, int M, const int *offsets, double *c, mf_error *err) {
+    gpu *G = calloc(1, sizeof *G);
+    if (!G) return mf_fail(err, MF_ENOMEM, "out of memory");
+    G->num = *num;
+    char msg[256];
+    if (GPU_FN(ctx_open)(&G->ctx, device, G->desc, sizeof G->desc, msg, sizeof msg)) {
+        free(G);
+        return mf_fail(err, MF_EIO, "%s", msg);
+    }
+#if defined(MF_GPU_BACKEND_HIP)
+    G->engine16 = GK_ENGINE_MMA;
+#else
+    G->engine16 = num->kind == MF_NUMERICS_NATIVE ? GK_ENGINE_BLAS : num->kind == MF_NUMERICS_FIXED ? GK_ENGINE_MMA
+                                                                                                 : GK_ENGINE_EMU;
+#endif
+    gw W;
+    int rc = GPU_FN(weight_of_mats)(G, &W, w, experts, err);
+    const int N = W.n, K = W.k, Kp = W.kp;
+    double *a_dev = GPU_FN(alloc)(G->ctx, (size_t)M * K * sizeof(double) + 8);
+    double *c_dev = GPU_FN(alloc)(G->ctx, (size_t)M * N * sizeof(double) + 8);
+    G->opA = GPU_FN(alloc)(G->ctx, (size_t)M * Kp * 4 + 16);
+    G->cf = GPU_FN(alloc)(G->ctx, (size_t)M * N * 4 + 16);
+    int *off_dev = offsets ? GPU_FN(alloc)(G->ctx, (size_t)(experts + 1) * sizeof(int)) : NULL;
+    if (!rc && (!a_dev || !c_dev || !G->opA || !G->cf || (offsets && !off_dev)))
+        rc = mf_fail(err, MF_ENOMEM, "%s: out of memory for a %dx%dx%d product", G->desc, M, N, K);
+    if (!rc && (GPU_FN(upload)(G->ctx, a_dev, a, (size_t)M * K * sizeof(double)) ||
+                (offsets && GPU_FN(upload)(G->ctx, off_dev, offsets, (size_t)(experts + 1) * sizeof(int)))))
+        rc = mf_fail(err, MF_EIO, "%s: copying a product's operands failed", G->desc);
+    if (!rc) {
+        prod p = {.what = "product", .layer = 0, .in = in, .out = out, .M = M, .N = N, .K = K, .batch = 1,
+                  .a = {a_dev, 0, 1, (size_t)K, 1}, .w = &W, .offsets = off_dev, .dst = c_dev, .ldc = (size_t)N};
+        GPU_FN(emu_flag_reset)(G->ctx);
+        rc = product(G, &p, err);
+    }
+    if (!rc && (GPU_FN(download)(G->ctx, c, c_dev, (size_t)M * N * sizeof(double)) ||
+                GPU_FN(sync)(G->ctx, msg, sizeof msg)))
+        rc = mf_fail(err, MF_EIO, "%s: product: %s", G->desc, msg);
+    if (!rc && GPU_FN(emu_flag)(G->ctx) != INT32_MAX)
+        rc = mf_fail(err, MF_EINVAL, "%s: the product met a value outside the emulator's exact range", G->desc);
+    GPU_FN(weight_free)(G, &W);
+    GPU_FN(free)(G->ctx, a_dev);
+    GPU_FN(free)(G->ctx, c_dev);
+    GPU_FN(free)(G->ctx, off_dev);
+    GPU_FN(free)(G->ctx, G->opA);
+    GPU_FN(free)(G->ctx, G->cf);
+    GPU_FN(free)(G->ctx, G->wide);
+    GPU_FN(ctx_close)(G->ctx);
+    free(G);
+    return rc;
+}
+
 const void *GPU_FN(gpu_host_logits)(const void *impl, mf_dtype *dtype) {
     *dtype = ((const gpu *)impl)->logits_dtype;
     return ((const gpu *)impl)->logits_host;

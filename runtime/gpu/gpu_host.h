@@ -124,5 +124,9 @@ size_t GPU_FN(weights_plan)(gpu *G);
  * weights digest is still to be made; norms and biases uploaded beside. */
 int GPU_FN(weights_upload)(gpu *G, mf_error *err);
 void GPU_FN(weights_free)(gpu *G);
+/* One weight of `experts` matrices in host memory (plain: F32, BF16 or F16; or block-scaled), for the
+ * product check; weight_free frees it. */
+int GPU_FN(weight_of_mats)(gpu *G, gw *w, const mf_mat *mats, int experts, mf_error *err);
+void GPU_FN(weight_free)(gpu *G, gw *w);
 
 #endif

@@ -612,6 +612,73 @@ int GPU_FN(weights_upload)(gpu *G, mf_error *err) {
     return rc;
 }
 
+/* ---- one weight from matrices in host memory (moeflip_gpu_check's products) ---------------------------- */
+
+int GPU_FN(weight_of_mats)(gpu *G, gw *w, const mf_mat *mats, int experts, mf_error *err) {
+    memset(w, 0, sizeof *w);
+    const mf_mat *m0 = &mats[0];
+    w->n = m0->n;
+    w->k = m0->k;
+    w->kp = round16(m0->k);
+    w->experts = experts;
+    const size_t E = (size_t)experts;
+    for (size_t e = 1; e < E; e++)
+        if (mats[e].n != m0->n || mats[e].k != m0->k || mats[e].q.kind != m0->q.kind)
+            return mf_fail(err, MF_EINVAL, "%s: expert %zu's matrix differs from expert 0's in shape or kind", G->desc, e);
+    if (m0->q.kind == MF_WQ_NONE) {
+        if (m0->dtype != MF_F32 && m0->dtype != MF_BF16 && m0->dtype != MF_F16)
+            return mf_fail(err, MF_EINVAL, "%s: a %s weight is not a GPU operand", G->desc, mf_dtype_name(m0->dtype));
+        w->dt = gk_dt(m0->dtype);
+        const size_t per = (size_t)w->n * w->kp, bytes = E * per * dt_size(w->dt);
+        uint8_t *h = mf_xcalloc(1, bytes);
+        for (size_t e = 0; e < E; e++)
+            for (int j = 0; j < w->n; j++)
+                for (int kk = 0; kk < w->k; kk++)
+                    mf_store_from_f64(h, m0->dtype, e * per + (size_t)j * w->kp + kk, mf_mat_get(&mats[e], j, kk));
+        w->w = GPU_FN(alloc)(G->ctx, bytes);
+        const int rc = !w->w || GPU_FN(upload)(G->ctx, w->w, h, bytes);
+        free(h);
+        return rc ? mf_fail(err, MF_ENOMEM, "%s: cannot place a %zu-byte weight", G->desc, bytes) : MF_OK;
+    }
+    /* block-scaled: the bytes each expert's view reads, codes and scales, after a table of their addresses */
+    w->dt = gk_dt(m0->q.round);
+    size_t *cb = mf_xmalloc(2 * E * sizeof *cb), *sb = cb + E, total = 2 * E * sizeof(void *);
+    for (size_t e = 0; e < E; e++) {
+        q_spans(&mats[e], &cb[e], &sb[e]);
+        total += (cb[e] + 255) / 256 * 256 + (sb[e] + 255) / 256 * 256;
+    }
+    int rc = MF_OK;
+    if (q_desc(&w->q, m0)) rc = mf_fail(err, MF_EUNSUPPORTED, "%s: a block-scaled matrix the GPU does not read", G->desc);
+    uint8_t *dev = rc ? NULL : GPU_FN(alloc)(G->ctx, total);
+    if (!rc && !dev) rc = mf_fail(err, MF_ENOMEM, "%s: cannot place a %zu-byte weight", G->desc, total);
+    void **tab = mf_xmalloc(2 * E * sizeof *tab);
+    size_t at = (2 * E * sizeof(void *) + 255) / 256 * 256;
+    int bad = 0;
+    for (size_t e = 0; e < E && !rc; e++) {
+        tab[e] = dev + at;
+        bad |= GPU_FN(upload)(G->ctx, tab[e], mats[e].data, cb[e]);
+        at += (cb[e] + 255) / 256 * 256;
+        tab[E + e] = dev + at;
+        bad |= GPU_FN(upload)(G->ctx, tab[E + e], mats[e].q.data, sb[e]);
+        at += (sb[e] + 255) / 256 * 256;
+    }
+    if (!rc && (bad || GPU_FN(upload)(G->ctx, dev, tab, 2 * E * sizeof *tab)))
+        rc = mf_fail(err, MF_EIO, "%s: copying a weight to the GPU failed", G->desc);
+    w->qtab = dev;
+    w->q.codes = (const uint8_t *const *)dev;
+    w->q.scales = (const void *const *)((void **)dev + E);
+    free(tab);
+    free(cb);
+    return rc;
+}
+
+void GPU_FN(weight_free)(gpu *G, gw *w) {
+    GPU_FN(free)(G->ctx, w->w);
+    GPU_FN(free)(G->ctx, w->bias);
+    GPU_FN(free)(G->ctx, w->qtab);
+    memset(w, 0, sizeof *w);
+}
+
 static void free_gw(gpu *G, gw *w) {
     if (!w->shared) GPU_FN(free)(G->ctx, w->w);
     GPU_FN(free)(G->ctx, w->bias);
