@@ -719,6 +719,7 @@ int GPU_FN(gpu_open)(void **out, int device, mf_model *m, const mf_precision *pr
         size_t need = GPU_FN(weights_plan)(G), scratch = 0, free_b = 0, total_b = 0;
         scratch_for(G, max_T > cache_T ? (max_T > 0 ? max_T : 1) : cache_T, &scratch, err);
         scratch += cache_bytes(G, cache_T);
+        if (G->engine16 == GK_ENGINE_BLAS) scratch += G->q_wide_bytes;   /* native: cuBLAS reads them widened */
         need += scratch + (size_t)6 * (32u << 20);   /* the upload's staging slots */
         if (GPU_FN(mem_info)(G->ctx, &free_b, &total_b, msg, sizeof msg)) {
             rc = mf_fail(err, MF_EIO, "%s: %s", G->desc, msg);

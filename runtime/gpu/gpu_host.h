@@ -60,6 +60,7 @@ typedef struct gpu {
     size_t qarena_bytes;
     struct gq_tensor *qt;  /* sorted by host address */
     size_t n_qt;
+    size_t q_wide_bytes;   /* the largest widened copy cuBLAS needs of a dense block-scaled weight */
     /* widths of a position's rows: queries, keys, values, attention output (GQA: heads x head_dim; MLA: heads x
      * (nope + rope) for queries and keys, heads x v_head_dim for values and output), and the rotating dims */
     int qw, kw, vw, cw, rdim;

@@ -120,6 +120,8 @@ static size_t plan_linear(gpu *G, gw *w, const mf_linear *L, int experts) {
     if (L->w.q.kind != MF_WQ_NONE) {
         w->dt = gk_dt(L->w.q.round);
         w->q.kind = L->w.q.kind == MF_WQ_FP8_BLOCK ? GK_WQ_FP8 : GK_WQ_MXFP4;   /* checked at the upload */
+        const size_t wide = (size_t)w->n * w->kp * 4;   /* cuBLAS's widened copy of a dense one, at most fp32 */
+        if (experts == 1 && wide > G->q_wide_bytes) G->q_wide_bytes = wide;
         return (size_t)2 * experts * sizeof(void *);
     }
     w->dt = gk_dt(mf_weight_storage(L->w.dtype, G->m->weight_round));
@@ -182,6 +184,7 @@ size_t GPU_FN(weights_plan)(gpu *G) {
     free(G->qt);
     G->qt = NULL;
     G->n_qt = 0;
+    G->q_wide_bytes = 0;
     for (int l = 0; l < c->n_layers; l++) {
         const int n = layer_linears(G, l, refs);
         for (int i = 0; i < n; i++) {
