@@ -460,10 +460,11 @@ typedef struct qmat {
     mf_mat w[4];
 } qmat;
 
-static void qmat_make(qmat *q, mf_wq kind, int E, int n, int k, mf_dtype round, uint64_t seed) {
+static void qmat_make(qmat *q, mf_wq kind, int E, int n, int k, mf_dtype round, bool interleaved, uint64_t seed) {
     q->E = E;
     q->n = n;
     q->k = k;
+    if (interleaved) n *= 2;   /* gpt-oss's gate_up_proj_blocks: the views are its odd rows (the up's) */
     const int bn = kind == MF_WQ_FP8_BLOCK ? 32 : 1, bk = kind == MF_WQ_FP8_BLOCK ? 64 : 32;
     const size_t sr = (size_t)(n + bn - 1) / bn, sc = (size_t)(k + bk - 1) / bk;
     const size_t cbytes = kind == MF_WQ_FP8_BLOCK ? (size_t)n * k : (size_t)n * k / 2;
@@ -483,10 +484,18 @@ static void qmat_make(qmat *q, mf_wq kind, int E, int n, int k, mf_dtype round, 
             q->scales[i] = (uint8_t)(120 + lcg_next(&seed) % 11);
         }
     }
-    for (int e = 0; e < E; e++)
+    for (int e = 0; e < E; e++) {
         q->w[e] = kind == MF_WQ_FP8_BLOCK
                       ? mf_mat_fp8_block(q->codes + e * cbytes, n, k, q->scales + e * sbytes, MF_F32, bn, bk, round)
                       : mf_mat_mxfp4(q->codes + e * cbytes, n, k, q->scales + e * sbytes, round);
+        if (interleaved) {   /* as models/load.c views gpt-oss's up: every other row, from row 1 */
+            q->w[e].n = n / 2;
+            q->w[e].rs = 2 * (size_t)k;
+            q->w[e].q.rs = 2 * sc;
+            q->w[e].data = q->codes + e * cbytes + (size_t)k / 2;
+            q->w[e].q.data = q->scales + e * sbytes + sc;
+        }
+    }
 }
 
 /* The same values dequantised into a plain matrix of dtype round (what the forward pass held before). */
@@ -519,14 +528,16 @@ static size_t product_diff(const double *a, const double *b, size_t n, int N, ch
  * engine gave before) and, cpu_num non-NULL, against the CPU's mf_matmul_f32 under cpu_num ("native": the fp32
  * fma chain) on the same mf_mat (not for cuBLAS, native's dense engine, which no CPU kernel models). */
 static void check_product(tally *t, mf_wq kind, const char *gpu_num, mf_dtype in, mf_dtype round, const char *cpu_num,
-                          bool simple_emu) {
+                          bool simple_emu, bool interleaved) {
     enum { E = 3, M = 37, N = 80, K = 200 };
     const int offsets[E + 1] = {0, 13, 13, M};
     char label[200];
-    snprintf(label, sizeof label, "%s %s, %s operands, weights %s%s", kind == MF_WQ_FP8_BLOCK ? "FP8 block" : "MXFP4",
-             gpu_num, mf_dtype_name(in), mf_dtype_name(round), simple_emu ? ", MF_GPU_EMU_SIMPLE=1" : "");
+    snprintf(label, sizeof label, "%s %s, %s operands, weights %s%s%s", kind == MF_WQ_FP8_BLOCK ? "FP8 block" : "MXFP4",
+             gpu_num, mf_dtype_name(in), mf_dtype_name(round), simple_emu ? ", MF_GPU_EMU_SIMPLE=1" : "",
+             interleaved ? ", every other row (gpt-oss's up)" : "");
     qmat q;
-    qmat_make(&q, kind, E, N, K, round, 0x5eed + (uint64_t)kind * 7 + (uint64_t)in * 131 + (uint64_t)round);
+    qmat_make(&q, kind, E, N, K, round, interleaved,
+              0x5eed + (uint64_t)kind * 7 + (uint64_t)in * 131 + (uint64_t)round + interleaved);
     mf_mat plain[E];
     void *dq = dequant(&q, round, plain);
     double *a = malloc(sizeof(double) * M * K), *g = malloc(sizeof(double) * M * N), *r = malloc(sizeof(double) * M * N);
@@ -612,18 +623,22 @@ static void check_product(tally *t, mf_wq kind, const char *gpu_num, mf_dtype in
 static void check_products(tally *t) {
     for (int kk = 0; kk < 2; kk++) {
         const mf_wq kind = kk ? MF_WQ_MXFP4 : MF_WQ_FP8_BLOCK;
-        check_product(t, kind, "native", MF_F32, MF_F32, "native", false);   /* dense cuBLAS fp32; grouped chain */
-        check_product(t, kind, "native", MF_F32, MF_BF16, "native", false);  /* fp32 operands of bf16 values */
-        check_product(t, kind, "native", MF_BF16, MF_BF16, NULL, false);     /* cuBLAS bf16; grouped mma.sync */
-        check_product(t, kind, "fixed", MF_BF16, MF_BF16, hopper_mma, false);
-        check_product(t, kind, "fixed", MF_F16, MF_F16, hopper_mma_f16, false);
-        check_product(t, kind, "emu:hopper", MF_BF16, MF_BF16, "emu:hopper", false);
-        check_product(t, kind, "emu:hopper", MF_BF16, MF_BF16, "emu:hopper", true);
-        check_product(t, kind, "emu:cdna3", MF_BF16, MF_BF16, "emu:cdna3", false);
-        check_product(t, kind, "emu:cdna3", MF_BF16, MF_BF16, "emu:cdna3", true);
-        check_product(t, kind, "emu:volta", MF_F16, MF_F16, "emu:volta", false);
-        check_product(t, kind, "emu:hopper", MF_F32, MF_F32, "native", false);   /* the fp32 chain, dense too */
+        check_product(t, kind, "native", MF_F32, MF_F32, "native", false, false);   /* dense cuBLAS fp32; grouped chain */
+        check_product(t, kind, "native", MF_F32, MF_BF16, "native", false, false);  /* fp32 operands of bf16 values */
+        check_product(t, kind, "native", MF_BF16, MF_BF16, NULL, false, false);     /* cuBLAS bf16; grouped mma.sync */
+        check_product(t, kind, "fixed", MF_BF16, MF_BF16, hopper_mma, false, false);
+        check_product(t, kind, "fixed", MF_F16, MF_F16, hopper_mma_f16, false, false);
+        check_product(t, kind, "emu:hopper", MF_BF16, MF_BF16, "emu:hopper", false, false);
+        check_product(t, kind, "emu:hopper", MF_BF16, MF_BF16, "emu:hopper", true, false);
+        check_product(t, kind, "emu:cdna3", MF_BF16, MF_BF16, "emu:cdna3", false, false);
+        check_product(t, kind, "emu:cdna3", MF_BF16, MF_BF16, "emu:cdna3", true, false);
+        check_product(t, kind, "emu:volta", MF_F16, MF_F16, "emu:volta", false, false);
+        check_product(t, kind, "emu:hopper", MF_F32, MF_F32, "native", false, false);   /* the fp32 chain, dense too */
     }
+    /* gpt-oss's gate and up: views of every other row of one tensor */
+    check_product(t, MF_WQ_MXFP4, "fixed", MF_BF16, MF_BF16, hopper_mma, false, true);
+    check_product(t, MF_WQ_MXFP4, "emu:cdna3", MF_BF16, MF_BF16, "emu:cdna3", false, true);
+    check_product(t, MF_WQ_MXFP4, "native", MF_F32, MF_BF16, "native", false, true);
 }
 
 /* The block-scaled weights on the GPU: the product checks of both kinds, the FP8 fixture (codes and scales on
