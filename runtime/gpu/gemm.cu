@@ -535,7 +535,7 @@ __device__ static void mma_load_stage(uint16_t (*As)[MBK + MPAD], uint16_t (*Bs)
     }
     for (int piece = tid; piece < MBN * 4; piece += threads) {
         const int row = piece >> 2, col = (piece & 3) * 8;
-        const bool up = B2 && row >= 32;   /* gate and up at once: rows 32.. are the up's */
+        const bool up = g->H && row >= 32;   /* gate and up at once: rows 32.. are the up's */
         const uint16_t *src = up ? B2 : B;
         const int bn = n0 + (up ? row - 32 : row);
         const gk_wq *q = up ? &g->bq2 : &g->bq;
