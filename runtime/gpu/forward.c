@@ -46,7 +46,8 @@ static bool weight_as(gpu *G, gw *w, int fmt, int engine, const void **B, int *b
     *B = NULL;
     memset(q, 0, sizeof *q);
     const bool quant = w->q.kind != GK_WQ_NONE;
-    if (fmt != GK_F32 && fmt != w->dt) return false;   /* a 16-bit product of weights kept wider: the policy rounds them first */
+    /* a 16-bit product of weights kept wider: the policy rounds them first */
+    if (fmt != GK_F32 && fmt != w->dt) return false;
     if (engine != GK_ENGINE_BLAS && quant) {
         *q = w->q;
         return true;
@@ -266,8 +267,8 @@ static int product(gpu *G, prod *p, mf_error *err) {
     g.A = p->a_op ? p->a_op : G->opA;
     g.a_bstride = (size_t)p->M * Kp;
     if (p->w) {
-        if (!weight_as(G, p->w, fmt, g.engine, &g.B, &g.b_fmt, &g.bq)) return mf_fail(err, MF_ENOMEM, "%s: the weights of %s cannot be operands of this product", G->desc,
-                                 p->what);
+        if (!weight_as(G, p->w, fmt, g.engine, &g.B, &g.b_fmt, &g.bq))
+            return mf_fail(err, MF_ENOMEM, "%s: the weights of %s cannot be operands of this product", G->desc, p->what);
         g.b_bstride = (size_t)p->w->n * p->w->kp;
         g.experts = p->w->experts;
     } else {

@@ -645,7 +645,7 @@ int GPU_FN(weight_of_mats)(gpu *G, gw *w, const mf_mat *mats, int experts, mf_er
     }
     /* block-scaled: the bytes each expert's view reads, codes and scales, after a table of their addresses */
     w->dt = gk_dt(m0->q.round);
-    size_t *cb = mf_xmalloc(2 * E * sizeof *cb), *sb = cb + E, total = 2 * E * sizeof(void *);
+    size_t *cb = mf_xmalloc(2 * E * sizeof *cb), *sb = cb + E, total = (2 * E * sizeof(void *) + 255) / 256 * 256;
     for (size_t e = 0; e < E; e++) {
         q_spans(&mats[e], &cb[e], &sb[e]);
         total += (cb[e] + 255) / 256 * 256 + (sb[e] + 255) / 256 * 256;
