@@ -44,9 +44,6 @@ static int fp8_scales_ok(loader *ld, const mf_st_tensor *t) {
     if (b[0] <= 0)
         return mf_fail(ld->err, MF_EFORMAT, "%s: tensor %s is F8_E4M3, but config.json has no fp8 quantization_config",
                        ld->dir, t->name);
-    if (ld->no_convert)
-        return mf_fail(ld->err, MF_EUNSUPPORTED, "%s: FP8 weights (%s) run on the CPU only for now (--device cpu): the GPU "
-                       "backends do not widen them", ld->dir, t->name);
     const mf_st_tensor *s = fp8_scales(ld, t);
     const int64_t ro = (t->shape[0] + b[0] - 1) / b[0], co = (t->shape[1] + b[1] - 1) / b[1];
     if (!s || s->ndim != 2 || s->shape[0] != ro || s->shape[1] != co || !mf_dtype_is_float(s->dtype))

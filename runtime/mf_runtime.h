@@ -123,6 +123,13 @@ const void *mf_gpu_host_logits(const mf_gpu *g, mf_dtype *dtype);
 /* "NVIDIA H200 (sm_90)" */
 const char *mf_gpu_describe(const mf_gpu *g);
 void mf_gpu_close(mf_gpu *g);
+/* One matrix product on the GPU, as the forward pass issues a weight's (moeflip_gpu_check's product checks):
+ * c[M, N] = round_out(a[M, K] . w_e^T) with a [M][K] holding values of `in` (BF16, F16 or F32), w[experts]
+ * matrices [N, K] (F32, BF16, F16, or block-scaled), on the engine the forward pass takes for such operands under
+ * num; offsets NULL: dense, with w[0]; else [experts + 1], rows offsets[e] .. offsets[e + 1] - 1 with w[e] (a
+ * grouped expert product). */
+int mf_gpu_matmul(const char *device, const mf_numerics *num, mf_dtype in, mf_dtype out, const mf_mat *w, int experts,
+                  const double *a, int M, const int *offsets, double *c, mf_error *err);
 /* Whether a device string is well formed: cpu, cuda, cuda:N, hip or hip:N
  * (N from 0 to 1023); MF_EINVAL naming it otherwise. Whether this build has
  * the backend is mf_gpu_open's to say. */

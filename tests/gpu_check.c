@@ -13,7 +13,7 @@
  *       OUT.json records each check with digests of the GPU's outputs: the
  *       committed copy (tests/fixtures/gpu/) lets machines without a GPU
  *       check the CPU models against what the H200 computed.
- *   moeflip_gpu_check validate26 FIXTURES OUT.json, validate_oss FIXTURES OUT.json
+ *   moeflip_gpu_check validate26 FIXTURES OUT.json, validate_oss FIXTURES OUT.json, validateq FIXTURES OUT.json
  *       the same checks on the DeepSeek-family fixtures (tests/fixtures/hf26, the FP8 one refused), or on the
  *       gpt-oss one (hf26/gpt_oss, its MXFP4 twin refused): tools/gpu_check26.sh, tools/gpu_check_oss.sh.
  *   moeflip_gpu_check bench MODEL_DIR PRECISION REPS NUMERICS[,NUMERICS...] [OUT.json]
@@ -47,7 +47,7 @@ static const char *hf_cases[] = {"llama",     "llama_tied_llama3", "mixtral",   
                                  "qwen3_moe", "qwen3_moe_yarn_v4cfg", "tiny_olmoe"};
 
 /* tests/fixtures/hf26: DeepSeek-V3, DeepSeek-V2 and GLM-4.5 (latent attention, grouped sigmoid and softmax
- * routers, shared experts, dense first layers); the FP8 one is refused on the GPU (checked apart) */
+ * routers, shared experts, dense first layers); the FP8 one is checked apart (check_blockscaled) */
 static const char *hf26_cases[] = {"deepseek_v3",        "deepseek_v3_noqlora", "deepseek_v3_yarn",
                                    "deepseek_v2_greedy", "deepseek_v2_group",   "glm4_moe"};
 
@@ -398,19 +398,21 @@ static void check_hf26(tally *t, const char *fixtures, const char *name) {
     check_paths(t, name, src, dir, tok);
 }
 
-/* A checkpoint the GPU refuses (FP8, MXFP4), with one line that says where it runs. */
-static void check_refused(tally *t, const char *fixtures, const char *name) {
+/* A checkpoint or numerics the GPU refuses (MXFP4 for now; FP8 under fp8=w8a8, the CPU's model of DeepGEMM's
+ * recipe), with one line that says where it runs. */
+static void check_refused(tally *t, const char *fixtures, const char *name, const char *numerics) {
     char dir[4096], tok[4200];
     snprintf(dir, sizeof dir, "%s/hf26/%s", fixtures, name);
     snprintf(tok, sizeof tok, "%s/tokens.jsonl", dir);
     mf_error err = {0};
     outputs g;
-    const int rc = run_all(&g, dir, tok, "bf16", "fixed", "cuda", MODE_FORWARD, &err);
+    const int rc = run_all(&g, dir, tok, "bf16", numerics, "cuda", MODE_FORWARD, &err);
     if (!rc) free_outputs(&g);
     const bool pass = rc != 0 && strstr(err.msg, "CPU only") && !strchr(err.msg, '\n');
     json_t *rec = json_object();
     json_object_set_new(rec, "case", json_string(name));
     json_object_set_new(rec, "kind", json_string("refused on the GPU"));
+    json_object_set_new(rec, "gpu_numerics", json_string(numerics));
     json_object_set_new(rec, "error", json_string(rc ? err.msg : "(ran)"));
     json_object_set_new(rec, "pass", json_boolean(pass));
     char *line = json_dumps(rec, JSON_COMPACT | JSON_PRESERVE_ORDER);
@@ -451,13 +453,218 @@ static int probe_device(const char *fixtures) {
     return 0;
 }
 
-/* validate26: the DeepSeek-family fixtures only (hf26_cases and the FP8 refusal). */
+/* ---- product-level checks of the block-scaled kinds ------------------------------------------------------- */
+
+static uint64_t lcg_next(uint64_t *s) {
+    *s = *s * 6364136223846793005ull + 1442695040888963407ull;
+    return *s >> 33;
+}
+
+/* A random block-scaled matrix [E][n][k] (FP8 codes with F32 scales per bn x bk, no NaN codes; or MXFP4 with
+ * UE8M0 scales 2^-7 .. 2^3) whose values are rounded to `round`; views into codes and scales (caller frees). */
+typedef struct qmat {
+    int E, n, k;
+    uint8_t *codes, *scales;
+    mf_mat w[4];
+} qmat;
+
+static void qmat_make(qmat *q, mf_wq kind, int E, int n, int k, mf_dtype round, bool interleaved, uint64_t seed) {
+    q->E = E;
+    q->n = n;
+    q->k = k;
+    if (interleaved) n *= 2;   /* gpt-oss's gate_up_proj_blocks: the views are its odd rows (the up's) */
+    const int bn = kind == MF_WQ_FP8_BLOCK ? 32 : 1, bk = kind == MF_WQ_FP8_BLOCK ? 64 : 32;
+    const size_t sr = (size_t)(n + bn - 1) / bn, sc = (size_t)(k + bk - 1) / bk;
+    const size_t cbytes = kind == MF_WQ_FP8_BLOCK ? (size_t)n * k : (size_t)n * k / 2;
+    const size_t sbytes = sr * sc * (kind == MF_WQ_FP8_BLOCK ? 4 : 1);
+    q->codes = malloc((size_t)E * cbytes);
+    q->scales = malloc((size_t)E * sbytes);
+    for (size_t i = 0; i < (size_t)E * cbytes; i++) {
+        uint8_t b = (uint8_t)lcg_next(&seed);
+        if (kind == MF_WQ_FP8_BLOCK && (b & 0x7f) == 0x7f) b ^= 1;   /* no NaN codes */
+        q->codes[i] = b;
+    }
+    for (size_t i = 0; i < (size_t)E * sr * sc; i++) {
+        if (kind == MF_WQ_FP8_BLOCK) {
+            const float v = ldexpf(1.0f + (float)(lcg_next(&seed) % 1024) / 1024.0f, (int)(lcg_next(&seed) % 9) - 12);
+            memcpy(q->scales + 4 * i, &v, 4);
+        } else {
+            q->scales[i] = (uint8_t)(120 + lcg_next(&seed) % 11);
+        }
+    }
+    for (int e = 0; e < E; e++) {
+        q->w[e] = kind == MF_WQ_FP8_BLOCK
+                      ? mf_mat_fp8_block(q->codes + e * cbytes, n, k, q->scales + e * sbytes, MF_F32, bn, bk, round)
+                      : mf_mat_mxfp4(q->codes + e * cbytes, n, k, q->scales + e * sbytes, round);
+        if (interleaved) {   /* as models/load.c views gpt-oss's up: every other row, from row 1 */
+            q->w[e].n = n / 2;
+            q->w[e].rs = 2 * (size_t)k;
+            q->w[e].q.rs = 2 * sc;
+            q->w[e].data = q->codes + e * cbytes + (size_t)k / 2;
+            q->w[e].q.data = q->scales + e * sbytes + sc;
+        }
+    }
+}
+
+/* The same values dequantised into a plain matrix of dtype round (what the forward pass held before). */
+static void *dequant(const qmat *q, mf_dtype round, mf_mat *out) {
+    const size_t per = (size_t)q->n * q->k, es = mf_dtype_size(round);
+    uint8_t *d = malloc((size_t)q->E * per * es);
+    for (int e = 0; e < q->E; e++) {
+        for (int j = 0; j < q->n; j++)
+            for (int kk = 0; kk < q->k; kk++)
+                mf_store_from_f64(d + e * per * es, round, (size_t)j * q->k + kk, mf_mat_get(&q->w[e], j, kk));
+        out[e] = mf_mat_rows(d + e * per * es, round, q->n, q->k);
+    }
+    return d;
+}
+
+/* The first of n outputs [rows][N] where a and b differ: "row r, column c: gpu .. other ..", or "" */
+static size_t product_diff(const double *a, const double *b, size_t n, int N, char *text, size_t cap) {
+    size_t d = 0;
+    text[0] = 0;
+    for (size_t i = 0; i < n; i++) {
+        if (!memcmp(&a[i], &b[i], sizeof(double))) continue;
+        if (!d++) snprintf(text, cap, "row %zu, column %zu: gpu %.17g, reference %.17g", i / (size_t)N, i % (size_t)N,
+                           a[i], b[i]);
+    }
+    return d;
+}
+
+/* One engine on one kind: the GPU's product of the block-scaled matrix, dense (expert 0) and grouped (three
+ * experts, the middle one with no rows), bit for bit against the GPU's product of its dequantised copy (what the
+ * engine gave before) and, cpu_num non-NULL, against the CPU's mf_matmul_f32 under cpu_num ("native": the fp32
+ * fma chain) on the same mf_mat (not for cuBLAS, native's dense engine, which no CPU kernel models). */
+static void check_product(tally *t, mf_wq kind, const char *gpu_num, mf_dtype in, mf_dtype round, const char *cpu_num,
+                          bool simple_emu, bool interleaved) {
+    enum { E = 3, M = 37, N = 80, K = 200 };
+    const int offsets[E + 1] = {0, 13, 13, M};
+    char label[200];
+    snprintf(label, sizeof label, "%s %s, %s operands, weights %s%s%s", kind == MF_WQ_FP8_BLOCK ? "FP8 block" : "MXFP4",
+             gpu_num, mf_dtype_name(in), mf_dtype_name(round), simple_emu ? ", MF_GPU_EMU_SIMPLE=1" : "",
+             interleaved ? ", every other row (gpt-oss's up)" : "");
+    qmat q;
+    qmat_make(&q, kind, E, N, K, round, interleaved,
+              0x5eed + (uint64_t)kind * 7 + (uint64_t)in * 131 + (uint64_t)round + interleaved);
+    mf_mat plain[E];
+    void *dq = dequant(&q, round, plain);
+    double *a = malloc(sizeof(double) * M * K), *g = malloc(sizeof(double) * M * N), *r = malloc(sizeof(double) * M * N);
+    float *af = malloc(sizeof(float) * M * K), *cf = malloc(sizeof(float) * M * N);
+    uint64_t seed = 99;
+    for (int i = 0; i < M * K; i++) {
+        const double v = ((double)(lcg_next(&seed) % 20001) - 10000.0) / 2500.0;
+        a[i] = mf_round_to(in, v);
+        af[i] = (float)a[i];
+    }
+    mf_numerics gn, cn;
+    mf_error err = {0};
+    json_t *rec = json_object();
+    json_object_set_new(rec, "case", json_string(label));
+    json_object_set_new(rec, "source", json_string("product"));
+    json_object_set_new(rec, "kind", json_string("product bit-exact"));
+    json_object_set_new(rec, "gpu_numerics", json_string(gpu_num));
+    json_object_set_new(rec, "cpu_numerics", json_string(cpu_num ? cpu_num : "(none)"));
+    bool pass = true;
+    int rc = mf_numerics_parse(&gn, gpu_num, &err) || (cpu_num && mf_numerics_parse(&cn, cpu_num, &err));
+    if (simple_emu) setenv("MF_GPU_EMU_SIMPLE", "1", 1);
+    for (int grouped = 0; grouped < 2 && !rc; grouped++) {
+        const char *shape = grouped ? "grouped" : "dense";
+        const int *off = grouped ? offsets : NULL, ne = grouped ? E : 1;
+        char text[300], key[64];
+        /* against the dequantised copy, on the same engine */
+        if ((rc = mf_gpu_matmul("cuda", &gn, in, in, q.w, ne, a, M, off, g, &err)) ||
+            (rc = mf_gpu_matmul("cuda", &gn, in, in, plain, ne, a, M, off, r, &err)))
+            break;
+        size_t d = product_diff(g, r, (size_t)M * N, N, text, sizeof text);
+        snprintf(key, sizeof key, "%s_vs_dequantised_differ", shape);
+        json_object_set_new(rec, key, json_integer((json_int_t)d));
+        if (d && !json_object_get(rec, "first_diff")) {
+            char full[400];
+            snprintf(full, sizeof full, "%s, against the GPU's dequantised copy: %s", shape, text);
+            json_object_set_new(rec, "first_diff", json_string(full));
+        }
+        pass &= d == 0;
+        if (!cpu_num || (!grouped && gn.kind == MF_NUMERICS_NATIVE)) continue;   /* cuBLAS: no CPU model */
+        /* against the CPU's kernels on the same block-scaled mf_mat, one expert's rows at a time */
+        const mf_mm mm = {.compute = MF_F32, .out = in, .threads = 1,
+                          .numerics = cn.kind == MF_NUMERICS_NATIVE ? NULL : &cn, .in = in};
+        for (int e = 0; e < ne; e++) {
+            const int r0 = grouped ? off[e] : 0, r1 = grouped ? off[e + 1] : M;
+            if (r1 > r0) mf_matmul_f32(&mm, af + (size_t)r0 * K, r1 - r0, K, &q.w[e], cf + (size_t)r0 * N, N, MF_TRI_NONE);
+        }
+        for (int i = 0; i < M * N; i++) r[i] = cf[i];
+        d = product_diff(g, r, (size_t)M * N, N, text, sizeof text);
+        snprintf(key, sizeof key, "%s_vs_cpu_differ", shape);
+        json_object_set_new(rec, key, json_integer((json_int_t)d));
+        if (d && !json_object_get(rec, "first_diff")) {
+            char full[400];
+            snprintf(full, sizeof full, "%s, against the CPU's %s: %s", shape, cpu_num, text);
+            json_object_set_new(rec, "first_diff", json_string(full));
+        }
+        pass &= d == 0;
+    }
+    if (simple_emu) unsetenv("MF_GPU_EMU_SIMPLE");
+    if (rc) {
+        json_object_set_new(rec, "error", json_string(err.msg));
+        pass = false;
+    }
+    json_object_set_new(rec, "pass", json_boolean(pass));
+    char *line = json_dumps(rec, JSON_COMPACT | JSON_PRESERVE_ORDER);
+    printf("%s %s\n", pass ? "PASS" : "FAIL", line);
+    fflush(stdout);
+    free(line);
+    json_array_append_new(t->checks, rec);
+    pass ? t->passed++ : t->failed++;
+    free(a);
+    free(g);
+    free(r);
+    free(af);
+    free(cf);
+    free(dq);
+    free(q.codes);
+    free(q.scales);
+}
+
+/* Every engine that can see a block-scaled weight as B, on both kinds: cuBLAS (native dense: the widened
+ * scratch; fp32 operands of fp32 and of bf16 values), the fp32 chain (native grouped), mma.sync (native grouped
+ * bf16, fixed bf16 and f16), and the emulation kernels k_emu_tiled and k_emu (NVIDIA fused and AMD grouped). */
+static void check_products(tally *t) {
+    for (int kk = 0; kk < 2; kk++) {
+        const mf_wq kind = kk ? MF_WQ_MXFP4 : MF_WQ_FP8_BLOCK;
+        check_product(t, kind, "native", MF_F32, MF_F32, "native", false, false);   /* dense cuBLAS fp32; grouped chain */
+        check_product(t, kind, "native", MF_F32, MF_BF16, "native", false, false);  /* fp32 operands of bf16 values */
+        check_product(t, kind, "native", MF_BF16, MF_BF16, NULL, false, false);     /* cuBLAS bf16; grouped mma.sync */
+        check_product(t, kind, "fixed", MF_BF16, MF_BF16, hopper_mma, false, false);
+        check_product(t, kind, "fixed", MF_F16, MF_F16, hopper_mma_f16, false, false);
+        check_product(t, kind, "emu:hopper", MF_BF16, MF_BF16, "emu:hopper", false, false);
+        check_product(t, kind, "emu:hopper", MF_BF16, MF_BF16, "emu:hopper", true, false);
+        check_product(t, kind, "emu:cdna3", MF_BF16, MF_BF16, "emu:cdna3", false, false);
+        check_product(t, kind, "emu:cdna3", MF_BF16, MF_BF16, "emu:cdna3", true, false);
+        check_product(t, kind, "emu:volta", MF_F16, MF_F16, "emu:volta", false, false);
+        check_product(t, kind, "emu:hopper", MF_F32, MF_F32, "native", false, false);   /* the fp32 chain, dense too */
+    }
+    /* gpt-oss's gate and up: views of every other row of one tensor */
+    check_product(t, MF_WQ_MXFP4, "fixed", MF_BF16, MF_BF16, hopper_mma, false, true);
+    check_product(t, MF_WQ_MXFP4, "emu:cdna3", MF_BF16, MF_BF16, "emu:cdna3", false, true);
+    check_product(t, MF_WQ_MXFP4, "native", MF_F32, MF_BF16, "native", false, true);
+}
+
+/* The block-scaled weights on the GPU: the product checks of both kinds, the FP8 fixture (codes and scales on
+ * the device, widened inside the products) under every numerics, precision and path of check_hf26, and
+ * fp8=w8a8's refusal. */
+static void check_blockscaled(tally *t, const char *fixtures) {
+    check_products(t);
+    check_hf26(t, fixtures, "deepseek_v3_fp8");
+    check_refused(t, fixtures, "deepseek_v3_fp8", "emu:hopper:fp8=w8a8");
+}
+
+/* validate26: the DeepSeek-family fixtures only (hf26_cases, the FP8 one among them). */
 static int validate26(const char *fixtures, const char *out_path) {
     const int absent = probe_device(fixtures);
     if (absent) return absent;
     tally t = {0, 0, json_array()};
     for (size_t i = 0; i < sizeof hf26_cases / sizeof hf26_cases[0]; i++) check_hf26(&t, fixtures, hf26_cases[i]);
-    check_refused(&t, fixtures, "deepseek_v3_fp8");
+    check_blockscaled(&t, fixtures);
     return write_record(&t, out_path);
 }
 
@@ -468,7 +675,16 @@ static int validate_oss(const char *fixtures, const char *out_path) {
     if (absent) return absent;
     tally t = {0, 0, json_array()};
     for (size_t i = 0; i < sizeof oss_cases / sizeof oss_cases[0]; i++) check_hf26(&t, fixtures, oss_cases[i]);
-    check_refused(&t, fixtures, "gpt_oss_mxfp4");
+    check_refused(&t, fixtures, "gpt_oss_mxfp4", "fixed");
+    return write_record(&t, out_path);
+}
+
+/* validateq: the block-scaled weights only (check_blockscaled). */
+static int validateq(const char *fixtures, const char *out_path) {
+    const int absent = probe_device(fixtures);
+    if (absent) return absent;
+    tally t = {0, 0, json_array()};
+    check_blockscaled(&t, fixtures);
     return write_record(&t, out_path);
 }
 
@@ -487,9 +703,9 @@ static int validate(const char *fixtures, const char *out_path) {
         check_paths(&t, hf_cases[i], src, dir, tok);
     }
     for (size_t i = 0; i < sizeof hf26_cases / sizeof hf26_cases[0]; i++) check_hf26(&t, fixtures, hf26_cases[i]);
-    check_refused(&t, fixtures, "deepseek_v3_fp8");
+    check_blockscaled(&t, fixtures);
     for (size_t i = 0; i < sizeof oss_cases / sizeof oss_cases[0]; i++) check_hf26(&t, fixtures, oss_cases[i]);
-    check_refused(&t, fixtures, "gpt_oss_mxfp4");
+    check_refused(&t, fixtures, "gpt_oss_mxfp4", "fixed");
     char tmpl[] = "/tmp/moeflip-gpu-XXXXXX";
     const char *root = mkdtemp(tmpl);
     for (int a = 0; root && a <= MF_ARCH_QWEN3_MOE; a++) {   /* the architectures synth writes */
@@ -667,6 +883,10 @@ int main(int argc, char **argv) {
         if (!have_gpu()) return EXIT_NO_GPU;
         return validate(argv[2], argv[3]);
     }
+    if (argc == 4 && !strcmp(argv[1], "validateq")) {
+        if (!have_gpu()) return EXIT_NO_GPU;
+        return validateq(argv[2], argv[3]);
+    }
     if (argc == 4 && !strcmp(argv[1], "validate26")) {
         if (!have_gpu()) return EXIT_NO_GPU;
         return validate26(argv[2], argv[3]);
@@ -682,6 +902,7 @@ int main(int argc, char **argv) {
     fprintf(stderr, "usage: moeflip_gpu_check validate FIXTURES OUT.json\n"
                     "       moeflip_gpu_check validate26 FIXTURES OUT.json   (the DeepSeek-family fixtures only)\n"
                     "       moeflip_gpu_check validate_oss FIXTURES OUT.json (the gpt-oss fixtures only)\n"
+                    "       moeflip_gpu_check validateq FIXTURES OUT.json    (the block-scaled weights only)\n"
                     "       moeflip_gpu_check bench MODEL_DIR PRECISION REPS NUMERICS[,...] [OUT.json]\n"
                     "       moeflip_gpu_check synth SIZE SEED DIR\n");
     return 2;

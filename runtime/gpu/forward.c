@@ -37,31 +37,46 @@ static int gpu_fail(gpu *G, mf_error *err, const char *what) {
 
 /* ---- weights ---------------------------------------------------------- */
 
-/* The weight as operands of fmt for an engine: its one copy where the dtype
- * is fmt's, or where the engine widens as it reads (*b_fmt set); for cuBLAS
- * with fp32 operands a widened copy in the scratch G->wide. NULL when the
- * weight cannot be such operands. */
-static const void *weight_as(gpu *G, gw *w, int fmt, int engine, int *b_fmt) {
+/* The weight as B of a product with operands of fmt on an engine: its one copy where the dtype is fmt's, or
+ * where the engine widens as it reads (*b_fmt set for a 16-bit weight under fp32 operands; *q for a
+ * block-scaled one, *B then NULL); for cuBLAS, which reads only operands of its own dtype, the weight's
+ * values in the scratch G->wide (one weight at a time). False when the weight cannot be such operands. */
+static bool weight_as(gpu *G, gw *w, int fmt, int engine, const void **B, int *b_fmt, gk_wq *q) {
     *b_fmt = 0;
-    if (fmt == w->dt) return w->w;
-    if (fmt != GK_F32) return NULL;   /* a 16-bit product of weights kept wider: the policy rounds them first */
+    *B = NULL;
+    memset(q, 0, sizeof *q);
+    const bool quant = w->q.kind != GK_WQ_NONE;
+    /* a 16-bit product of weights kept wider: the policy rounds them first */
+    if (fmt != GK_F32 && fmt != w->dt) return false;
+    if (engine != GK_ENGINE_BLAS && quant) {
+        *q = w->q;
+        return true;
+    }
+    if (fmt == w->dt && !quant) {
+        *B = w->w;
+        return true;
+    }
     if (engine == GK_ENGINE_CHAIN32) {
         *b_fmt = w->dt;
-        return w->w;
+        *B = w->w;
+        return true;
     }
-    const size_t n = (size_t)w->experts * w->n * w->kp;
-    if (n > G->wide_cap) {
+    const size_t n = (size_t)w->experts * w->n * w->kp, bytes = n * (fmt == GK_F32 ? 4 : 2);
+    if (bytes > G->wide_cap) {
         GPU_FN(free)(G->ctx, G->wide);
-        G->wide = GPU_FN(alloc)(G->ctx, n * sizeof(float));
-        G->wide_cap = G->wide ? n : 0;
+        G->wide = GPU_FN(alloc)(G->ctx, bytes);
+        G->wide_cap = G->wide ? bytes : 0;
         G->wide_of = NULL;
-        if (!G->wide) return NULL;
+        if (!G->wide) return false;
     }
-    if (G->wide_of != w->w) {
-        GPU_FN(widen)(G->ctx, G->wide, w->w, w->dt, n);
-        G->wide_of = w->w;
+    if (G->wide_of != w || G->wide_fmt != fmt) {
+        if (quant) GPU_FN(widen_q)(G->ctx, G->wide, fmt, &w->q, w->n, w->k, w->kp);
+        else GPU_FN(widen)(G->ctx, G->wide, w->w, w->dt, n);
+        G->wide_of = w;
+        G->wide_fmt = fmt;
     }
-    return G->wide;
+    *B = G->wide;
+    return true;
 }
 
 /* ---- scratch ------------------------------------------------------------ */
@@ -255,9 +270,8 @@ static int product(gpu *G, prod *p, mf_error *err) {
     g.A = p->a_op ? p->a_op : G->opA;
     g.a_bstride = (size_t)p->M * Kp;
     if (p->w) {
-        g.B = weight_as(G, p->w, fmt, g.engine, &g.b_fmt);
-        if (!g.B) return mf_fail(err, MF_ENOMEM, "%s: the weights of %s cannot be operands of this product", G->desc,
-                                 p->what);
+        if (!weight_as(G, p->w, fmt, g.engine, &g.B, &g.b_fmt, &g.bq))
+            return mf_fail(err, MF_ENOMEM, "%s: the weights of %s cannot be operands of this product", G->desc, p->what);
         g.b_bstride = (size_t)p->w->n * p->w->kp;
         g.experts = p->w->experts;
     } else {
@@ -269,8 +283,8 @@ static int product(gpu *G, prod *p, mf_error *err) {
     g.c_bstride = (size_t)p->M * p->N;
     if (p->up) {
         int b2_fmt;
-        g.B2 = weight_as(G, p->up, fmt, g.engine, &b2_fmt);
-        if (!g.B2 || b2_fmt != g.b_fmt)
+        if (!weight_as(G, p->up, fmt, g.engine, &g.B2, &b2_fmt, &g.bq2) || b2_fmt != g.b_fmt ||
+            !g.B2 != !g.B)
             return mf_fail(err, MF_ENOMEM, "%s: the weights of %s cannot be operands of this product", G->desc, p->what);
         g.bias2 = p->up->bias;
         g.bias = p->w->bias;
@@ -660,9 +674,10 @@ int GPU_FN(gpu_open)(void **out, int device, mf_model *m, const mf_precision *pr
                        "(--device cpu)", c->model_type);
     if (c->arch > MF_ARCH_GPT_OSS)
         return mf_fail(err, MF_EUNSUPPORTED, "%s runs on the CPU only for now (--device cpu)", c->model_type);
-    if (c->fp8_block[0] > 0)
-        return mf_fail(err, MF_EUNSUPPORTED, "%s: FP8 checkpoints (quantization_config fp8) run on the CPU only for now "
-                       "(--device cpu)", c->model_type);
+    if (c->fp8_block[0] > 0 && num->fp8_products == MF_FP8_W8A8)
+        return mf_fail(err, MF_EUNSUPPORTED, "%s: numerics %s (FP8 weights times quantised activations) runs on the CPU "
+                       "only (--device cpu); on a GPU the FP8 weights are widened (fp8=widen)", c->model_type,
+                       num->name);
     if (prec->opmath != MF_F32 || prec->compute != MF_F32)
         return mf_fail(err, MF_EUNSUPPORTED, "precision %s runs on the CPU only (GPUs run bf16, fp16, fp32, layercast, "
                        "nomlp and selective policies)", prec->name);
@@ -737,6 +752,7 @@ int GPU_FN(gpu_open)(void **out, int device, mf_model *m, const mf_precision *pr
         size_t need = GPU_FN(weights_plan)(G), scratch = 0, free_b = 0, total_b = 0;
         scratch_for(G, max_T > cache_T ? (max_T > 0 ? max_T : 1) : cache_T, &scratch, err);
         scratch += cache_bytes(G, cache_T);
+        if (G->engine16 == GK_ENGINE_BLAS) scratch += G->q_wide_bytes;   /* native: cuBLAS reads them widened */
         need += scratch + (size_t)6 * (32u << 20);   /* the upload's staging slots */
         if (GPU_FN(mem_info)(G->ctx, &free_b, &total_b, msg, sizeof msg)) {
             rc = mf_fail(err, MF_EIO, "%s: %s", G->desc, msg);
@@ -788,6 +804,61 @@ done:
     }
     *out = G;
     return MF_OK;
+}
+
+/* One product on the device, for moeflip_gpu_check: C[M, N] = round_out(A[M, K] . W_e^T) with the engine the
+ * forward pass takes for operands of `in` under num (grouped: rows offsets[e] .. offsets[e + 1] - 1 use w[e]),
+ * through product() as the model's are. a: [M][K] host doubles (values of in), c: [M][N] host doubles. */
+int GPU_FN(gpu_matmul)(int device, const mf_numerics *num, mf_dtype in, mf_dtype out, const mf_mat *w, int experts,
+                       const double *a, int M, const int *offsets, double *c, mf_error *err) {
+    gpu *G = calloc(1, sizeof *G);
+    if (!G) return mf_fail(err, MF_ENOMEM, "out of memory");
+    G->num = *num;
+    char msg[256];
+    if (GPU_FN(ctx_open)(&G->ctx, device, G->desc, sizeof G->desc, msg, sizeof msg)) {
+        free(G);
+        return mf_fail(err, MF_EIO, "%s", msg);
+    }
+#if defined(MF_GPU_BACKEND_HIP)
+    G->engine16 = GK_ENGINE_MMA;
+#else
+    G->engine16 = num->kind == MF_NUMERICS_NATIVE ? GK_ENGINE_BLAS : num->kind == MF_NUMERICS_FIXED ? GK_ENGINE_MMA
+                                                                                                 : GK_ENGINE_EMU;
+#endif
+    gw W;
+    int rc = GPU_FN(weight_of_mats)(G, &W, w, experts, err);
+    const int N = W.n, K = W.k, Kp = W.kp;
+    double *a_dev = GPU_FN(alloc)(G->ctx, (size_t)M * K * sizeof(double) + 8);
+    double *c_dev = GPU_FN(alloc)(G->ctx, (size_t)M * N * sizeof(double) + 8);
+    G->opA = GPU_FN(alloc)(G->ctx, (size_t)M * Kp * 4 + 16);
+    G->cf = GPU_FN(alloc)(G->ctx, (size_t)M * N * 4 + 16);
+    int *off_dev = offsets ? GPU_FN(alloc)(G->ctx, (size_t)(experts + 1) * sizeof(int)) : NULL;
+    if (!rc && (!a_dev || !c_dev || !G->opA || !G->cf || (offsets && !off_dev)))
+        rc = mf_fail(err, MF_ENOMEM, "%s: out of memory for a %dx%dx%d product", G->desc, M, N, K);
+    if (!rc && (GPU_FN(upload)(G->ctx, a_dev, a, (size_t)M * K * sizeof(double)) ||
+                (offsets && GPU_FN(upload)(G->ctx, off_dev, offsets, (size_t)(experts + 1) * sizeof(int)))))
+        rc = mf_fail(err, MF_EIO, "%s: copying a product's operands failed", G->desc);
+    if (!rc) {
+        prod p = {.what = "product", .layer = 0, .in = in, .out = out, .M = M, .N = N, .K = K, .batch = 1,
+                  .a = {a_dev, 0, 1, (size_t)K, 1}, .w = &W, .offsets = off_dev, .dst = c_dev, .ldc = (size_t)N};
+        GPU_FN(emu_flag_reset)(G->ctx);
+        rc = product(G, &p, err);
+    }
+    if (!rc && (GPU_FN(download)(G->ctx, c, c_dev, (size_t)M * N * sizeof(double)) ||
+                GPU_FN(sync)(G->ctx, msg, sizeof msg)))
+        rc = mf_fail(err, MF_EIO, "%s: product: %s", G->desc, msg);
+    if (!rc && GPU_FN(emu_flag)(G->ctx) != INT32_MAX)
+        rc = mf_fail(err, MF_EINVAL, "%s: the product met a value outside the emulator's exact range", G->desc);
+    GPU_FN(weight_free)(G, &W);
+    GPU_FN(free)(G->ctx, a_dev);
+    GPU_FN(free)(G->ctx, c_dev);
+    GPU_FN(free)(G->ctx, off_dev);
+    GPU_FN(free)(G->ctx, G->opA);
+    GPU_FN(free)(G->ctx, G->cf);
+    GPU_FN(free)(G->ctx, G->wide);
+    GPU_FN(ctx_close)(G->ctx);
+    free(G);
+    return rc;
 }
 
 const void *GPU_FN(gpu_host_logits)(const void *impl, mf_dtype *dtype) {

@@ -56,6 +56,65 @@ extern "C" void GPU_FN(epilogue_packed)(gk_ctx *c, void *dst, const float *C, in
     if (M > 0 && N > 0) k_epilogue_packed<<<row_grid(M, N, 1), THREADS, 0, c->stream>>>(dst, C, N, bias, outdt);
 }
 
+/* ------------------------------------------------------ block-scaled B */
+
+/* An e4m3fn byte's value (exact in fp32), S.1111.111 its one NaN: numerics/gemm.c's decoding. */
+__device__ static float e4m3_f32(unsigned b) {
+    if ((b & 0x7fu) == 0x7fu) return __int_as_float(0x7fc00000);
+    const unsigned sign = (b & 0x80u) << 24, ex = (b >> 3) & 15u, m = b & 7u;
+    if (!ex) {
+        const float v = (float)m * 0x1p-9f;   /* subnormal: m/8 x 2^-6 */
+        return sign ? -v : v;
+    }
+    return __uint_as_float(sign | (ex + 120u) << 23 | m << 20);   /* (1 + m/8) 2^(ex - 7) */
+}
+
+/* An OCP e2m1 nibble's value: 1 sign, 2 exponent (bias 1), 1 mantissa bit, no Inf or NaN. */
+__device__ static float e2m1_f32(unsigned n) {
+    const unsigned mag = n & 7u;
+    const float v = mag < 2 ? 0.5f * (float)mag : (float)(2 + (mag & 1)) * (float)(1 << ((mag >> 1) - 1)) * 0.5f;
+    return n & 8u ? -v : v;
+}
+
+/* Element (j, kk) of expert e of a block-scaled B (j < N, kk < K): round_to(round, fp32(code) x fp32(scale)),
+ * as a float, numerics/gemm.c's q_row: what dequantising the weight into a tensor of dtype round holds. */
+__device__ static float wq_value(const gk_wq *q, int e, int j, int kk) {
+    const size_t i = (size_t)j * q->rs + (size_t)kk, si = (size_t)(j / q->bn) * q->srs + (size_t)(kk / q->bk);
+    const uint8_t *c = q->codes[e];
+    float code, s;
+    if (q->kind == GK_WQ_FP8) {
+        code = e4m3_f32(c[i]);
+        s = (float)get_value(q->scales[e], q->sdt, si);
+    } else {
+        code = e2m1_f32(i & 1 ? c[i >> 1] >> 4 : c[i >> 1] & 15u);
+        const unsigned b = ((const uint8_t *)q->scales[e])[si];
+        s = __uint_as_float(b ? b << 23 : 1u << 22);   /* 2^(b - 127): 2^-127 for 0, +inf for 0xff */
+    }
+    const float v = __fmul_rn(code, s);
+    if (q->round == GK_BF16) return mf_bf16_to_f32(mf_f32_to_bf16(v));
+    if (q->round == GK_F16) return (float)mf_round_f16((double)v);
+    return v;
+}
+
+/* The same as a 16-bit operand of fmt (GK_BF16 or GK_F16, q->round's: exact), 0 outside [N) x [K). */
+__device__ static uint16_t wq_bits(const gk_wq *q, int e, int j, int kk, int N, int K, int fmt) {
+    if (j >= N || kk >= K) return 0;
+    const float v = wq_value(q, e, j, kk);
+    return fmt == GK_BF16 ? mf_f32_to_bf16(v) : mf_f64_to_f16((double)v);
+}
+
+__global__ static void k_widen_q(void *dst, int fmt, gk_wq q, int n, int k, int kp) {
+    const int j = blockIdx.x, kk = blockIdx.y * blockDim.x + threadIdx.x;
+    if (kk >= kp) return;
+    const size_t i = (size_t)j * kp + kk;
+    if (fmt == GK_F32) ((float *)dst)[i] = kk < k ? wq_value(&q, 0, j, kk) : 0.0f;
+    else ((uint16_t *)dst)[i] = wq_bits(&q, 0, j, kk, n, k, fmt);
+}
+
+extern "C" void GPU_FN(widen_q)(gk_ctx *c, void *dst, int fmt, const gk_wq *q, int n, int k, int kp) {
+    if (n > 0 && kp > 0) k_widen_q<<<row_grid(n, kp, 1), THREADS, 0, c->stream>>>(dst, fmt, *q, n, k, kp);
+}
+
 /* -------------------------------------------------------- matrix products */
 
 /* Which rows a block handles: dense, rows [by * BM, ...); grouped, the
@@ -101,7 +160,8 @@ __global__ static void k_chain32(gk_gemm g) {
     for (int k0 = 0; k0 < g.K; k0 += CT) {
         int ar = r0 + ty, bc = blockIdx.x * CT + ty;
         As[ty][tx] = ar < r1 && k0 + tx < g.Kp ? A[(size_t)ar * g.Kp + k0 + tx] : 0.0f;
-        Bs[ty][tx] = bc < g.N && k0 + tx < g.Kp ? (float)get_value(g.B, bfmt, b0 + (size_t)bc * g.Kp + k0 + tx) : 0.0f;
+        if (g.bq.kind) Bs[ty][tx] = bc < g.N && k0 + tx < g.K ? wq_value(&g.bq, e, bc, k0 + tx) : 0.0f;
+        else Bs[ty][tx] = bc < g.N && k0 + tx < g.Kp ? (float)get_value(g.B, bfmt, b0 + (size_t)bc * g.Kp + k0 + tx) : 0.0f;
         __syncthreads();
         int kn = g.K - k0 < CT ? g.K - k0 : CT;
         for (int kk = 0; kk < kn; kk++) acc = fmaf(As[ty][kk], Bs[tx][kk], acc);
@@ -170,7 +230,8 @@ __global__ static void k_emu(gk_gemm g, int *flag) {
     for (int k0 = 0; k0 < Kq; k0 += ET) {
         int ar = r0 + ty, bc = blockIdx.x * ET + ty;
         uint16_t ab = ar < r1 && k0 + tx < g.Kp ? A[(size_t)ar * g.Kp + k0 + tx] : 0;
-        uint16_t bb = bc < g.N && k0 + tx < g.Kp ? B[(size_t)bc * g.Kp + k0 + tx] : 0;
+        uint16_t bb = g.bq.kind ? wq_bits(&g.bq, e, bc, k0 + tx, g.N, g.K, g.fmt)
+                      : bc < g.N && k0 + tx < g.Kp ? B[(size_t)bc * g.Kp + k0 + tx] : 0;
         double av = g.fmt == GK_F16 ? mf_f16_to_f32(ab) : mf_bf16_to_f32(ab);
         double bv = g.fmt == GK_F16 ? mf_f16_to_f32(bb) : mf_bf16_to_f32(bb);
         unsafe |= !isfinite(av) || !isfinite(bv);
@@ -251,6 +312,12 @@ __device__ static void em_decode(uint16_t bits, int fmt, int zero_e, double *v, 
 
 /* An exponent in both halves of a signed 16-bit pair */
 __device__ static unsigned pair_both(int e) { return ((unsigned)e & 0xffffu) * 0x10001u; }
+/* Four consecutive k of row j of a block-scaled B as k_emu_tiled stages them (one 8-byte load of a plain B) */
+__device__ static uint2 wq_raw4(const gk_wq *q, int e, int j, int kk, int N, int K, int fmt) {
+    uint16_t v[4];
+    for (int t = 0; t < 4; t++) v[t] = wq_bits(q, e, j, kk + t, N, K, fmt);
+    return make_uint2((unsigned)v[0] | (unsigned)v[1] << 16, (unsigned)v[2] | (unsigned)v[3] << 16);
+}
 
 /* The high word of M = 1.5 * 2^x (its low word is zero) */
 __device__ static int magic_hi(int x) { return (1023 + x) << 20 | 1 << 19; }
@@ -306,7 +373,8 @@ __global__ static void __launch_bounds__(256, 2) k_emu_tiled(gk_gemm g, int *fla
     for (int k0 = 0; k0 < Kq; k0 += EM_K) {
         {
             const uint2 a_raw = a_in && k0 + sk < g.Kp ? a_src[k0 / 4] : zero2;
-            const uint2 b_raw = b_in && k0 + sk < g.Kp ? b_src[k0 / 4] : zero2;
+            const uint2 b_raw = g.bq.kind ? wq_raw4(&g.bq, e, n0 + sr, k0 + sk, g.N, g.K, g.fmt)
+                                : b_in && k0 + sk < g.Kp ? b_src[k0 / 4] : zero2;
             const uint16_t av4[4] = {(uint16_t)a_raw.x, (uint16_t)(a_raw.x >> 16), (uint16_t)a_raw.y, (uint16_t)(a_raw.y >> 16)};
             const uint16_t bv4[4] = {(uint16_t)b_raw.x, (uint16_t)(b_raw.x >> 16), (uint16_t)b_raw.y, (uint16_t)(b_raw.y >> 16)};
             double va[4], vb[4];
@@ -507,7 +575,7 @@ __device__ static bool tile_rows_warp(const gk_gemm *g, int by, int BM, int *e, 
 template <int WR>
 __device__ static void mma_load_stage(uint16_t (*As)[MBK + MPAD], uint16_t (*Bs)[MBK + MPAD], const gk_gemm *g,
                                       const uint16_t *A, const uint16_t *B, const uint16_t *B2, int r0, int r1, int n0,
-                                      int tid, int k0) {
+                                      int tid, int k0, int e) {
     const int threads = 64 * WR;
     for (int piece = tid; piece < 32 * WR * 4; piece += threads) {
         const int row = piece >> 2, col = (piece & 3) * 8, ar = r0 + row;
@@ -516,9 +584,18 @@ __device__ static void mma_load_stage(uint16_t (*As)[MBK + MPAD], uint16_t (*Bs)
     }
     for (int piece = tid; piece < MBN * 4; piece += threads) {
         const int row = piece >> 2, col = (piece & 3) * 8;
-        const bool up = B2 && row >= 32;   /* gate and up at once: rows 32.. are the up's */
+        const bool up = g->H && row >= 32;   /* gate and up at once: rows 32.. are the up's */
         const uint16_t *src = up ? B2 : B;
         const int bn = n0 + (up ? row - 32 : row);
+        const gk_wq *q = up ? &g->bq2 : &g->bq;
+        if (q->kind) {   /* block-scaled: widened here, stored as the 16 bytes a plain B's copy would bring */
+            uint32_t w[4];
+            for (int t = 0; t < 4; t++)
+                w[t] = (uint32_t)wq_bits(q, e, bn, k0 + col + 2 * t, g->N, g->K, g->fmt) |
+                       (uint32_t)wq_bits(q, e, bn, k0 + col + 2 * t + 1, g->N, g->K, g->fmt) << 16;
+            *(uint4 *)&Bs[row][col] = make_uint4(w[0], w[1], w[2], w[3]);
+            continue;
+        }
         const bool vb = bn < g->N && k0 + col < g->Kp;
         cp_async16(&Bs[row][col], vb ? (const void *)(src + (size_t)bn * g->Kp + k0 + col) : (const void *)B, vb ? 16 : 0);
     }
@@ -562,7 +639,7 @@ __global__ static void __launch_bounds__(64 * WR) k_mma(gk_gemm g) {
             for (int z = 0; z < 4; z++) acc[x][y][z] = 0.0f;
     const int KT = (g.Kp + MBK - 1) / MBK;
     for (int s = 0; s < MSTAGES - 1; s++) {
-        if (s < KT) mma_load_stage<WR>(As[s], Bs[s], &g, A, B, B2, r0, r1, n0, tid, s * MBK);
+        if (s < KT) mma_load_stage<WR>(As[s], Bs[s], &g, A, B, B2, r0, r1, n0, tid, s * MBK, e);
         cp_async_commit();
     }
     for (int kt = 0; kt < KT; kt++) {
@@ -570,7 +647,7 @@ __global__ static void __launch_bounds__(64 * WR) k_mma(gk_gemm g) {
         __syncthreads();   /* stage kt has landed for everyone; slot (kt - 1) % MSTAGES is free */
         const int next = kt + MSTAGES - 1;
         if (next < KT) mma_load_stage<WR>(As[next % MSTAGES], Bs[next % MSTAGES], &g, A, B, B2, r0, r1, n0, tid,
-                                              next * MBK);
+                                              next * MBK, e);
         cp_async_commit();
         const int slot = kt % MSTAGES, k0 = kt * MBK;
         if (r0 + wm >= r1) continue;   /* this warp's rows are all past the expert's: nothing to add */
@@ -668,7 +745,8 @@ __global__ static void __launch_bounds__(64) k_mfma(gk_gemm g) {
         i16x4 a = {0, 0, 0, 0}, bb = {0, 0, 0, 0};
         for (int x = 0; x < 4; x++) {
             if (row < r1) a[x] = (short)A[(size_t)row * g.Kp + k0 + kq + x];
-            if (col < g.N) bb[x] = (short)B[(size_t)col * g.Kp + k0 + kq + x];
+            if (g.bq.kind) bb[x] = (short)wq_bits(&g.bq, e, col, k0 + kq + x, g.N, g.K, g.fmt);
+            else if (col < g.N) bb[x] = (short)B[(size_t)col * g.Kp + k0 + kq + x];
         }
         if (g.fmt == GK_F16) {
             f16x4 ah, bh;
@@ -723,7 +801,7 @@ extern "C" int GPU_FN(gemm)(gk_ctx *c, const gk_gemm *g, char *msg, size_t msg_n
     switch (g->engine) {
 #if defined(GPU_CUDA)
     case GK_ENGINE_BLAS:
-        if (g->offsets) goto unavailable;
+        if (g->offsets || g->bq.kind) goto unavailable;   /* a block-scaled weight reaches cuBLAS widened (widen_q) */
         if (blas_gemm(c, g, msg, msg_n)) return 1;
         break;
 #endif

@@ -48,6 +48,21 @@ enum { GK_ACT_SILU = 0, GK_ACT_GELU = 1, GK_ACT_GELU_TANH = 2 };
 
 typedef struct gk_ctx gk_ctx;
 
+/* Block-scaled weights as B, kept as stored (numerics/mf_numerics.h's mf_mat_scales): element (j, kk) of
+ * expert e is round_to(round, fp32(code) x fp32(scale)), code element j * rs + kk of codes[e] (FP8: one byte
+ * a value; MXFP4: the low nibble of byte i / 2 for an even element i, the high one for an odd), scale element
+ * (j / bn) * srs + kk / bk of scales[e] (FP8: of dtype sdt, GK_F32 / GK_BF16 / GK_F16; MXFP4: UE8M0 bytes,
+ * 2^(b - 127), 0xff +inf). The engines widen B's values so as they stage B's tiles (cuBLAS: into a scratch copy
+ * of the one weight), the values a dequantised copy of dtype `round` holds; zeros past row N and column K. */
+enum { GK_WQ_NONE = 0, GK_WQ_FP8 = 1, GK_WQ_MXFP4 = 2 };
+typedef struct gk_wq {
+    int kind;                       /* GK_WQ_NONE: B is a plain matrix */
+    int sdt, bn, bk, round;
+    size_t rs, srs;
+    const uint8_t *const *codes;    /* device [experts] of device pointers */
+    const void *const *scales;
+} gk_wq;
+
 typedef struct gk_gemm {
     int engine, fmt;            /* fmt: GK_BF16, GK_F16 or GK_F32 operands */
     int M, N, K, Kp;            /* C[M, N] = A[M, K] . B[N, K]^T; rows of A and B hold Kp values */
@@ -57,6 +72,7 @@ typedef struct gk_gemm {
     const void *B;
     size_t b_bstride;           /* also the stride between experts' weights */
     int b_fmt;                  /* GK_ENGINE_CHAIN32: the dtype B holds (GK_BF16, GK_F16: widened as read); 0: fmt */
+    gk_wq bq, bq2;              /* bq.kind != GK_WQ_NONE: B (bq2: B2) is block-scaled, B (B2) unused; not cuBLAS */
     float *C;                   /* [batch][M][N]: the fp32 sums when D is NULL, else scratch */
     size_t c_bstride;
     /* D non-NULL: the result leaves as round_outdt(C + bias[col]) (the sum and
@@ -191,6 +207,9 @@ void GPU_FN(pack)(gk_ctx *c, void *dst, int fmt, int batch, int rows, int cols, 
                   size_t sb, int group, size_t sr, size_t sc);
 /* dst[i] = src[i] widened to fp32 (exact), src of dtype src_dt (GK_BF16 or GK_F16) */
 void GPU_FN(widen)(gk_ctx *c, float *dst, const void *src, int src_dt, size_t n);
+/* dst [n][kp] = the values of expert 0 of q's weight [n][k] (zeros from k to kp) as fmt values (GK_F32, or
+ * q->round's GK_BF16 / GK_F16): the cuBLAS operand of a block-scaled weight. */
+void GPU_FN(widen_q)(gk_ctx *c, void *dst, int fmt, const gk_wq *q, int n, int k, int kp);
 /* Returns 0, or nonzero with a message (an engine this build lacks, a cuBLAS failure). */
 int GPU_FN(gemm)(gk_ctx *c, const gk_gemm *g, char *msg, size_t msg_n);
 /* C[i][j] + bias[j] (in fp32) into [M][N] values of outdt itself (bf16 or f16

@@ -12,10 +12,13 @@
  * (printed when the model is closed); for finding where the time goes. */
 enum { P_NORM, P_QKV, P_QKNORM, P_ROPE, P_SCORES, P_SOFTMAX, P_PV, P_O, P_ROUTER, P_ROUTE, P_DISPATCH, P_GATHER,
        P_EXPERTS, P_COMBINE, P_SHARED, P_DENSE, P_HEAD, P_OUTPUT, P_N };
-/* A weight on the device: one copy, in the dtype the model keeps it in. */
+/* A weight on the device: one copy, in the dtype the model keeps it in; or, block-scaled (FP8, MXFP4), its
+ * codes and scales as the checkpoint stores them, widened by the products as they read them. */
 typedef struct gw {
-    void *w;           /* [rows][kp] of dt, rows = experts * n, zeros past k */
-    int dt;            /* GK_BF16, GK_F16 or GK_F32 */
+    void *w;           /* [rows][kp] of dt, rows = experts * n, zeros past k; NULL when block-scaled */
+    int dt;            /* GK_BF16, GK_F16 or GK_F32: a block-scaled weight's values are rounded to it (q.round) */
+    gk_wq q;           /* q.kind != GK_WQ_NONE: block-scaled, q.codes and q.scales its experts' device pointers */
+    void *qtab;        /* the device table q.codes and q.scales point into ([2][experts] pointers) */
     bool shared;       /* w is another weight's (the tied head: the embedding's) */
     int n, k, kp, experts;
     float *bias;       /* [n] or NULL */
@@ -50,9 +53,18 @@ typedef struct gpu {
     double *final_norm;
     gw head;
     size_t weight_bytes;
-    float *wide;           /* fp32 copy of the weight of a cuBLAS product with fp32 operands */
-    size_t wide_cap;       /* its capacity, in values */
-    void *wide_of;         /* whose copy it holds now */
+    /* the cuBLAS operand of one weight that is not one already: its fp32 copy (fp32 operands of a weight kept
+     * narrower), or its widened values (a block-scaled weight, in the product's operand dtype) */
+    void *wide;
+    size_t wide_cap;       /* its capacity, in bytes */
+    const void *wide_of;   /* whose copy it holds now (the gw) */
+    int wide_fmt;
+    /* the block-scaled checkpoint tensors (codes and scales) on the device, each once, in one allocation */
+    void *qarena;
+    size_t qarena_bytes;
+    struct gq_tensor *qt;  /* sorted by host address */
+    size_t n_qt;
+    size_t q_wide_bytes;   /* the largest widened copy cuBLAS needs of a dense block-scaled weight */
     /* widths of a position's rows: queries, keys, values, attention output (GQA: heads x head_dim; MLA: heads x
      * (nope + rope) for queries and keys, heads x v_head_dim for values and output), and the rotating dims */
     int qw, kw, vw, cw, rdim;
@@ -117,5 +129,9 @@ size_t GPU_FN(weights_plan)(gpu *G);
  * weights digest is still to be made; norms and biases uploaded beside. */
 int GPU_FN(weights_upload)(gpu *G, mf_error *err);
 void GPU_FN(weights_free)(gpu *G);
+/* One weight of `experts` matrices in host memory (plain: F32, BF16 or F16; or block-scaled), for the
+ * product check; weight_free frees it. */
+int GPU_FN(weight_of_mats)(gpu *G, gw *w, const mf_mat *mats, int experts, mf_error *err);
+void GPU_FN(weight_free)(gpu *G, gw *w);
 
 #endif

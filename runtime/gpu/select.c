@@ -22,6 +22,8 @@ typedef struct backend_api {
     const char *(*describe)(const void *impl);
     void (*close)(void *impl);
     int (*count)(int *count, mf_error *err);
+    int (*matmul)(int device, const mf_numerics *num, mf_dtype in, mf_dtype out, const mf_mat *w, int experts,
+                  const double *a, int M, const int *offsets, double *c, mf_error *err);
 } backend_api;
 
 struct mf_gpu {
@@ -38,16 +40,16 @@ static int load_backend(backend b, const backend_api **out, mf_error *err) {
         *out = &apis[b];
         return MF_OK;
     }
-    enum { N_ENTRIES = 9 };
+    enum { N_ENTRIES = 10 };
     char file[64], names[N_ENTRIES][64];
     snprintf(file, sizeof file, "libmoeflip_%s.so", backend_names[b]);
     backend_api *a = &apis[b];
     static const char *const entry[N_ENTRIES] = {"gpu_open", "gpu_forward", "gpu_session_forward", "gpu_session_rewind",
                                                  "gpu_set_replay", "gpu_host_logits", "gpu_describe", "gpu_close",
-                                                 "gpu_count"};
+                                                 "gpu_count", "gpu_matmul"};
     void **slots[N_ENTRIES] = {(void **)&a->open, (void **)&a->forward, (void **)&a->session_forward,
                                (void **)&a->session_rewind, (void **)&a->set_replay, (void **)&a->host_logits,
-                               (void **)&a->describe, (void **)&a->close, (void **)&a->count};
+                               (void **)&a->describe, (void **)&a->close, (void **)&a->count, (void **)&a->matmul};
     mf_module_fn fns[N_ENTRIES];
     for (int i = 0; i < N_ENTRIES; i++) {
         snprintf(names[i], sizeof names[i], "mf_%s_%s", backend_names[b], entry[i]);
@@ -125,6 +127,15 @@ int mf_gpu_open(mf_gpu **out, const char *device, mf_model *m, const mf_precisio
     g->impl = impl;
     *out = g;
     return MF_OK;
+}
+
+int mf_gpu_matmul(const char *device, const mf_numerics *num, mf_dtype in, mf_dtype out, const mf_mat *w, int experts,
+                  const double *a, int M, const int *offsets, double *c, mf_error *err) {
+    backend b = BACKEND_CUDA;
+    int index = 0, rc;
+    const backend_api *api;
+    if ((rc = parse_device(device, &b, &index, err)) || (rc = load_backend(b, &api, err))) return rc;
+    return api->matmul(index, num, in, out, w, experts, a, M, offsets, c, err);
 }
 
 int mf_gpu_forward(mf_gpu *g, const int32_t *tokens, int T, unsigned capture, mf_seq_result *r, mf_error *err) {

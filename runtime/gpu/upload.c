@@ -32,7 +32,84 @@ static size_t dt_size(int dt) { return dt == GK_F64 ? 8 : dt == GK_F32 ? 4 : 2; 
 
 static int gk_of(mf_dtype t) { return t == MF_F64 ? GK_F64 : gk_dt(t); }
 
-/* One weight's layout: rows [experts * n][kp] of the model's storage dtype. */
+/* ---- block-scaled weights: the checkpoint's tensors as they are ---------------- */
+
+/* A checkpoint tensor holding codes or scales of block-scaled weights, at `off` in the device arena. */
+typedef struct gq_tensor {
+    const uint8_t *host;
+    size_t bytes, file, file_off, off;
+} gq_tensor;
+
+static int cmp_gq(const void *a, const void *b) {
+    const gq_tensor *x = a, *y = b;
+    return x->host < y->host ? -1 : x->host > y->host;
+}
+
+/* Every tensor of the checkpoint, by address, for finding which one holds a weight's codes. */
+static gq_tensor *all_tensors(const mf_checkpoint *ck, size_t *count) {
+    size_t n = 0;
+    for (size_t f = 0; f < ck->nfiles; f++) n += ck->files[f]->count;
+    gq_tensor *v = mf_xcalloc(n ? n : 1, sizeof *v);
+    n = 0;
+    for (size_t f = 0; f < ck->nfiles; f++)
+        for (size_t i = 0; i < ck->files[f]->count; i++) {
+            const mf_st_tensor *t = &ck->files[f]->tensors[i];
+            if (!t->data || !t->nbytes) continue;
+            v[n++] = (gq_tensor){t->data, t->nbytes, f, (size_t)(t->data - ck->files[f]->map.data), 0};
+        }
+    qsort(v, n, sizeof *v, cmp_gq);
+    *count = n;
+    return v;
+}
+
+/* The tensor of v (sorted) holding [p, p + bytes), or NULL. */
+static const gq_tensor *holding(const gq_tensor *v, size_t n, const void *p, size_t bytes) {
+    size_t lo = 0, hi = n;
+    while (lo < hi) {   /* the last tensor starting at or before p */
+        const size_t mid = (lo + hi) / 2;
+        if (v[mid].host <= (const uint8_t *)p) lo = mid + 1;
+        else hi = mid;
+    }
+    if (!lo) return NULL;
+    const gq_tensor *t = &v[lo - 1];
+    const size_t at = (size_t)((const uint8_t *)p - t->host);
+    return at < t->bytes && bytes <= t->bytes - at ? t : NULL;
+}
+
+/* The bytes a block-scaled view reads from its codes and from its scales (row-major, cs 1). */
+static void q_spans(const mf_mat *w, size_t *codes, size_t *scales) {
+    const mf_mat_scales *q = &w->q;
+    const size_t last = (size_t)(w->n - 1) * w->rs + (size_t)w->k;   /* values up to the last one read, + 1 */
+    *codes = q->kind == MF_WQ_MXFP4 ? (last + 1) / 2 : last;
+    const size_t srows = (size_t)((w->n + q->bn - 1) / q->bn), scols = (size_t)((w->k + q->bk - 1) / q->bk);
+    *scales = ((srows - 1) * q->rs + scols) * mf_dtype_size(q->dtype);
+}
+
+/* The device description of a block-scaled view (its pointers filled in later); 0, or nonzero when the GPU
+ * kernels do not read such a view. */
+static int q_desc(gk_wq *d, const mf_mat *w) {
+    const mf_mat_scales *q = &w->q;
+    memset(d, 0, sizeof *d);
+    if (w->cs != 1 || w->n <= 0 || w->k <= 0 || q->bn <= 0 || q->bk <= 0) return 1;
+    if (q->kind == MF_WQ_FP8_BLOCK) {
+        if (q->dtype != MF_F32 && q->dtype != MF_BF16 && q->dtype != MF_F16) return 1;
+        d->kind = GK_WQ_FP8;
+        d->sdt = gk_dt(q->dtype);
+    } else {
+        if (q->dtype != MF_U8 || w->rs % 2) return 1;
+        d->kind = GK_WQ_MXFP4;
+    }
+    if (q->round != MF_F32 && q->round != MF_BF16 && q->round != MF_F16) return 1;
+    d->bn = q->bn;
+    d->bk = q->bk;
+    d->round = gk_dt(q->round);
+    d->rs = w->rs;
+    d->srs = q->rs;
+    return 0;
+}
+
+/* One weight's layout: rows [experts * n][kp] of the model's storage dtype; a block-scaled one keeps its
+ * tensors (counted apart, in G->qt) and a table of its experts' pointers. */
 static size_t plan_linear(gpu *G, gw *w, const mf_linear *L, int experts) {
     memset(w, 0, sizeof *w);
     if (!L || !L->w.data) return 0;
@@ -40,6 +117,13 @@ static size_t plan_linear(gpu *G, gw *w, const mf_linear *L, int experts) {
     w->k = L->in;
     w->kp = round16(L->in);
     w->experts = experts;
+    if (L->w.q.kind != MF_WQ_NONE) {
+        w->dt = gk_dt(L->w.q.round);
+        w->q.kind = L->w.q.kind == MF_WQ_FP8_BLOCK ? GK_WQ_FP8 : GK_WQ_MXFP4;   /* checked at the upload */
+        const size_t wide = (size_t)w->n * w->kp * 4;   /* cuBLAS's widened copy of a dense one, at most fp32 */
+        if (experts == 1 && wide > G->q_wide_bytes) G->q_wide_bytes = wide;
+        return (size_t)2 * experts * sizeof(void *);
+    }
     w->dt = gk_dt(mf_weight_storage(L->w.dtype, G->m->weight_round));
     return (size_t)experts * w->n * w->kp * dt_size(w->dt);
 }
@@ -99,14 +183,50 @@ size_t GPU_FN(weights_plan)(gpu *G) {
     const mf_config *c = &m->cfg;
     size_t bytes = 0;
     lin_ref refs[MAX_LAYER_LINEARS];
+    size_t n_all = 0, cap = 0;
+    gq_tensor *all = NULL;
+    free(G->qt);
+    G->qt = NULL;
+    G->n_qt = 0;
+    G->q_wide_bytes = 0;
     for (int l = 0; l < c->n_layers; l++) {
         const int n = layer_linears(G, l, refs);
-        for (int i = 0; i < n; i++) bytes += plan_linear(G, refs[i].w, refs[i].L, refs[i].experts);
+        for (int i = 0; i < n; i++) {
+            bytes += plan_linear(G, refs[i].w, refs[i].L, refs[i].experts);
+            if (!refs[i].w->q.kind) continue;
+            if (!all) all = all_tensors(m->ckpt, &n_all);
+            for (int e = 0; e < refs[i].experts; e++) {   /* each tensor its codes and scales lie in (once) */
+                const mf_mat *w = &refs[i].L[e].w;
+                size_t cb, sb;
+                q_spans(w, &cb, &sb);
+                const gq_tensor *tc = holding(all, n_all, w->data, cb), *ts = holding(all, n_all, w->q.data, sb);
+                for (int x = 0; x < 2; x++) {
+                    const gq_tensor *t = x ? ts : tc;
+                    if (!t || (G->n_qt && G->qt[G->n_qt - 1].host == t->host)) continue;   /* gate and up share one */
+                    if (G->n_qt == cap) G->qt = mf_xrealloc(G->qt, (cap = cap ? 2 * cap : 64) * sizeof *G->qt);
+                    G->qt[G->n_qt++] = *t;
+                }
+            }
+        }
         if (fused_experts(&m->layers[l])) {   /* gpt-oss: one weight of 2I rows an expert for gate and up */
             glayer *L = &G->layers[l];
             L->exp_gate.n *= 2;
             memset(&L->exp_up, 0, sizeof L->exp_up);
         }
+    }
+    free(all);
+    if (G->n_qt) {   /* unique, by address, each at a 256-byte boundary of the arena */
+        qsort(G->qt, G->n_qt, sizeof *G->qt, cmp_gq);
+        size_t u = 0, off = 0;
+        for (size_t i = 0; i < G->n_qt; i++) {
+            if (u && G->qt[u - 1].host == G->qt[i].host) continue;
+            G->qt[u] = G->qt[i];
+            G->qt[u++].off = off;
+            off += (G->qt[i].bytes + 255) / 256 * 256;
+        }
+        G->n_qt = u;
+        G->qarena_bytes = off;
+        bytes += off;
     }
     /* the embedding as its table [V][H]; a tied head shares it where the layouts agree */
     gw *e = &G->embed;
@@ -192,13 +312,57 @@ static int alloc_weight(gpu *G, gw *w, mf_error *err) {
     return MF_OK;
 }
 
+/* The device address of host bytes p of a block-scaled tensor (uploaded whole into the arena), or NULL. */
+static void *q_device(const gpu *G, const void *p, size_t bytes) {
+    const gq_tensor *t = holding(G->qt, G->n_qt, p, bytes);
+    return t ? (uint8_t *)G->qarena + t->off + ((const uint8_t *)p - t->host) : NULL;
+}
+
+/* A block-scaled weight's table of its experts' codes and scales, pointing into the arena. */
+static int q_pointers(gpu *G, gw *w, const mf_linear *L, mf_error *err) {
+    const int kind = w->q.kind;
+    const size_t E = (size_t)w->experts;
+    void **tab = mf_xmalloc(2 * E * sizeof *tab);
+    int rc = MF_OK;
+    for (size_t e = 0; e < E && !rc; e++) {
+        const mf_mat *m = &L[e].w;
+        size_t cb, sb;
+        gk_wq d;
+        const bool bad = q_desc(&d, m) || d.kind != kind ||
+                         (e && (d.sdt != w->q.sdt || d.bn != w->q.bn || d.bk != w->q.bk || d.round != w->q.round ||
+                                d.rs != w->q.rs || d.srs != w->q.srs));   /* the experts alike */
+        if (!e) w->q = d;
+        if (bad) {
+            rc = mf_fail(err, MF_EUNSUPPORTED, "%s: a block-scaled weight [%d, %d] whose layout (row stride %zu, "
+                         "column stride %zu, scales %s per %dx%d, values %s) the GPU's products do not read", G->desc,
+                         m->n, m->k, m->rs, m->cs, mf_dtype_name(m->q.dtype), m->q.bn, m->q.bk,
+                         mf_dtype_name(m->q.round));
+            break;
+        }
+        q_spans(m, &cb, &sb);
+        tab[e] = q_device(G, m->data, cb);
+        tab[E + e] = q_device(G, m->q.data, sb);
+        if (!tab[e] || !tab[E + e])
+            rc = mf_fail(err, MF_EINVAL, "%s: a block-scaled weight [%d, %d] (expert %zu) lies outside the "
+                         "checkpoint's tensors", G->desc, m->n, m->k, e);
+    }
+    w->q.kind = kind;
+    if (!rc && !(w->qtab = GPU_FN(alloc)(G->ctx, 2 * E * sizeof *tab)))
+        rc = mf_fail(err, MF_ENOMEM, "%s: out of memory for a weight's table of experts", G->desc);
+    if (!rc && GPU_FN(upload)(G->ctx, w->qtab, tab, 2 * E * sizeof *tab))
+        rc = mf_fail(err, MF_EIO, "%s: copying a weight's table of experts to the GPU failed", G->desc);
+    w->q.codes = (const uint8_t *const *)w->qtab;
+    w->q.scales = (const void *const *)((void **)w->qtab + E);
+    free(tab);
+    return rc;
+}
+
 static int linear_segs(gpu *G, segs *S, gw *w, const mf_linear *L, mf_error *err) {
     if (!w->n) return MF_OK;
-    if (L->w.q.kind != MF_WQ_NONE)   /* the loader refuses FP8 for a GPU; a block-scaled view must never get here */
-        return mf_fail(err, MF_EUNSUPPORTED, "%s: block-scaled (FP8/MXFP4) weights are not uploaded to a GPU", G->desc);
-    int rc = alloc_weight(G, w, err);
+    /* a block-scaled weight's bytes come with its tensors (the arena); a plain one's are its own */
+    int rc = w->q.kind ? q_pointers(G, w, L, err) : alloc_weight(G, w, err);
     const size_t per = (size_t)w->n * w->kp * dt_size(w->dt);
-    for (int e = 0; e < w->experts && !rc; e++)
+    for (int e = 0; e < w->experts && !rc && !w->q.kind; e++)
         rc = add_seg(G, S, L[e].w.data, L[e].w.dtype, (size_t)w->n * w->k, w->k, (uint8_t *)w->w + e * per, w->dt,
                      w->kp, err);
     if (!rc && L->bias) {
@@ -431,6 +595,14 @@ int GPU_FN(weights_upload)(gpu *G, mf_error *err) {
     segs S = {0};
     int rc = MF_OK;
     lin_ref refs[MAX_LAYER_LINEARS];
+    /* the block-scaled tensors, whole, as the files hold them: one arena, each copied in place */
+    if (G->n_qt && !(G->qarena = GPU_FN(alloc)(G->ctx, G->qarena_bytes)))
+        rc = mf_fail(err, MF_ENOMEM, "%s: cannot hold %zu MB of block-scaled weights", G->desc, G->qarena_bytes >> 20);
+    for (size_t i = 0; i < G->n_qt && !rc; i++) {
+        if (S.n == S.cap) S.v = mf_xrealloc(S.v, (S.cap = S.cap ? 2 * S.cap : 256) * sizeof *S.v);
+        S.v[S.n++] = (seg){G->qt[i].file, G->qt[i].file_off, G->qt[i].bytes, GK_F32, GK_F32, 1, 1,
+                           (uint8_t *)G->qarena + G->qt[i].off, true};
+    }
     for (int l = 0; l < c->n_layers && !rc; l++) {
         const mf_layer *ML = &m->layers[l];
         glayer *L = &G->layers[l];
@@ -513,11 +685,80 @@ int GPU_FN(weights_upload)(gpu *G, mf_error *err) {
     return rc;
 }
 
+/* ---- one weight from matrices in host memory (moeflip_gpu_check's products) ---------------------------- */
+
+int GPU_FN(weight_of_mats)(gpu *G, gw *w, const mf_mat *mats, int experts, mf_error *err) {
+    memset(w, 0, sizeof *w);
+    const mf_mat *m0 = &mats[0];
+    w->n = m0->n;
+    w->k = m0->k;
+    w->kp = round16(m0->k);
+    w->experts = experts;
+    const size_t E = (size_t)experts;
+    for (size_t e = 1; e < E; e++)
+        if (mats[e].n != m0->n || mats[e].k != m0->k || mats[e].q.kind != m0->q.kind)
+            return mf_fail(err, MF_EINVAL, "%s: expert %zu's matrix differs from expert 0's in shape or kind", G->desc, e);
+    if (m0->q.kind == MF_WQ_NONE) {
+        if (m0->dtype != MF_F32 && m0->dtype != MF_BF16 && m0->dtype != MF_F16)
+            return mf_fail(err, MF_EINVAL, "%s: a %s weight is not a GPU operand", G->desc, mf_dtype_name(m0->dtype));
+        w->dt = gk_dt(m0->dtype);
+        const size_t per = (size_t)w->n * w->kp, bytes = E * per * dt_size(w->dt);
+        uint8_t *h = mf_xcalloc(1, bytes);
+        for (size_t e = 0; e < E; e++)
+            for (int j = 0; j < w->n; j++)
+                for (int kk = 0; kk < w->k; kk++)
+                    mf_store_from_f64(h, m0->dtype, e * per + (size_t)j * w->kp + kk, mf_mat_get(&mats[e], j, kk));
+        w->w = GPU_FN(alloc)(G->ctx, bytes);
+        const int rc = !w->w || GPU_FN(upload)(G->ctx, w->w, h, bytes);
+        free(h);
+        return rc ? mf_fail(err, MF_ENOMEM, "%s: cannot place a %zu-byte weight", G->desc, bytes) : MF_OK;
+    }
+    /* block-scaled: the bytes each expert's view reads, codes and scales, after a table of their addresses */
+    w->dt = gk_dt(m0->q.round);
+    size_t *cb = mf_xmalloc(2 * E * sizeof *cb), *sb = cb + E, total = (2 * E * sizeof(void *) + 255) / 256 * 256;
+    for (size_t e = 0; e < E; e++) {
+        q_spans(&mats[e], &cb[e], &sb[e]);
+        total += (cb[e] + 255) / 256 * 256 + (sb[e] + 255) / 256 * 256;
+    }
+    int rc = MF_OK;
+    if (q_desc(&w->q, m0)) rc = mf_fail(err, MF_EUNSUPPORTED, "%s: a block-scaled matrix the GPU does not read", G->desc);
+    uint8_t *dev = rc ? NULL : GPU_FN(alloc)(G->ctx, total);
+    if (!rc && !dev) rc = mf_fail(err, MF_ENOMEM, "%s: cannot place a %zu-byte weight", G->desc, total);
+    void **tab = mf_xmalloc(2 * E * sizeof *tab);
+    size_t at = (2 * E * sizeof(void *) + 255) / 256 * 256;
+    int bad = 0;
+    for (size_t e = 0; e < E && !rc; e++) {
+        tab[e] = dev + at;
+        bad |= GPU_FN(upload)(G->ctx, tab[e], mats[e].data, cb[e]);
+        at += (cb[e] + 255) / 256 * 256;
+        tab[E + e] = dev + at;
+        bad |= GPU_FN(upload)(G->ctx, tab[E + e], mats[e].q.data, sb[e]);
+        at += (sb[e] + 255) / 256 * 256;
+    }
+    if (!rc && (bad || GPU_FN(upload)(G->ctx, dev, tab, 2 * E * sizeof *tab)))
+        rc = mf_fail(err, MF_EIO, "%s: copying a weight to the GPU failed", G->desc);
+    w->qtab = dev;
+    w->q.codes = (const uint8_t *const *)dev;
+    w->q.scales = (const void *const *)((void **)dev + E);
+    free(tab);
+    free(cb);
+    return rc;
+}
+
+void GPU_FN(weight_free)(gpu *G, gw *w) {
+    GPU_FN(free)(G->ctx, w->w);
+    GPU_FN(free)(G->ctx, w->bias);
+    GPU_FN(free)(G->ctx, w->qtab);
+    memset(w, 0, sizeof *w);
+}
+
 static void free_gw(gpu *G, gw *w) {
     if (!w->shared) GPU_FN(free)(G->ctx, w->w);
     GPU_FN(free)(G->ctx, w->bias);
+    GPU_FN(free)(G->ctx, w->qtab);
     w->w = NULL;
     w->bias = NULL;
+    w->qtab = NULL;
 }
 
 void GPU_FN(weights_free)(gpu *G) {
@@ -544,6 +785,11 @@ void GPU_FN(weights_free)(gpu *G) {
     GPU_FN(free)(G->ctx, G->final_norm);
     GPU_FN(free)(G->ctx, G->wide);
     G->wide = NULL;
+    GPU_FN(free)(G->ctx, G->qarena);
+    G->qarena = NULL;
+    free(G->qt);
+    G->qt = NULL;
+    G->n_qt = 0;
     free(G->layers);
     G->layers = NULL;
 }
