@@ -669,9 +669,6 @@ int GPU_FN(gpu_open)(void **out, int device, mf_model *m, const mf_precision *pr
                      int cache_T, mf_error *err) {
     *out = NULL;
     const mf_config *c = &m->cfg;
-    if (c->mxfp4)
-        return mf_fail(err, MF_EUNSUPPORTED, "%s: MXFP4 experts (quantization_config mxfp4) run on the CPU only for now "
-                       "(--device cpu)", c->model_type);
     if (c->arch > MF_ARCH_GPT_OSS)
         return mf_fail(err, MF_EUNSUPPORTED, "%s runs on the CPU only for now (--device cpu)", c->model_type);
     if (c->fp8_block[0] > 0 && num->fp8_products == MF_FP8_W8A8)

@@ -175,7 +175,28 @@ static int layer_linears(gpu *G, int l, lin_ref *out) {
 
 /* gpt-oss's bf16 experts as the loader leaves them for a GPU (MF_LOAD_NO_CONVERT): strided views of the fused
  * tensors, gate_up_proj [E][H][2I] (gate i at column 2i, up i at 2i + 1) and down_proj [E][I][H] (models/load.c) */
-static bool fused_experts(const mf_layer *ML) { return ML->is_moe && ML->exp_gate && ML->exp_gate[0].w.cs != 1; }
+static bool fused_bf16(const mf_layer *ML) { return ML->is_moe && ML->exp_gate && ML->exp_gate[0].w.cs != 1; }
+
+/* gpt-oss's MXFP4 experts as the loader leaves them: gate and up are the even and odd rows of one block matrix
+ * [2I, H] an expert (models/load.c), so that matrix itself, rows in the same interleaved order, is the fused
+ * weight; checked for every expert, as the views could come from anywhere */
+static bool fused_mxfp4(const mf_layer *ML, int experts) {
+    if (!ML->is_moe || !ML->exp_gate || !ML->exp_up || ML->exp_gate[0].w.q.kind != MF_WQ_MXFP4) return false;
+    for (int e = 0; e < experts; e++) {
+        const mf_mat *g = &ML->exp_gate[e].w, *u = &ML->exp_up[e].w;
+        if (g->q.kind != MF_WQ_MXFP4 || u->q.kind != MF_WQ_MXFP4 || g->k % 2 || g->rs != 2 * (size_t)g->k ||
+            u->rs != g->rs || g->q.rs % 2 || u->q.rs != g->q.rs || u->n != g->n || u->k != g->k ||
+            (const uint8_t *)u->data != (const uint8_t *)g->data + g->k / 2 ||
+            (const uint8_t *)u->q.data != (const uint8_t *)g->q.data + g->q.rs / 2)
+            return false;
+    }
+    return true;
+}
+
+/* gpt-oss's gate and up as one weight of 2I rows an expert: bf16 fused views, or MXFP4 blocks */
+static bool fused_experts(const gpu *G, const mf_layer *ML) {
+    return fused_bf16(ML) || fused_mxfp4(ML, G->m->cfg.n_experts);
+}
 
 size_t GPU_FN(weights_plan)(gpu *G) {
     if (!G->layers) G->layers = mf_xcalloc((size_t)G->m->cfg.n_layers, sizeof(glayer));
@@ -208,7 +229,7 @@ size_t GPU_FN(weights_plan)(gpu *G) {
                 }
             }
         }
-        if (fused_experts(&m->layers[l])) {   /* gpt-oss: one weight of 2I rows an expert for gate and up */
+        if (fused_experts(G, &m->layers[l])) {   /* gpt-oss: one weight of 2I rows an expert for gate and up */
             glayer *L = &G->layers[l];
             L->exp_gate.n *= 2;
             memset(&L->exp_up, 0, sizeof L->exp_up);
@@ -386,17 +407,51 @@ static double *upload_doubles(gpu *G, const double *src, size_t n) {
     return d;
 }
 
+/* The fused experts' biases beside them: gate_up's [E][2I] interleaved and down's [E][H], doubles as the loader
+ * rounded them */
+static int expert_biases(gpu *G, glayer *L, const mf_layer *ML, mf_error *err) {
+    const int E = G->m->cfg.n_experts, I = L->exp_gate.n / 2, H = L->exp_gate.k;
+    double *bgu = mf_xmalloc((size_t)E * 2 * I * sizeof(double)), *bd = mf_xmalloc((size_t)E * H * sizeof(double));
+    for (int e = 0; e < E; e++) {
+        for (int i = 0; i < I; i++) {
+            bgu[((size_t)e * I + i) * 2] = ML->exp_gate[e].bias[i];
+            bgu[((size_t)e * I + i) * 2 + 1] = ML->exp_up[e].bias[i];
+        }
+        memcpy(bd + (size_t)e * H, ML->exp_down[e].bias, (size_t)H * sizeof(double));
+    }
+    L->eb_gate_up = upload_doubles(G, bgu, (size_t)E * 2 * I);
+    L->eb_down = upload_doubles(G, bd, (size_t)E * H);
+    free(bgu);
+    free(bd);
+    if (!L->eb_gate_up || !L->eb_down)
+        return mf_fail(err, MF_ENOMEM, "%s: out of memory for the expert biases", G->desc);
+    return MF_OK;
+}
+
 /* On the device they are weights as the grouped products read any experts', rows the outputs: exp_gate holds the
  * fused gate_up, [E][2I][Hp] with its rows in the checkpoint's interleaved order (row 2i gate i, 2i + 1 up i: one
  * product for both, whose kernel after pairs the columns), exp_down [E][H][Ip]. Each tensor is one segment of its
- * file, transposed by place_t as it lands. (A block-scaled checkpoint's rows are the outputs already, gate_up's
- * [E][2I][H/32] blocks in this very order: its packed blocks would be this B operand as they lie, nothing
- * dequantised; gpu_open refuses MXFP4 for now.) The biases go beside, gate_up's [E][2I] interleaved and down's
- * [E][H], doubles as the loader rounded them. */
+ * file, transposed by place_t as it lands. An MXFP4 checkpoint's rows are the outputs already, gate_up's
+ * [E][2I][H/32] blocks in this very order: its packed blocks are this B operand as they lie in the arena, nothing
+ * dequantised. The biases go beside (expert_biases). */
 static int fused_expert_segs(gpu *G, segs *S, glayer *L, const mf_layer *ML, mf_error *err) {
     const mf_config *c = &G->m->cfg;
     const int E = c->n_experts, I = L->exp_gate.n / 2, H = L->exp_gate.k;
     int rc;
+    if (L->exp_gate.q.kind) {   /* MXFP4: each expert's [2I, H] blocks and scales where the arena holds them */
+        mf_linear *gu = mf_xmalloc((size_t)E * sizeof *gu);
+        for (int e = 0; e < E; e++) {
+            gu[e] = ML->exp_gate[e];
+            gu[e].w.n = 2 * I;
+            gu[e].w.rs /= 2;
+            gu[e].w.q.rs /= 2;
+        }
+        rc = q_pointers(G, &L->exp_gate, gu, err);
+        free(gu);
+        if (!rc) rc = q_pointers(G, &L->exp_down, ML->exp_down, err);
+        if (rc) return rc;
+        return expert_biases(G, L, ML, err);
+    }
     if ((rc = alloc_weight(G, &L->exp_gate, err)) || (rc = alloc_weight(G, &L->exp_down, err))) return rc;
     const mf_mat *gu = &ML->exp_gate[0].w, *dn = &ML->exp_down[0].w;
     if ((rc = add_seg(G, S, gu->data, gu->dtype, (size_t)E * H * 2 * I, H, L->exp_gate.w, L->exp_gate.dt,
@@ -413,21 +468,7 @@ static int fused_expert_segs(gpu *G, segs *S, glayer *L, const mf_layer *ML, mf_
     s->ta = I;
     s->tb = H;
     s->direct = false;
-    double *bgu = mf_xmalloc((size_t)E * 2 * I * sizeof(double)), *bd = mf_xmalloc((size_t)E * H * sizeof(double));
-    for (int e = 0; e < E; e++) {
-        for (int i = 0; i < I; i++) {
-            bgu[((size_t)e * I + i) * 2] = ML->exp_gate[e].bias[i];
-            bgu[((size_t)e * I + i) * 2 + 1] = ML->exp_up[e].bias[i];
-        }
-        memcpy(bd + (size_t)e * H, ML->exp_down[e].bias, (size_t)H * sizeof(double));
-    }
-    L->eb_gate_up = upload_doubles(G, bgu, (size_t)E * 2 * I);
-    L->eb_down = upload_doubles(G, bd, (size_t)E * H);
-    free(bgu);
-    free(bd);
-    if (!L->eb_gate_up || !L->eb_down)
-        return mf_fail(err, MF_ENOMEM, "%s: out of memory for the expert biases", G->desc);
-    return MF_OK;
+    return expert_biases(G, L, ML, err);
 }
 
 static void pause_briefly(void) {
@@ -600,8 +641,9 @@ int GPU_FN(weights_upload)(gpu *G, mf_error *err) {
         rc = mf_fail(err, MF_ENOMEM, "%s: cannot hold %zu MB of block-scaled weights", G->desc, G->qarena_bytes >> 20);
     for (size_t i = 0; i < G->n_qt && !rc; i++) {
         if (S.n == S.cap) S.v = mf_xrealloc(S.v, (S.cap = S.cap ? 2 * S.cap : 256) * sizeof *S.v);
-        S.v[S.n++] = (seg){G->qt[i].file, G->qt[i].file_off, G->qt[i].bytes, GK_F32, GK_F32, 1, 1,
-                           (uint8_t *)G->qarena + G->qt[i].off, true};
+        S.v[S.n++] = (seg){.file = G->qt[i].file, .off = G->qt[i].file_off, .bytes = G->qt[i].bytes,
+                           .src_dt = GK_F32, .dst_dt = GK_F32, .k = 1, .kp = 1,
+                           .dst = (uint8_t *)G->qarena + G->qt[i].off, .direct = true};
     }
     for (int l = 0; l < c->n_layers && !rc; l++) {
         const mf_layer *ML = &m->layers[l];
@@ -626,7 +668,7 @@ int GPU_FN(weights_upload)(gpu *G, mf_error *err) {
             rc = mf_fail(err, MF_ENOMEM, "%s: out of memory for the norms of layer %d", G->desc, l);
             break;
         }
-        const bool fused = fused_experts(ML);
+        const bool fused = fused_experts(G, ML);
         const int n = layer_linears(G, l, refs);
         for (int i = 0; i < n && !rc; i++) {
             const bool expert = refs[i].w == &L->exp_gate || refs[i].w == &L->exp_up || refs[i].w == &L->exp_down;
