@@ -179,6 +179,17 @@ Test(gpu, recorded_h200_gpt_oss_sessions_and_replays_equal_the_cpu_models, .time
     recorded_checks("gpu/h200-check-oss.json", true, 4, 2);
 }
 
+/* The block-scaled weights on the GPU (the FP8 fixture's codes and scales on the device, widened inside the
+ * products): tools/gpu_checkq.sh's record of an H200, 2026-12-02 (9 forward checks, 4 sessions and replays; its
+ * product-level and fp32 checks are the H200's own, passed there). */
+Test(gpu, recorded_h200_fp8_runs_equal_the_cpu_models, .timeout = 900) {
+    recorded_checks("gpu/h200-checkq.json", false, 9, 2);
+}
+
+Test(gpu, recorded_h200_fp8_sessions_and_replays_equal_the_cpu_models, .timeout = 900) {
+    recorded_checks("gpu/h200-checkq.json", true, 4, 2);
+}
+
 Test(gpu, live_checks_pass_on_this_gpu, .timeout = 1800) {
 #ifndef MF_GPU_CHECK_BIN
     cr_skip_test("this build has no CUDA backend");
