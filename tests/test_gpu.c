@@ -169,14 +169,14 @@ Test(gpu, recorded_h200_deepseek_family_sessions_and_replays_equal_the_cpu_model
 }
 
 /* The same for gpt-oss (tests/fixtures/hf26/gpt_oss: sinks, sliding layers, YaRN, the biased top-k router, clamped
- * SwiGLU experts with biases): tools/gpu_check_oss.sh's record of an H200, 2026-12-02 (9 bit-exact forward checks,
- * 4 sessions and replays). */
+ * SwiGLU experts with biases; and its MXFP4 twin, the experts' blocks packed on the device): the gpt-oss checks of
+ * an H200's `tools/gpu_check.sh` record, 2026-12-02 (9 bit-exact forward checks, 4 sessions and replays each). */
 Test(gpu, recorded_h200_gpt_oss_runs_equal_the_cpu_models, .timeout = 900) {
-    recorded_checks("gpu/h200-check-oss.json", false, 9, 2);
+    recorded_checks("gpu/h200-check-oss.json", false, 18, 2);
 }
 
 Test(gpu, recorded_h200_gpt_oss_sessions_and_replays_equal_the_cpu_models, .timeout = 900) {
-    recorded_checks("gpu/h200-check-oss.json", true, 4, 2);
+    recorded_checks("gpu/h200-check-oss.json", true, 8, 2);
 }
 
 /* The block-scaled weights on the GPU (the FP8 fixture's codes and scales on the device, widened inside the
