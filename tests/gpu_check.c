@@ -15,7 +15,7 @@
  *       check the CPU models against what the H200 computed.
  *   moeflip_gpu_check validate26 FIXTURES OUT.json, validate_oss FIXTURES OUT.json, validateq FIXTURES OUT.json
  *       the same checks on the DeepSeek-family fixtures (tests/fixtures/hf26, the FP8 one refused), or on the
- *       gpt-oss ones (hf26/gpt_oss and its MXFP4 twin): tools/gpu_check26.sh, tools/gpu_check_oss.sh.
+ *       gpt-oss ones (hf26/gpt_oss and its MXFP4 twin), or the block-scaled weights: tools/gpu_check_family.sh.
  *   moeflip_gpu_check bench MODEL_DIR PRECISION REPS NUMERICS[,NUMERICS...] [OUT.json]
  *       (profile:NUMERICS: also print where the time goes, with a wait after every step;
  *       VAR=VALUE/NUMERICS: with a backend variable set for that entry, e.g.

@@ -159,7 +159,8 @@ Test(gpu, recorded_h200_sessions_and_replays_equal_the_cpu_models, .timeout = 90
 }
 
 /* The same for the DeepSeek family (tests/fixtures/hf26: latent attention, the grouped routers, shared experts):
- * tools/gpu_check26.sh's record of an H200, 2026-12-02 (54 forward checks, 24 sessions and replays). */
+ * the DeepSeek-family record of an H200 (tools/gpu_check_family.sh deepseek), 2026-12-02 (54 forward checks,
+ * 24 sessions and replays). */
 Test(gpu, recorded_h200_deepseek_family_runs_equal_the_cpu_models, .timeout = 900) {
     recorded_checks("gpu/h200-check26.json", false, 54, 4);
 }
@@ -180,8 +181,8 @@ Test(gpu, recorded_h200_gpt_oss_sessions_and_replays_equal_the_cpu_models, .time
 }
 
 /* The block-scaled weights on the GPU (the FP8 fixture's codes and scales on the device, widened inside the
- * products): tools/gpu_checkq.sh's record of an H200, 2026-12-02 (9 forward checks, 4 sessions and replays; its
- * product-level and fp32 checks are the H200's own, passed there). */
+ * products): the block-scaled record of an H200 (tools/gpu_check_family.sh blockscaled), 2026-12-02 (9 forward
+ * checks, 4 sessions and replays; its product-level and fp32 checks are the H200's own, passed there). */
 Test(gpu, recorded_h200_fp8_runs_equal_the_cpu_models, .timeout = 900) {
     recorded_checks("gpu/h200-checkq.json", false, 9, 2);
 }
