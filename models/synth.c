@@ -86,6 +86,19 @@ int mf_synth_size_from_name(const char *name) {
 static int synth_into(const char *dir, mf_arch arch, mf_synth_size size, const mf_config *like, uint64_t seed,
                       mf_error *err);
 static int write_prompts(const char *dir, mf_rng *rng, bool long_ones, int V, mf_error *err);
+
+/* The final norm and the head, then the file and its prompts (four of 512 tokens when long_prompts); a dry run
+ * (parameters counted only) writes nothing */
+static int finish_model(synth *s, const char *dir, int V, int H, double std, bool long_prompts, mf_error *err) {
+    tensor(s, "model.norm.weight", H, 0, 1.0, 0.1);
+    tensor(s, "lm_head.weight", V, H, 0.0, std);
+    if (s->dry) return MF_OK;
+    char path[4096];
+    mf_path_join(path, sizeof path, dir, "model.safetensors");
+    const int rc = mf_st_writer_write(s->st, path, err);
+    mf_st_writer_free(s->st);
+    return rc ? rc : write_prompts(dir, &s->rng, long_prompts, V, err);
+}
 static int synth_deepseek(const char *dir, mf_synth_size size, const mf_config *like, uint64_t seed, bool fp8,
                           mf_error *err);
 
@@ -223,7 +236,7 @@ static int synth_gpt_oss(const char *dir, mf_synth_size size, const mf_config *l
     json_object_set_new(cfg, "swiglu_limit", json_real(7.0));
     json_object_set_new(cfg, "tie_word_embeddings", json_false());
     json_object_set_new(cfg, "vocab_size", json_integer(V));
-    char path[4096], nm[256];
+    char nm[256];
     int rc = write_config(dir, cfg, err);
     if (rc) return rc;
     synth s = {mf_st_writer_new(), {{0}}, big, seed, 0, false, 0};
@@ -252,13 +265,7 @@ static int synth_gpt_oss(const char *dir, mf_synth_size size, const mf_config *l
         snprintf(nm, sizeof nm, "model.layers.%d.mlp.experts.down_proj_bias", l);
         tensor(&s, nm, E, H, 0.0, 0.1);
     }
-    NORM(H, "model.norm.weight");
-    W(V, H, "lm_head.weight");
-    mf_path_join(path, sizeof path, dir, "model.safetensors");
-    rc = mf_st_writer_write(s.st, path, err);
-    mf_st_writer_free(s.st);
-    if (rc) return rc;
-    return write_prompts(dir, &s.rng, big, V, err);
+    return finish_model(&s, dir, V, H, std, big, err);
 }
 
 /* DeepSeek-V2-Lite (deepseek_v2: latent attention without q_lora, softmax greedy router, 2 shared experts) and
@@ -376,16 +383,9 @@ static int synth_family26(const char *dir, mf_synth_size size, uint64_t seed, ch
         W(n_shared * I_moe, H, "model.layers.%d.mlp.shared_experts.up_proj.weight", l);
         W(H, n_shared * I_moe, "model.layers.%d.mlp.shared_experts.down_proj.weight", l);
     }
-    NORM(H, "model.norm.weight");
-    W(V, H, "lm_head.weight");
-    if (!dir) {
-        *params = s.params;
-        return MF_OK;
-    }
-    mf_path_join(path, sizeof path, dir, "model.safetensors");
-    rc = mf_st_writer_write(s.st, path, err);
-    mf_st_writer_free(s.st);
-    return rc ? rc : write_prompts(dir, &s.rng, true, V, err);   /* four of 512 tokens */
+    rc = finish_model(&s, dir, V, H, std, true, err);
+    if (!dir) *params = s.params;
+    return rc;
 }
 
 int mf_synth_plan(mf_synth_size size, char **config_json, uint64_t *n_params, mf_error *err) {
@@ -474,7 +474,7 @@ static int synth_into(const char *dir, mf_arch arch, mf_synth_size size, const m
             json_object_set_new(cfg, "qkv_bias", json_true());
         }
     }
-    char path[4096], nm[256];
+    char nm[256];
     rc = write_config(dir, cfg, err);
     if (rc) return rc;
 
@@ -526,14 +526,7 @@ static int synth_into(const char *dir, mf_arch arch, mf_synth_size size, const m
             W(1, H, "model.layers.%d.mlp.shared_expert_gate.weight", l);
         }
     }
-    NORM(H, "model.norm.weight");
-    W(V, H, "lm_head.weight");
-    mf_path_join(path, sizeof path, dir, "model.safetensors");
-    rc = mf_st_writer_write(s.st, path, err);
-    mf_st_writer_free(s.st);
-    if (rc) return rc;
-
-    return write_prompts(dir, &s.rng, small || big, V, err);
+    return finish_model(&s, dir, V, H, std, small || big, err);
 }
 
 /* prompts: tiny: three short sequences; small: four of 512 tokens (pp512) */
@@ -674,7 +667,7 @@ static int synth_deepseek(const char *dir, mf_synth_size size, const mf_config *
         json_object_set_new(qc, "weight_block_size", wbs);
         json_object_set_new(cfg, "quantization_config", qc);
     }
-    char path[4096], nm[256];
+    char nm[256];
     int rc = write_config(dir, cfg, err);
     if (rc) return rc;
 
@@ -720,11 +713,5 @@ static int synth_deepseek(const char *dir, mf_synth_size size, const mf_config *
         }
     }
 #undef LW
-    NORM(H, "model.norm.weight");
-    W(V, H, "lm_head.weight");
-    mf_path_join(path, sizeof path, dir, "model.safetensors");
-    rc = mf_st_writer_write(s.st, path, err);
-    mf_st_writer_free(s.st);
-    if (rc) return rc;
-    return write_prompts(dir, &s.rng, small, V, err);
+    return finish_model(&s, dir, V, H, std, small, err);
 }
