@@ -310,6 +310,17 @@ typedef struct tally {
     json_t *checks;
 } tally;
 
+/* A check's verdict into its record, which is printed as one line (PASS or FAIL, then the JSON), kept and counted */
+static void record_check(tally *t, json_t *rec, bool pass) {
+    json_object_set_new(rec, "pass", json_boolean(pass));
+    char *line = json_dumps(rec, JSON_COMPACT | JSON_PRESERVE_ORDER);
+    printf("%s %s\n", pass ? "PASS" : "FAIL", line);
+    fflush(stdout);
+    free(line);
+    json_array_append_new(t->checks, rec);
+    pass ? t->passed++ : t->failed++;
+}
+
 /* One check: the GPU run of (precision, gpu numerics) against the CPU run of
  * (cpu precision, cpu numerics). */
 static void check_mode(tally *t, const char *label, const char *source, const char *dir, const char *tokens,
@@ -339,13 +350,7 @@ static void check_mode(tally *t, const char *label, const char *source, const ch
         free_outputs(&g);
         free_outputs(&c);
     }
-    json_object_set_new(rec, "pass", json_boolean(pass));
-    char *line = json_dumps(rec, JSON_COMPACT | JSON_PRESERVE_ORDER);
-    printf("%s %s\n", pass ? "PASS" : "FAIL", line);
-    fflush(stdout);
-    free(line);
-    json_array_append_new(t->checks, rec);
-    pass ? t->passed++ : t->failed++;
+    record_check(t, rec, pass);
 }
 
 static void check(tally *t, const char *label, const char *source, const char *dir, const char *tokens,
@@ -414,13 +419,7 @@ static void check_refused(tally *t, const char *fixtures, const char *name, cons
     json_object_set_new(rec, "kind", json_string("refused on the GPU"));
     json_object_set_new(rec, "gpu_numerics", json_string(numerics));
     json_object_set_new(rec, "error", json_string(rc ? err.msg : "(ran)"));
-    json_object_set_new(rec, "pass", json_boolean(pass));
-    char *line = json_dumps(rec, JSON_COMPACT | JSON_PRESERVE_ORDER);
-    printf("%s %s\n", pass ? "PASS" : "FAIL", line);
-    fflush(stdout);
-    free(line);
-    json_array_append_new(t->checks, rec);
-    pass ? t->passed++ : t->failed++;
+    record_check(t, rec, pass);
 }
 
 static int write_record(tally *t, const char *out_path) {
@@ -608,13 +607,7 @@ static void check_product(tally *t, mf_wq kind, const char *gpu_num, mf_dtype in
         json_object_set_new(rec, "error", json_string(err.msg));
         pass = false;
     }
-    json_object_set_new(rec, "pass", json_boolean(pass));
-    char *line = json_dumps(rec, JSON_COMPACT | JSON_PRESERVE_ORDER);
-    printf("%s %s\n", pass ? "PASS" : "FAIL", line);
-    fflush(stdout);
-    free(line);
-    json_array_append_new(t->checks, rec);
-    pass ? t->passed++ : t->failed++;
+    record_check(t, rec, pass);
     free(a);
     free(g);
     free(r);
