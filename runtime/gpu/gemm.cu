@@ -820,13 +820,14 @@ extern "C" int GPU_FN(gemm)(gk_ctx *c, const gk_gemm *g, char *msg, size_t msg_n
         const int F = g->emu_kind == GK_EMU_NV_FUSED ? g->emu_frac : 24;
         const bool aligned = g->Kp % 4 == 0 && g->a_bstride % 4 == 0 && g->b_bstride % 4 == 0 &&
                              (uintptr_t)g->A % 8 == 0 && (uintptr_t)g->B % 8 == 0;
-        /* AMD's epilogue reads one count (PARTS 1), which its F of 24 allows for every chunk up to 16 */
-        const bool one_part = tiled_fits(g->emu_chunk, 1, F);
-        if (!getenv("MF_GPU_EMU_SIMPLE") && aligned && (g->emu_kind == GK_EMU_NV_FUSED || one_part) &&
-            ((g->emu_chunk == 4 && one_part) || (g->emu_chunk == 8 && one_part) ||
-             (g->emu_chunk == 16 && tiled_fits(16, 2, F)))) {
+        /* a chunk's sum in one int count, or (NVIDIA's 16-product chunk only) in two; AMD's epilogue reads one,
+         * which its F of 24 allows for every chunk up to 16 */
+        const bool nv = g->emu_kind == GK_EMU_NV_FUSED, one_part = tiled_fits(g->emu_chunk, 1, F);
+        const bool counts_fit = one_part || (nv && g->emu_chunk == 16 && tiled_fits(16, 2, F));
+        if (!getenv("MF_GPU_EMU_SIMPLE") && aligned && counts_fit &&
+            (g->emu_chunk == 4 || g->emu_chunk == 8 || g->emu_chunk == 16)) {
             dim3 grid((g->N + EM_B - 1) / EM_B, row_tiles(g, EM_B), g->batch), block(16, 16);
-            if (g->emu_kind != GK_EMU_NV_FUSED) {
+            if (!nv) {
                 if (g->emu_chunk == 4) k_emu_tiled<4, 1, false><<<grid, block, 0, c->stream>>>(*g, c->flag);
                 else if (g->emu_chunk == 8) k_emu_tiled<8, 1, false><<<grid, block, 0, c->stream>>>(*g, c->flag);
                 else k_emu_tiled<16, 1, false><<<grid, block, 0, c->stream>>>(*g, c->flag);
