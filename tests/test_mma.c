@@ -446,17 +446,11 @@ static uint64_t hex(json_t *v) { return strtoull(json_string_value(v), NULL, 16)
  * returns the number of elements checked. A case with "chain": c is c instructions over k * c, each fed the
  * previous one's D as its C (the first one C, or +0 where "scale_d" is 0: wgmma's D = A.B). */
 static size_t check_vectors(const char *path) {
-    char *text;
-    size_t len;
     mf_error err = {0};
-    cr_assert_eq(mf_read_file(path, &text, &len, &err), MF_OK, "%s", err.msg);
-    size_t elements = 0;
-    int line = 0;
-    char *save = NULL;
-    for (char *p = strtok_r(text, "\n", &save); p; p = strtok_r(NULL, "\n", &save)) {
-        line++;
-        json_t *o = json_loads(p, 0, NULL);
-        cr_assert(o, "%s:%d: not JSON", path, line);
+    size_t elements = 0, idx;
+    json_t *rows = read_jsonl(path), *o;
+    json_array_foreach(rows, idx, o) {
+        const int line = (int)idx + 1;
         mf_mma_instr I;
         const char *arch = json_string_value(json_object_get(o, "arch")), *name = json_string_value(json_object_get(o, "instr"));
         cr_assert_eq(mf_mma_lookup(&I, arch, name, &err), MF_OK, "%s:%d: %s", path, line, err.msg);
@@ -498,10 +492,9 @@ static size_t check_vectors(const char *path) {
                          json_string_value(json_array_get(want, i)));
         elements += nc;
         free(A); free(B); free(C); free(D); free(As); free(Cs); free(SA); free(SB);
-        json_decref(o);
     }
-    free(text);
-    cr_log_info("%s: %d cases, %zu elements bit-exact", path, line, elements);
+    cr_log_info("%s: %zu cases, %zu elements bit-exact", path, json_array_size(rows), elements);
+    json_decref(rows);
     return elements;
 }
 
@@ -562,15 +555,10 @@ Test(mma, zero_products_and_the_largest_exponent) {
  * ceil(tiles / S) each, added in order. A few rows and columns of four such
  * products, with the GPU's outputs (tests/fixtures/cublas). */
 Test(emu_gemm, cublas_split_k_on_the_h200) {
-    char *text;
-    size_t len;
     mf_error err = {0};
-    cr_assert_eq(mf_read_file(fixture("cublas/h200_splitk.jsonl.xz"), &text, &len, &err), MF_OK, "%s", err.msg);
-    int cases = 0;
-    char *save = NULL;
-    for (char *line = strtok_r(text, "\n", &save); line; line = strtok_r(NULL, "\n", &save), cases++) {
-        json_t *o = json_loads(line, 0, NULL);
-        cr_assert(o);
+    size_t idx;
+    json_t *rows = read_jsonl(fixture("cublas/h200_splitk.jsonl.xz")), *o;
+    json_array_foreach(rows, idx, o) {
         const int K = (int)json_integer_value(json_array_get(json_object_get(o, "shape"), 2));
         const int R = (int)json_array_size(json_object_get(o, "rows")), Cn = (int)json_array_size(json_object_get(o, "cols"));
         mf_numerics n;
@@ -591,8 +579,7 @@ Test(emu_gemm, cublas_split_k_on_the_h200) {
         for (int i = 0; i < R * Cn; i++) same += (uint32_t)C[i] == (uint32_t)hex(json_array_get(json_object_get(o, "C"), (size_t)i));
         cr_assert_lt(same, R * Cn);
         free(A); free(B); free(C);
-        json_decref(o);
     }
-    cr_assert_eq(cases, 4);
-    free(text);
+    cr_assert_eq(json_array_size(rows), 4);
+    json_decref(rows);
 }

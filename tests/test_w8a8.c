@@ -203,19 +203,14 @@ static float hexf(const json_t *a, size_t i) {
  * wgmma.m64n8k32.f32.e4m3.e4m3 from scale-d 0, the fma promotion; the model's codes, scales and every output bit
  * against the card's. */
 Test(w8a8, h200_linear_bit_for_bit, .timeout = 120) {
-    char *text;
-    size_t len, outputs = 0, codes = 0;
+    size_t outputs = 0, codes = 0, idx;
     mf_error err = {0};
     const char *path = fixture("mma/h200_w8a8_linear.jsonl.xz");
-    cr_assert_eq(mf_read_file(path, &text, &len, &err), MF_OK, "%s", err.msg);
     mf_numerics num;
     cr_assert_eq(mf_numerics_parse(&num, "emu:hopper:fp8=w8a8", &err), MF_OK, "%s", err.msg);
-    int line = 0;
-    char *save = NULL;
-    for (char *p = strtok_r(text, "\n", &save); p; p = strtok_r(NULL, "\n", &save)) {
-        line++;
-        json_t *o = json_loads(p, 0, NULL);
-        cr_assert(o, "%s:%d: not JSON", path, line);
+    json_t *rows = read_jsonl(path), *o;
+    json_array_foreach(rows, idx, o) {
+        const int line = (int)idx + 1;
         const int M = (int)json_integer_value(json_object_get(o, "M")), N = (int)json_integer_value(json_object_get(o, "N")),
                   K = (int)json_integer_value(json_object_get(o, "K")), bn = (int)json_integer_value(json_object_get(o, "bn")),
                   bk = (int)json_integer_value(json_object_get(o, "bk"));
@@ -257,11 +252,10 @@ Test(w8a8, h200_linear_bit_for_bit, .timeout = 120) {
         }
         outputs += (size_t)M * N;
         free(x); free(ws); free(y); free(w);
-        json_decref(o);
     }
-    free(text);
-    cr_log_info("%s: %d linears, %zu codes and %zu outputs bit-exact", path, line, codes, outputs);
-    cr_assert_eq(line, 3);
+    cr_log_info("%s: %zu linears, %zu codes and %zu outputs bit-exact", path, json_array_size(rows), codes, outputs);
+    cr_assert_eq(json_array_size(rows), 3);
+    json_decref(rows);
     cr_assert_eq(outputs, ((size_t)8 * 136 + 8 * 16 + 8 * 16));
 }
 

@@ -183,3 +183,22 @@ int dir_entries_named(const char *path, const char *part) {
 }
 
 int dir_entries(const char *path) { return dir_entries_named(path, NULL); }
+
+json_t *read_jsonl(const char *path) {
+    char *text;
+    size_t len;
+    mf_error err = {0};
+    cr_assert_eq(mf_read_file(path, &text, &len, &err), MF_OK, "%s", err.msg);
+    json_t *rows = json_array();
+    int line = 0;
+    char *save = NULL;
+    for (char *p = strtok_r(text, "\n", &save); p; p = strtok_r(NULL, "\n", &save)) {
+        json_error_t je;
+        json_t *o = json_loads(p, 0, &je);
+        line++;
+        cr_assert(o, "%s:%d: not JSON: %s", path, line, je.text);
+        json_array_append_new(rows, o);
+    }
+    free(text);
+    return rows;
+}

@@ -3,6 +3,8 @@
 #ifndef MF_TESTUTIL_H
 #define MF_TESTUTIL_H
 
+#include <jansson.h>
+
 #include "mf_core.h"
 #include "mf_models.h"
 
@@ -24,6 +26,9 @@ int run_moeflip(char *err_out, size_t cap, const char *fmt, ...) __attribute__((
 /* Reads tensor `name` of a safetensors file as doubles (malloc'ed); n gets
  * the element count. Fails the test if absent. */
 double *read_tensor(const char *path, const char *name, size_t *n);
+/* The objects of a JSON-lines file (PATH as mf_read_file reads it, .xz included), one array element a non-empty
+ * line; a line that is not JSON fails the test, naming the file and the line. */
+json_t *read_jsonl(const char *path);
 /* Copies a fixture checkpoint directory into a fresh temp dir and returns it. */
 const char *copy_fixture_dir(const char *case_name);
 /* Traces tests/fixtures/<model> (with its tokens.jsonl) into dir/<name> with the given options, quietly; the
